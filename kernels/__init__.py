@@ -1,0 +1,1 @@
+"""moert.kernels: Numba CPU kernels (installed as moert.kernels; each has a NumPy reference twin)."""

@@ -1,0 +1,42 @@
+"""moert: a NumPy/Numba reference runtime for Mixture-of-Experts models stored as GGUF.
+
+The pipeline, one module per stage:
+    gguf.open(path)            moert/gguf.py        the file: metadata and zero-copy tensor views
+    quants.dequantize(...)     moert/quants/        GGML block formats (NumPy/CuPy reference), kernels/ (Numba)
+    plan(model, rules)         moert/placement.py   first-match regex rules -> a device per tensor
+    estimate / fit             moert/memory.py      pre-flight memory per device
+    load_weights(gguf, plan)   moert/weights.py     tensors onto cpu / cuda:N / sim:N (moert/devices.py)
+"""
+
+from __future__ import annotations
+
+from importlib import import_module
+
+from moert.errors import DeviceOutOfMemory, GGUFError, MoertError, PlacementError, PlacementWarning, UnsupportedTypeError
+
+__version__ = "0.1.0"
+
+# Public names resolved lazily, so `import moert` stays cheap (no Numba compile, no CuPy probe).
+_LAZY = {
+    "TensorOverride": "moert.placement",
+    "parse_overrides": "moert.placement",
+    "plan": "moert.placement",
+    "Plan": "moert.placement",
+    "estimate": "moert.memory",
+    "fit": "moert.memory",
+    "FitResult": "moert.memory",
+    "load_weights": "moert.weights",
+}
+
+__all__ = [
+    "DeviceOutOfMemory", "GGUFError", "MoertError", "PlacementError", "PlacementWarning",
+    "UnsupportedTypeError", *_LAZY,
+]
+
+
+def __getattr__(name: str):
+    if name in _LAZY:
+        return getattr(import_module(_LAZY[name]), name)
+    if name in ("gguf", "quants", "kernels", "devices", "testing"):
+        return import_module(f"moert.{name}")
+    raise AttributeError(f"module 'moert' has no attribute {name!r}")

@@ -1,0 +1,3 @@
+from moert.cli import main
+
+raise SystemExit(main())

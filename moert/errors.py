@@ -1,0 +1,36 @@
+"""Every error moert raises on purpose: typed, and each message says what, where, and how to fix it."""
+
+from __future__ import annotations
+
+
+class MoertError(Exception):
+    """Base class of moert's own errors."""
+
+
+class GGUFError(MoertError, ValueError):
+    """A GGUF file is malformed, truncated, hostile, or uses something moert cannot read."""
+
+
+class UnsupportedTypeError(GGUFError):
+    """A tensor uses a GGML type that the file format allows but moert cannot dequantize."""
+
+
+class PlacementError(MoertError, ValueError):
+    """A placement rule, device name or plan is invalid."""
+
+
+class PlacementWarning(UserWarning):
+    """A placement rule that does nothing, or a fallback the user should know about."""
+
+
+class DeviceOutOfMemory(MoertError, MemoryError):
+    """An allocation would exceed a device's capacity."""
+
+    def __init__(self, device: str, requested: int, used: int, capacity: int, what: str = ""):
+        self.device, self.requested, self.used, self.capacity, self.what = device, requested, used, capacity, what
+        where = f" for {what}" if what else ""
+        super().__init__(
+            f"{device}: out of memory{where}: requested {requested:,} bytes, {used:,} of {capacity:,} in use "
+            f"({capacity - used:,} free). Move tensors to the CPU (-ot / --cpu-moe / --n-cpu-moe), lower the "
+            f"context size, or give the device more memory (--gpu-mem); `moert fit` finds a plan that fits."
+        )
