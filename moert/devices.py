@@ -1,0 +1,694 @@
+"""Devices that hold arrays: the host (`cpu`), CuPy GPUs (`cuda:N`) and simulated GPUs (`sim:N`).
+
+One small interface, three kinds. Every move between devices goes through it and is counted:
+
+    dev.put(host, what)      host -> device       (capacity-checked, counted h2d)
+    dev.to_host(arr)         device -> host       (counted d2h)
+    transfer(arr, src, dst)  any -> any           (the only way across devices)
+    dev.empty / dev.zeros    accounted allocation on the device (KV cache, ...)
+    dev.free(arr)            give an allocation back
+    dev.xp                   the array namespace for compute on that device (numpy / cupy / sim)
+
+A `sim:N` device is NumPy underneath but behaves like a GPU: its arrays are `SimArray`s tagged with
+their device, an operation that mixes arrays of two devices (or a sim array with a host ndarray) raises
+`DeviceMismatchError`, `np.asarray(sim_array)` raises like CuPy's implicit-conversion error, and
+`put`/`empty` beyond its capacity raise `DeviceOutOfMemory`. So a forward pass that forgets a transfer
+fails in the test suite the way it would on a real card.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+import weakref
+from dataclasses import asdict, dataclass, fields
+from typing import Any
+
+import numpy as np
+from numpy.lib.mixins import NDArrayOperatorsMixin
+
+from moert.errors import DeviceOutOfMemory, MoertError, PlacementError
+
+GiB = 1 << 30
+MiB = 1 << 20
+DEFAULT_SIM_MEMORY = 24 * GiB
+GPU_BACKENDS = ("auto", "cupy", "sim", "none")
+
+
+class DeviceMismatchError(MoertError, TypeError):
+    """An operation mixed arrays that live on different devices (a missing explicit transfer)."""
+
+
+# ----------------------------------------------------------------------------------------------- sizes
+
+_UNITS = {"": 1, "b": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40,
+          "kib": 1 << 10, "mib": 1 << 20, "gib": 1 << 30, "tib": 1 << 40,
+          "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12}
+_SIZE_RE = re.compile(r"^\s*([0-9]*\.?[0-9]+)\s*([a-zA-Z]*)\s*$")
+
+
+def parse_size(size: str | int | float) -> int:
+    """Bytes from 6GiB / 512MiB / 6G (binary) / 6GB (decimal) / a plain byte count."""
+    if isinstance(size, bool):
+        raise PlacementError(f"invalid size {size!r}: give bytes or a string like '6GiB' or '512MiB'")
+    if isinstance(size, (int, np.integer)):
+        n = int(size)
+    elif isinstance(size, float):
+        n = int(size)
+    else:
+        m = _SIZE_RE.match(str(size))
+        unit = m.group(2).lower() if m else None
+        if not m or unit not in _UNITS:
+            raise PlacementError(f"invalid size {size!r}: write it like '24GiB', '512MiB', '6G' "
+                                 f"or a byte count")
+        n = int(float(m.group(1)) * _UNITS[unit])
+    if n < 0:
+        raise PlacementError(f"invalid size {size!r}: sizes cannot be negative")
+    return n
+
+
+def parse_sizes(sizes: str | int | list | tuple | None) -> list[int]:
+    """A list of byte counts from '24GiB,8GiB', a single size, or a list of sizes; [] for None."""
+    if sizes is None:
+        return []
+    if isinstance(sizes, str):
+        return [parse_size(s) for s in sizes.split(",") if s.strip()]
+    if isinstance(sizes, (list, tuple)):
+        return [parse_size(s) for s in sizes]
+    return [parse_size(sizes)]
+
+
+def format_size(n: int | None) -> str:
+    """A human size: 1.50 GiB, 12.0 MiB, 512 B."""
+    if n is None:
+        return "-"
+    for unit, scale in (("GiB", GiB), ("MiB", MiB), ("KiB", 1 << 10)):
+        if abs(n) >= scale:
+            return f"{n / scale:.2f} {unit}"
+    return f"{n} B"
+
+
+# ------------------------------------------------------------------------------------- transfer stats
+
+@dataclass
+class TransferStats:
+    """Counted transfers of one device: host->device, device->host, and device->device into it."""
+
+    h2d_count: int = 0
+    h2d_bytes: int = 0
+    d2h_count: int = 0
+    d2h_bytes: int = 0
+    d2d_count: int = 0   # peer copies whose destination is this device
+    d2d_bytes: int = 0
+    seconds: float = 0.0  # wall time spent inside transfer calls
+
+    def reset(self) -> None:
+        """Zero every counter."""
+        for f in fields(self):
+            setattr(self, f.name, type(getattr(self, f.name))())
+
+    def copy(self) -> TransferStats:
+        """A snapshot (subtract two snapshots for the transfers of one call)."""
+        return TransferStats(**asdict(self))
+
+    def __sub__(self, other: TransferStats) -> TransferStats:
+        return TransferStats(**{f.name: getattr(self, f.name) - getattr(other, f.name) for f in fields(self)})
+
+    def __add__(self, other: TransferStats) -> TransferStats:
+        return TransferStats(**{f.name: getattr(self, f.name) + getattr(other, f.name) for f in fields(self)})
+
+    def as_dict(self) -> dict:
+        """Plain dict of the counters."""
+        return asdict(self)
+
+    @property
+    def count(self) -> int:
+        return self.h2d_count + self.d2h_count + self.d2d_count
+
+    @property
+    def bytes(self) -> int:
+        return self.h2d_bytes + self.d2h_bytes + self.d2d_bytes
+
+
+# ------------------------------------------------------------------------------------------- devices
+
+class Device:
+    """Where arrays live. Subclasses: CpuDevice, SimDevice, CudaDevice."""
+
+    kind: str = "?"
+
+    def __init__(self, index: int, capacity: int | None):
+        self.index = index
+        self.capacity = capacity       # bytes moert may allocate here; None = unbounded (cpu)
+        self.used = 0                  # bytes of live accounted allocations (put / empty / zeros)
+        self.peak = 0                  # high-water mark of `used`
+        self.stats = TransferStats()
+        self._allocs: dict[int, list] = {}  # id(buffer) -> [nbytes, what, finalizer]
+
+    # -- identity
+    @property
+    def name(self) -> str:
+        return self.kind if self.kind == "cpu" else f"{self.kind}:{self.index}"
+
+    @property
+    def is_gpu(self) -> bool:
+        return self.kind != "cpu"
+
+    @property
+    def free_bytes(self) -> int | None:
+        return None if self.capacity is None else self.capacity - self.used
+
+    def __repr__(self) -> str:
+        if self.capacity is None:
+            return f"<Device {self.name}>"
+        cap = f", {format_size(self.used)} of {format_size(self.capacity)} used"
+        return f"<Device {self.name}{cap}>"
+
+    def __enter__(self) -> Device:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        return None
+
+    def synchronize(self) -> None:
+        """Wait for queued work (a no-op except on CUDA)."""
+
+    def reset_stats(self) -> None:
+        """Zero the transfer counters (allocation accounting is untouched)."""
+        self.stats.reset()
+
+    def allocations(self) -> list[tuple[str, int]]:
+        """The live accounted allocations as (what, bytes), largest first."""
+        return sorted(((a[1], a[0]) for a in self._allocs.values()), key=lambda t: -t[1])
+
+    # -- accounting
+    def _reserve(self, nbytes: int, what: str) -> None:
+        if self.capacity is not None and self.used + nbytes > self.capacity:
+            raise DeviceOutOfMemory(self.name, nbytes, self.used, self.capacity, what)
+
+    def _account(self, buf: Any, nbytes: int, what: str) -> None:
+        key = id(buf)
+        try:  # released when the buffer is garbage-collected, like CuPy's pool, or by free()
+            fin = weakref.finalize(buf, self._release, key)
+        except TypeError:
+            fin = None
+        self._allocs[key] = [nbytes, what, fin]
+        self.used += nbytes
+        self.peak = max(self.peak, self.used)
+
+    def _release(self, key: int) -> None:
+        rec = self._allocs.pop(key, None)
+        if rec is not None:
+            self.used -= rec[0]
+            if rec[2] is not None:
+                rec[2].detach()
+
+    def _buffer(self, arr: Any) -> Any:
+        """The array that owns arr's memory (the key allocations are recorded under)."""
+        a = arr
+        while hasattr(getattr(a, "base", None), "shape"):  # views point at their owner (numpy and cupy)
+            a = a.base
+        return a
+
+    def free(self, arr: Any) -> None:
+        """Give back the accounted allocation that arr (or the array it views) belongs to."""
+        self._release(id(self._buffer(self._raw(arr))))
+
+    def free_all(self) -> None:
+        """Give back every accounted allocation on this device."""
+        for key in list(self._allocs):
+            self._release(key)
+
+    # -- interface, per kind
+    def _raw(self, arr: Any) -> Any:
+        return arr
+
+    def owns(self, arr: Any) -> bool:
+        """True when arr lives on this device."""
+        raise NotImplementedError
+
+    def put(self, host: np.ndarray, what: str = "") -> Any:
+        """Copy a host array onto this device (counted); the cpu returns it unchanged."""
+        raise NotImplementedError
+
+    def empty(self, shape, dtype=np.float32, what: str = "") -> Any:
+        """An accounted, uninitialized allocation on this device."""
+        raise NotImplementedError
+
+    def zeros(self, shape, dtype=np.float32, what: str = "") -> Any:
+        """An accounted, zero-filled allocation on this device."""
+        out = self.empty(shape, dtype, what)
+        out[...] = 0
+        return out
+
+    def to_host(self, arr: Any) -> np.ndarray:
+        """Copy an array of this device to a host ndarray (counted); the cpu returns it unchanged."""
+        raise NotImplementedError
+
+    def _from_peer(self, arr: Any, src: Device, what: str) -> Any:
+        # generic device -> device copy through the host; counted once, as d2d into this device
+        t0 = time.perf_counter()
+        host = src._to_host_uncounted(arr)
+        out = self._put_uncounted(host, what)
+        self.stats.d2d_count += 1
+        self.stats.d2d_bytes += host.nbytes
+        self.stats.seconds += time.perf_counter() - t0
+        return out
+
+    def _count(self, direction: str, nbytes: int, seconds: float) -> None:
+        setattr(self.stats, f"{direction}_count", getattr(self.stats, f"{direction}_count") + 1)
+        setattr(self.stats, f"{direction}_bytes", getattr(self.stats, f"{direction}_bytes") + int(nbytes))
+        self.stats.seconds += seconds
+
+
+def _check_host(arr: Any, dev: Device) -> np.ndarray:
+    on_gpu = not isinstance(arr, np.ndarray) and hasattr(arr, "__cuda_array_interface__")
+    if isinstance(arr, SimArray) or on_gpu:
+        src = arr.device.name if isinstance(arr, SimArray) else "a GPU"
+        raise DeviceMismatchError(
+            f"{dev.name}.put() got an array that lives on {src}; use moert.devices.transfer(arr, src, dst)")
+    return np.asarray(arr)
+
+
+class CpuDevice(Device):
+    """The host: NumPy arrays; weights stay zero-copy views of the memory-mapped file."""
+
+    kind = "cpu"
+
+    def __init__(self):
+        super().__init__(-1, None)
+        self.xp = np
+
+    def owns(self, arr: Any) -> bool:
+        return isinstance(arr, (np.ndarray, np.generic))
+
+    def put(self, host: np.ndarray, what: str = "") -> np.ndarray:
+        return _check_host(host, self)
+
+    def empty(self, shape, dtype=np.float32, what: str = "") -> np.ndarray:
+        out = np.empty(shape, dtype)
+        self._account(out, out.nbytes, what)
+        return out
+
+    def to_host(self, arr: Any) -> np.ndarray:
+        if not self.owns(arr):
+            raise DeviceMismatchError(f"cpu.to_host() got an array of another device ({_where(arr)}); "
+                                      f"call to_host on the device that holds it")
+        return arr
+
+    _put_uncounted = put
+    _to_host_uncounted = to_host
+
+
+CPU = CpuDevice()
+
+
+# ------------------------------------------------------------------------------------------ sim GPU
+
+def _where(x: Any) -> str:
+    if isinstance(x, SimArray):
+        return x.device.name
+    if isinstance(x, np.ndarray):
+        return "host (numpy.ndarray)"
+    return type(x).__name__
+
+
+def _devices_in(obj: Any, found: list, depth: int = 0) -> None:
+    """Collect the device of every array in obj (nested tuples/lists/dicts); 0-d host arrays are constants."""
+    if isinstance(obj, SimArray):
+        found.append(obj.device)
+    elif isinstance(obj, np.ndarray):
+        if obj.ndim > 0:
+            found.append(None)  # None = host
+    elif depth < 3 and isinstance(obj, (tuple, list)):
+        for o in obj:
+            _devices_in(o, found, depth + 1)
+    elif depth < 3 and isinstance(obj, dict):
+        for o in obj.values():
+            _devices_in(o, found, depth + 1)
+
+
+def _common_device(what: str, *objs: Any) -> SimDevice:
+    found: list = []
+    for o in objs:
+        _devices_in(o, found)
+    devs = {id(d): d for d in found}
+    sims = [d for d in devs.values() if d is not None]
+    if len(devs) > 1:
+        names = sorted({"host (numpy.ndarray)" if d is None else d.name for d in devs.values()})
+        if len(names) == 1:
+            names = [f"{names[0]} (two different {names[0]} device objects)"]
+        raise DeviceMismatchError(
+            f"{what} mixes arrays on {' and '.join(names)}; a GPU operation needs all its arrays on one "
+            f"device. Move one explicitly: dev.put(host_array), dev.to_host(arr) or "
+            f"moert.devices.transfer(arr, src, dst)")
+    return sims[0]
+
+
+def _unwrap(obj: Any, depth: int = 0) -> Any:
+    if isinstance(obj, SimArray):
+        return obj._a
+    if depth < 3 and isinstance(obj, tuple):
+        return tuple(_unwrap(o, depth + 1) for o in obj)
+    if depth < 3 and isinstance(obj, list):
+        return [_unwrap(o, depth + 1) for o in obj]
+    if depth < 3 and isinstance(obj, dict):
+        return {k: _unwrap(v, depth + 1) for k, v in obj.items()}
+    return obj
+
+
+def _wrap(obj: Any, dev: SimDevice) -> Any:
+    if isinstance(obj, np.ndarray):
+        return SimArray(obj, dev)
+    if isinstance(obj, np.generic):  # reductions give 0-d device arrays, as in CuPy
+        return SimArray(np.asarray(obj), dev)
+    if isinstance(obj, tuple):
+        return tuple(_wrap(o, dev) for o in obj)
+    if isinstance(obj, list):
+        return [_wrap(o, dev) for o in obj]
+    return obj
+
+
+class SimArray(NDArrayOperatorsMixin):
+    """A NumPy array living on a simulated GPU: operations keep the tag, mixing devices raises."""
+
+    __slots__ = ("_a", "device", "__weakref__")
+
+    def __init__(self, a: np.ndarray, device: SimDevice):
+        self._a = a
+        self.device = device
+
+    # -- NumPy protocols
+    def __array__(self, dtype=None, copy=None):
+        raise DeviceMismatchError(
+            f"implicit conversion of a {self.device.name} array to a host numpy.ndarray is not allowed "
+            f"(CuPy refuses it too); use {self.device.name}.to_host(arr) or moert.devices.transfer")
+
+    def __array_ufunc__(self, ufunc, method, *inputs, **kwargs):
+        # ufunc.at takes host index arrays like indexing does
+        checked = (inputs[0], _no_host(inputs[1]), inputs[2:]) if method == "at" else inputs
+        dev = _common_device(f"numpy.{ufunc.__name__}.{method}", checked, kwargs.get("out", ()))
+        out = kwargs.get("out")
+        result = getattr(ufunc, method)(*_unwrap(inputs), **_unwrap(kwargs))
+        if out is not None:
+            return out[0] if len(out) == 1 else out
+        return _wrap(result, dev)
+
+    def __array_function__(self, func, types, args, kwargs):
+        dev = _common_device(f"numpy.{func.__name__}", args, kwargs)
+        return _wrap(func(*_unwrap(args), **_unwrap(kwargs)), dev)
+
+    # -- indexing
+    def __getitem__(self, key):
+        _common_device("indexing", self, _no_host(key))
+        return _wrap(self._a[_unwrap(key)], self.device)
+
+    def __setitem__(self, key, value):
+        _common_device("item assignment", self, _no_host(key), value)
+        self._a[_unwrap(key)] = _unwrap(value)
+
+    # -- Python protocols (CuPy allows these on device arrays, with an implicit sync)
+    def __len__(self) -> int:
+        return len(self._a)
+
+    def __iter__(self):
+        for row in self._a:
+            yield _wrap(row, self.device)
+
+    def __bool__(self) -> bool:
+        return bool(self._a)
+
+    def __int__(self) -> int:
+        return int(self._a)
+
+    def __float__(self) -> float:
+        return float(self._a)
+
+    def __index__(self) -> int:
+        return self._a.__index__()
+
+    def __complex__(self) -> complex:
+        return complex(self._a)
+
+    def __repr__(self) -> str:
+        return f"SimArray({self.device.name}, {self._a!r})"
+
+    __hash__ = None  # type: ignore[assignment]
+
+    # -- attributes and methods of ndarray, results tagged with this device
+    def get(self, *args, **kwargs):
+        raise DeviceMismatchError(
+            f"arr.get() bypasses the transfer counters; use {self.device.name}.to_host(arr)")
+
+    def __getattr__(self, name: str):
+        if name.startswith("__"):  # no __array_interface__ & co: numpy must not see through us
+            raise AttributeError(name)
+        attr = getattr(self._a, name)
+        if not callable(attr):
+            return _wrap(attr, self.device) if isinstance(attr, np.ndarray) else attr
+        dev = self.device
+
+        def method(*args, **kwargs):
+            _common_device(f"ndarray.{name}", self, args, kwargs)
+            return _wrap(attr(*_unwrap(args), **_unwrap(kwargs)), dev)
+
+        return method
+
+
+def _no_host(key: Any) -> Any:
+    # index arrays from the host are allowed (CuPy uploads them); only other devices clash
+    if isinstance(key, tuple):
+        return tuple(k for k in key if isinstance(k, SimArray))
+    return key if isinstance(key, SimArray) else ()
+
+
+_CREATORS = {"empty", "zeros", "ones", "full", "arange", "linspace", "eye", "identity", "tri",
+             "empty_like", "zeros_like", "ones_like", "full_like", "fromiter"}
+
+
+class SimNamespace:
+    """`dev.xp` of a sim device: numpy, except that array creation makes arrays on that device."""
+
+    def __init__(self, device: SimDevice):
+        self._device = device
+        self.__name__ = f"moert.devices.sim[{device.name}]"
+
+    def __getattr__(self, name: str):
+        attr = getattr(np, name)
+        if name in _CREATORS:
+            dev = self._device
+
+            def create(*args, **kwargs):
+                return _wrap(attr(*_unwrap(args), **_unwrap(kwargs)), dev)
+
+            return create
+        return attr
+
+    def asarray(self, obj, dtype=None, **kwargs):
+        """Like cupy.asarray: device arrays pass through, host data is uploaded (and counted)."""
+        return self._device._as_device(obj, dtype, copy=False)
+
+    def array(self, obj, dtype=None, copy=True, **kwargs):
+        """Like cupy.array: a new device array; host data is uploaded (and counted)."""
+        return self._device._as_device(obj, dtype, copy=copy)
+
+    def ascontiguousarray(self, obj, dtype=None):
+        out = self._device._as_device(obj, dtype, copy=False)
+        return _wrap(np.ascontiguousarray(out._a), self._device)
+
+    def __repr__(self) -> str:
+        return f"<array namespace of {self._device.name}: numpy on a simulated GPU>"
+
+
+class SimDevice(Device):
+    """A simulated GPU: NumPy storage, GPU rules (one device per array, explicit transfers, a capacity)."""
+
+    kind = "sim"
+
+    def __init__(self, index: int, capacity: int = DEFAULT_SIM_MEMORY):
+        super().__init__(index, int(capacity))
+        self.xp = SimNamespace(self)
+
+    def owns(self, arr: Any) -> bool:
+        return isinstance(arr, SimArray) and arr.device is self
+
+    def _raw(self, arr: Any) -> Any:
+        if isinstance(arr, SimArray):
+            if arr.device is not self:
+                raise DeviceMismatchError(f"{self.name}.free() got an array of {arr.device.name}")
+            return arr._a
+        return arr
+
+    def _put_uncounted(self, host: np.ndarray, what: str) -> SimArray:
+        self._reserve(host.nbytes, what)
+        a = np.array(host, copy=True, order="C")
+        self._account(a, a.nbytes, what)
+        return SimArray(a, self)
+
+    def put(self, host: np.ndarray, what: str = "") -> SimArray:
+        host = _check_host(host, self)
+        t0 = time.perf_counter()
+        out = self._put_uncounted(host, what)
+        self._count("h2d", host.nbytes, time.perf_counter() - t0)
+        return out
+
+    def empty(self, shape, dtype=np.float32, what: str = "") -> SimArray:
+        nbytes = int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
+        self._reserve(nbytes, what)
+        a = np.empty(shape, dtype)
+        self._account(a, a.nbytes, what)
+        return SimArray(a, self)
+
+    def _to_host_uncounted(self, arr: Any) -> np.ndarray:
+        if not self.owns(arr):
+            raise DeviceMismatchError(f"{self.name}.to_host() got an array on {_where(arr)}; "
+                                      f"call to_host on the device that holds it")
+        return np.array(arr._a, copy=True)
+
+    def to_host(self, arr: SimArray) -> np.ndarray:
+        t0 = time.perf_counter()
+        out = self._to_host_uncounted(arr)
+        self._count("d2h", out.nbytes, time.perf_counter() - t0)
+        return out
+
+    def _as_device(self, obj: Any, dtype, copy: bool) -> SimArray:
+        if isinstance(obj, SimArray):
+            if obj.device is not self:
+                raise DeviceMismatchError(f"{self.name}.xp.asarray() got an array of {obj.device.name}; "
+                                          f"use moert.devices.transfer(arr, src, dst)")
+            a = obj._a.astype(dtype) if dtype is not None else obj._a
+            return SimArray(np.array(a, copy=True) if copy and a is obj._a else a, self)
+        host = np.array(obj, dtype=dtype)
+        if isinstance(obj, np.ndarray) and obj.ndim > 0:  # an implicit upload, as CuPy does: counted
+            self._count("h2d", host.nbytes, 0.0)
+        return SimArray(host, self)
+
+
+# ----------------------------------------------------------------------------------------- CUDA GPU
+
+class CudaDevice(Device):
+    """GPU N through CuPy; `capacity` caps what moert may allocate there."""
+
+    kind = "cuda"
+
+    def __init__(self, index: int, capacity: int):
+        super().__init__(index, int(capacity))
+        from moert import _cuda
+        self._cp = _cuda.cupy()
+        self.xp = self._cp
+        self._ctx: list = []
+
+    def __enter__(self) -> CudaDevice:
+        ctx = self._cp.cuda.Device(self.index)
+        ctx.__enter__()
+        self._ctx.append(ctx)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._ctx.pop().__exit__(*exc)
+
+    def synchronize(self) -> None:
+        self._cp.cuda.Device(self.index).synchronize()
+
+    def owns(self, arr: Any) -> bool:
+        return isinstance(arr, self._cp.ndarray) and arr.device.id == self.index
+
+    def _alloc(self, fn, nbytes: int, what: str):
+        self._reserve(nbytes, what)
+        try:
+            with self._cp.cuda.Device(self.index):
+                out = fn()
+        except self._cp.cuda.memory.OutOfMemoryError:
+            raise DeviceOutOfMemory(self.name, nbytes, self.used, self.capacity, what) from None
+        self._account(out, nbytes, what)
+        return out
+
+    def _put_uncounted(self, host: np.ndarray, what: str):
+        return self._alloc(lambda: self._cp.asarray(host), host.nbytes, what)
+
+    def put(self, host: np.ndarray, what: str = ""):
+        host = _check_host(host, self)
+        t0 = time.perf_counter()
+        out = self._put_uncounted(host, what)
+        self._count("h2d", host.nbytes, time.perf_counter() - t0)
+        return out
+
+    def empty(self, shape, dtype=np.float32, what: str = ""):
+        nbytes = int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
+        return self._alloc(lambda: self._cp.empty(shape, dtype), nbytes, what)
+
+    def _to_host_uncounted(self, arr: Any) -> np.ndarray:
+        if not self.owns(arr):
+            raise DeviceMismatchError(f"{self.name}.to_host() got an array on {_where(arr)}")
+        return self._cp.asnumpy(arr)
+
+    def to_host(self, arr) -> np.ndarray:
+        t0 = time.perf_counter()
+        out = self._to_host_uncounted(arr)
+        self._count("d2h", out.nbytes, time.perf_counter() - t0)
+        return out
+
+    def _from_peer(self, arr: Any, src: Device, what: str):
+        if not isinstance(src, CudaDevice):
+            return super()._from_peer(arr, src, what)
+        t0 = time.perf_counter()
+        out = self._alloc(lambda: self._cp.array(arr, copy=True), arr.nbytes, what)  # peer copy
+        self._count("d2d", arr.nbytes, time.perf_counter() - t0)
+        return out
+
+
+# ---------------------------------------------------------------------------------------- functions
+
+def transfer(arr: Any, src: Device, dst: Device, what: str = "") -> Any:
+    """Move arr from src to dst (the only way across devices); counted on the GPU side."""
+    if src is dst:
+        return arr
+    if not src.owns(arr):
+        raise DeviceMismatchError(
+            f"transfer from {src.name}: the array lives on {_where(arr)}, not on {src.name}")
+    if src.kind == "cpu":
+        return dst.put(arr, what)
+    if dst.kind == "cpu":
+        return src.to_host(arr)
+    return dst._from_peer(arr, src, what)
+
+
+def device_of(arr: Any, devices: list[Device]) -> Device:
+    """The device among `devices` (and the cpu) that holds arr."""
+    for d in devices:
+        if d.owns(arr):
+            return d
+    if CPU.owns(arr):
+        return CPU
+    raise DeviceMismatchError(f"array on {_where(arr)} belongs to none of {[d.name for d in devices]}")
+
+
+def get_devices(gpu_backend: str = "auto", gpu_memory: str | int | list | None = None) -> list[Device]:
+    """The GPU devices of a backend ("auto": CuPy if it sees a GPU, else none; "sim"; "cupy"; "none")."""
+    backend = (gpu_backend or "auto").lower()
+    if backend not in GPU_BACKENDS:
+        raise PlacementError(f"unknown gpu_backend {gpu_backend!r}; use one of {', '.join(GPU_BACKENDS)}")
+    sizes = parse_sizes(gpu_memory)
+    if backend == "none":
+        return []
+    if backend == "sim":
+        return [SimDevice(i, c) for i, c in enumerate(sizes or [DEFAULT_SIM_MEMORY])]
+    from moert import _cuda
+    n = _cuda.device_count()
+    if n == 0:
+        if backend == "cupy":
+            raise PlacementError(f"gpu_backend='cupy' but {_cuda.why_unavailable()}; install the `gpu` "
+                                 f"extra (pip install 'moert[gpu]'), or use gpu_backend='sim' to simulate")
+        return []
+    if len(sizes) > n:
+        raise PlacementError(f"gpu_memory lists {len(sizes)} GPUs but CuPy sees {n} "
+                             f"({', '.join(f'cuda:{i}' for i in range(n))}); give at most {n} sizes")
+    return [CudaDevice(i, min(sizes[i], _cuda.free_memory(i)) if i < len(sizes) else _cuda.free_memory(i))
+            for i in range(n)]
+
+
+__all__ = [
+    "CPU", "CpuDevice", "CudaDevice", "Device", "DeviceMismatchError", "SimArray", "SimDevice",
+    "SimNamespace", "TransferStats", "device_of", "format_size", "get_devices", "parse_size", "parse_sizes",
+    "transfer",
+]
