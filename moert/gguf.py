@@ -1,0 +1,361 @@
+"""A self-contained GGUF reader: memory-mapped, zero-copy, and safe on hostile files.
+
+File layout (GGUF v2/v3, little-endian; every count and length is a uint64):
+
+    magic "GGUF" | version u32 | n_tensors u64 | n_kv u64
+    n_kv x      key: string | value_type u32 | value
+    n_tensors x name: string | n_dims u32 | ne[n_dims] u64 | type u32 | offset u64
+    padding to `general.alignment` (default 32)
+    tensor data: each tensor at data_start + offset (offset a multiple of the alignment)
+
+    string = len u64 | len bytes of UTF-8;  array = elem_type u32 | count u64 | count elements
+
+Nothing is allocated before the bytes it describes are known to be in the file, so a length field
+cannot make us allocate more than the file's size. Every problem raises `GGUFError` naming the
+field, its byte offset and what was expected. Tensor bytes are views of the map: opening a
+multi-GB file costs milliseconds and no resident memory.
+"""
+
+from __future__ import annotations
+
+import builtins
+import mmap
+import os
+import struct
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from moert.errors import GGUFError
+from moert.quants.types import TYPES_BY_ID, GGMLType
+
+MAGIC = b"GGUF"
+DEFAULT_ALIGNMENT = 32
+MAX_DIMS = 4              # GGML_MAX_DIMS
+MAX_TENSOR_NAME = 63      # llama.cpp's gguf.cpp refuses names of GGML_MAX_NAME (64) bytes or more
+MAX_STRING = 1 << 28      # 256 MiB: no real key or value comes near (chat templates are ~10 KiB)
+MAX_ELEMENTS = 1 << 62    # shape products must fit ggml's int64_t
+
+# value type id -> (name, struct format or None for string/array, size)
+_SCALARS = {
+    0: ("UINT8", "<B", 1), 1: ("INT8", "<b", 1), 2: ("UINT16", "<H", 2), 3: ("INT16", "<h", 2),
+    4: ("UINT32", "<I", 4), 5: ("INT32", "<i", 4), 6: ("FLOAT32", "<f", 4), 7: ("BOOL", "<B", 1),
+    10: ("UINT64", "<Q", 8), 11: ("INT64", "<q", 8), 12: ("FLOAT64", "<d", 8),
+}
+_STRING, _ARRAY = 8, 9
+_NUMPY = {0: "<u1", 1: "<i1", 2: "<u2", 3: "<i2", 4: "<u4", 5: "<i4", 6: "<f4", 7: "<u1",
+          10: "<u8", 11: "<i8", 12: "<f8"}
+VALUE_TYPES = {**{k: v[0] for k, v in _SCALARS.items()}, _STRING: "STRING", _ARRAY: "ARRAY"}
+
+
+@dataclass(frozen=True)
+class TensorInfo:
+    """One tensor of a GGUF file: `shape` is in NumPy order (GGUF's `ne` reversed)."""
+
+    name: str
+    type: str                       # GGML type name: "F32", "Q4_K", ...
+    shape: tuple[int, ...]          # NumPy order: blk.0.ffn_up_exps.weight is (n_expert, n_ff, n_embd)
+    nbytes: int
+    offset: int                     # absolute byte offset in the file
+    ggml_type: GGMLType = field(repr=False, compare=False)
+
+    @property
+    def n_elements(self) -> int:
+        return int(np.prod(self.shape, dtype=np.int64))
+
+
+_U64 = struct.Struct("<Q")
+
+
+def _is_utf8(b: bytes) -> bool:
+    try:
+        b.decode("utf-8")
+        return True
+    except UnicodeDecodeError:
+        return False
+
+
+class _Cursor:
+    """Bounds-checked little-endian reads from a buffer; every failure is a GGUFError with the offset."""
+
+    def __init__(self, buf, size: int, path: str):
+        self.buf, self.size, self.path, self.pos = buf, size, path, 0
+
+    def fail(self, what: str, expected: str, at: int | None = None) -> GGUFError:
+        at = self.pos if at is None else at
+        return GGUFError(f"{self.path}: {what} at offset {at}: {expected}")
+
+    def need(self, n: int, what: str) -> None:
+        if n > self.size - self.pos:
+            raise self.fail(what, f"needs {n:,} bytes but only {self.size - self.pos:,} remain "
+                                  f"(file of {self.size:,} bytes is truncated or the field is corrupt)")
+
+    def scalar(self, fmt: str, size: int, what: str):
+        self.need(size, what)
+        v = struct.unpack_from(fmt, self.buf, self.pos)[0]
+        self.pos += size
+        return v
+
+    def u32(self, what: str) -> int:
+        return self.scalar("<I", 4, what)
+
+    def u64(self, what: str) -> int:
+        return self.scalar("<Q", 8, what)
+
+    def string(self, what: str, limit: int = MAX_STRING) -> str:
+        start = self.pos
+        n = self.u64(f"{what} length")
+        if n > limit:
+            raise self.fail(f"{what} length", f"expected at most {limit:,} bytes, got {n:,}", start)
+        self.need(n, what)
+        raw = bytes(self.buf[self.pos:self.pos + n])
+        try:
+            s = raw.decode("utf-8")
+        except UnicodeDecodeError as e:
+            raise self.fail(what, f"expected UTF-8 text ({e.reason} at byte {e.start})") from None
+        self.pos += n
+        return s
+
+    def strings(self, n: int, what: str) -> list[str]:
+        """n strings in a row: `string()` unrolled, since vocabularies hold 100k-300k of them."""
+        buf, pos, end, unpack = self.buf, self.pos, self.size, _U64.unpack_from
+        raw = [b""] * n
+        for i in range(n):
+            if end - pos < 8:
+                self.pos = pos
+                self.need(8, f"{what}[{i}] length")
+            k = unpack(buf, pos)[0]
+            pos += 8
+            if k > end - pos or k > MAX_STRING:
+                self.pos = pos
+                self.need(k, f"{what}[{i}]")
+                raise self.fail(f"{what}[{i}] length", f"expected at most {MAX_STRING:,} bytes, got {k:,}")
+            raw[i] = buf[pos:pos + k]
+            pos += k
+        try:
+            out = [b.decode("utf-8") for b in raw]
+        except UnicodeDecodeError:
+            bad = next(i for i, b in enumerate(raw) if not _is_utf8(b))
+            raise self.fail(f"{what}[{bad}]", "expected UTF-8 text") from None
+        self.pos = pos
+        return out
+
+    def count(self, what: str, min_item_bytes: int) -> int:
+        """A u64 count of items that each take at least `min_item_bytes`: checked against the bytes left."""
+        start = self.pos
+        n = self.u64(what)
+        left = self.size - self.pos
+        if n * min_item_bytes > left:
+            raise self.fail(what, f"{n:,} items of at least {min_item_bytes} bytes cannot fit in the "
+                                  f"{left:,} bytes left", start)
+        return n
+
+    def value(self, vtype: int, what: str, in_array: bool = False):
+        if vtype in _SCALARS:
+            _, fmt, size = _SCALARS[vtype]
+            at = self.pos
+            v = self.scalar(fmt, size, what)
+            if vtype == 7:
+                if v > 1:
+                    raise self.fail(what, f"expected a BOOL of 0 or 1, got {v}", at)
+                return bool(v)
+            return v
+        if vtype == _STRING:
+            return self.string(what)
+        if vtype == _ARRAY:
+            if in_array:
+                raise self.fail(what, "nested arrays are not supported")
+            at = self.pos
+            etype = self.u32(f"{what} element type")
+            if etype not in VALUE_TYPES:
+                raise self.fail(f"{what} element type", f"expected a GGUF value type 0-12, got {etype}", at)
+            if etype == _ARRAY:
+                raise self.fail(f"{what} element type", "nested arrays are not supported", at)
+            if etype == _STRING:
+                return self.strings(self.count(f"{what} count", 8), what)
+            size = _SCALARS[etype][2]
+            n = self.count(f"{what} count", size)
+            arr = np.frombuffer(self.buf, dtype=_NUMPY[etype], count=n, offset=self.pos).copy()
+            if etype == 7:
+                if n and arr.max() > 1:
+                    raise self.fail(what, "expected BOOL elements of 0 or 1")
+                arr = arr.astype(bool)
+            self.pos += n * size
+            return arr
+        raise self.fail(f"{what} value type", f"expected a GGUF value type 0-12, got {vtype}", self.pos - 4)
+
+
+class GGUFFile:
+    """An open GGUF file: metadata, tensor infos, and zero-copy views of the tensor data."""
+
+    def __init__(self, path: str | os.PathLike):
+        self.path = Path(path)
+        self._file = builtins.open(self.path, "rb")  # FileNotFoundError etc. are the caller's to see
+        self._map: mmap.mmap | None = None
+        try:
+            self._file_size = os.fstat(self._file.fileno()).st_size
+            if self._file_size < 24:
+                raise GGUFError(f"{self.path}: file header at offset 0: expected at least 24 bytes "
+                                f"(magic, version, counts), the file has {self._file_size}")
+            self._map = mmap.mmap(self._file.fileno(), 0, access=mmap.ACCESS_READ)
+            self._parse(_Cursor(self._map, self._file_size, str(self.path)))
+        except BaseException:
+            self.close()
+            raise
+
+    # -- parsing -------------------------------------------------------------------------------
+
+    def _parse(self, c: _Cursor) -> None:
+        magic = bytes(c.buf[0:4])
+        if magic != MAGIC:
+            raise c.fail("magic", f"expected b'GGUF', got {magic!r}: not a GGUF file")
+        c.pos = 4
+        version = c.u32("version")
+        if version not in (2, 3):
+            if struct.unpack("<I", struct.pack(">I", version))[0] in (1, 2, 3):
+                raise c.fail("version", "this is a big-endian GGUF file; moert reads little-endian GGUF "
+                                        "only (convert it with gguf-py's gguf_convert_endian.py)", 4)
+            raise c.fail("version", f"expected GGUF version 2 or 3, got {version}"
+                                    + (" (v1 files are obsolete: re-convert the model)" if version == 1 else ""), 4)
+        self.version = version
+        n_tensors = c.count("tensor count", 32)   # smallest tensor info: 8+1+4+8+4+8 bytes, rounded down
+        n_kv = c.count("metadata count", 13)      # smallest kv: 8-byte key length + 1 + 4 + 1 value byte
+
+        self.metadata: dict[str, object] = {}
+        self.value_types: dict[str, str] = {}
+        for i in range(n_kv):
+            at = c.pos
+            key = c.string(f"metadata key #{i}", limit=1 << 16)
+            if key in self.metadata:
+                raise c.fail(f"metadata key #{i}", f"duplicate key {key!r}", at)
+            vat = c.pos
+            vtype = c.u32(f"value type of {key!r}")
+            if vtype not in VALUE_TYPES:
+                raise c.fail(f"value type of {key!r}", f"expected a GGUF value type 0-12, got {vtype}", vat)
+            self.metadata[key] = c.value(vtype, f"value of {key!r}")
+            self.value_types[key] = VALUE_TYPES[vtype]
+
+        self.alignment = DEFAULT_ALIGNMENT
+        if "general.alignment" in self.metadata:
+            a = self.metadata["general.alignment"]
+            if self.value_types["general.alignment"] != "UINT32" or a == 0 or a & (a - 1):
+                raise GGUFError(f"{self.path}: metadata 'general.alignment': expected a UINT32 power of two, "
+                                f"got {self.value_types['general.alignment']} {a!r}")
+            self.alignment = a
+
+        infos = []
+        names: set[str] = set()
+        for i in range(n_tensors):
+            at = c.pos
+            name = c.string(f"tensor #{i} name", limit=MAX_TENSOR_NAME)
+            if name in names:
+                raise c.fail(f"tensor #{i} name", f"duplicate tensor name {name!r}", at)
+            names.add(name)
+            dat = c.pos
+            n_dims = c.u32(f"tensor {name!r} n_dims")
+            if not 1 <= n_dims <= MAX_DIMS:
+                raise c.fail(f"tensor {name!r} n_dims", f"expected 1 to {MAX_DIMS}, got {n_dims}", dat)
+            ne = [c.u64(f"tensor {name!r} dim {d}") for d in range(n_dims)]
+            n_el = 1
+            for d, n in enumerate(ne):
+                if n < 1:
+                    raise c.fail(f"tensor {name!r} dim {d}", f"expected >= 1, got {n}", dat + 4 + 8 * d)
+                n_el *= n
+            if n_el > MAX_ELEMENTS:
+                raise c.fail(f"tensor {name!r} shape", f"{ne} has {n_el} elements, more than 2^62", dat)
+            tat = c.pos
+            tid = c.u32(f"tensor {name!r} type")
+            gt = TYPES_BY_ID.get(tid)
+            if gt is None:
+                raise c.fail(f"tensor {name!r} type", f"unknown GGML type id {tid} (known: "
+                                                      f"{sorted(TYPES_BY_ID)}); the file may need a newer reader", tat)
+            if ne[0] % gt.block_size:
+                raise c.fail(f"tensor {name!r} shape", f"row length {ne[0]} is not a multiple of {gt.name}'s "
+                                                       f"block size {gt.block_size}", dat)
+            oat = c.pos
+            offset = c.u64(f"tensor {name!r} offset")
+            if offset % self.alignment:
+                raise c.fail(f"tensor {name!r} offset", f"{offset} is not a multiple of the alignment "
+                                                        f"{self.alignment}", oat)
+            nbytes = n_el // gt.block_size * gt.type_size
+            infos.append((name, gt, tuple(reversed(ne)), nbytes, offset, oat))
+
+        self.data_offset = -(-c.pos // self.alignment) * self.alignment
+        self.tensors: dict[str, TensorInfo] = {}
+        spans = []
+        for name, gt, shape, nbytes, offset, oat in infos:
+            start = self.data_offset + offset
+            if start + nbytes > self._file_size:
+                raise c.fail(f"tensor {name!r} data", f"bytes [{start:,}, {start + nbytes:,}) lie beyond the end "
+                                                      f"of the {self._file_size:,}-byte file (truncated?)", oat)
+            self.tensors[name] = TensorInfo(name, gt.name, shape, nbytes, start, gt)
+            spans.append((start, start + nbytes, name))
+        spans.sort()
+        for (_, end_a, a), (start_b, _, b) in zip(spans, spans[1:]):
+            if start_b < end_a:
+                raise GGUFError(f"{self.path}: tensor {b!r} data at offset {start_b}: overlaps tensor {a!r} "
+                                f"(which ends at {end_a}); the file is corrupt")
+
+    # -- access --------------------------------------------------------------------------------
+
+    @property
+    def architecture(self) -> str:
+        arch = self.metadata.get("general.architecture")
+        if not isinstance(arch, str):
+            raise GGUFError(f"{self.path}: metadata 'general.architecture': expected a string, "
+                            f"got {'nothing' if arch is None else type(arch).__name__}")
+        return arch
+
+    @property
+    def file_size(self) -> int:
+        return self._file_size
+
+    def _info(self, name: str) -> TensorInfo:
+        try:
+            return self.tensors[name]
+        except KeyError:
+            raise KeyError(f"{self.path.name} has no tensor {name!r} ({len(self.tensors)} tensors; "
+                           f"`moert inspect` lists them)") from None
+
+    def raw(self, name: str) -> np.ndarray:
+        """The tensor's bytes as a read-only uint8 view of the memory map (no copy)."""
+        t = self._info(name)
+        if self._map is None:
+            raise ValueError(f"{self.path}: file is closed")
+        return np.frombuffer(self._map, dtype=np.uint8, count=t.nbytes, offset=t.offset)
+
+    def dequantize(self, name: str) -> np.ndarray:
+        """The tensor as float32, shaped `.tensors[name].shape` (Numba fast path where there is one)."""
+        from moert.quants import dequantize_fast
+
+        t = self._info(name)
+        return dequantize_fast(self.raw(name), t.type, t.shape)
+
+    def close(self) -> None:
+        """Release the map and the file. Views handed out earlier keep the map alive until dropped."""
+        if self._map is not None:
+            try:
+                self._map.close()
+            except BufferError:
+                pass  # views are still alive; the map is released when the last one is collected
+            self._map = None
+        if self._file is not None:
+            self._file.close()
+            self._file = None
+
+    def __enter__(self) -> GGUFFile:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        arch = self.metadata.get("general.architecture", "?") if hasattr(self, "metadata") else "?"
+        n = len(getattr(self, "tensors", {}))
+        return f"<GGUFFile {self.path.name!r} v{getattr(self, 'version', '?')} {arch} {n} tensors>"
+
+
+def open(path: str | os.PathLike) -> GGUFFile:  # noqa: A001 - the module's verb, as in `moert.gguf.open`
+    """Open a GGUF file (memory-mapped); use as a context manager to close it."""
+    return GGUFFile(path)
