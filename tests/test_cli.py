@@ -1,0 +1,55 @@
+"""The `moert` command line, run as a user would (a subprocess), for exit codes and output."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from moert.testing import write_qwen3moe
+
+
+def moert(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "moert", *map(str, args)], capture_output=True, text=True,
+                          timeout=300)
+
+
+@pytest.fixture(scope="module")
+def model(tmp_path_factory):
+    return write_qwen3moe(tmp_path_factory.mktemp("cli") / "m.gguf", n_layer=3, n_expert=4)
+
+
+def test_inspect_table(model):
+    r = moert("inspect", model)
+    assert r.returncode == 0, r.stderr
+    assert "architecture: qwen3moe" in r.stdout
+    assert "expert_count" in r.stdout and "blk.2.ffn_down_exps.weight" in r.stdout
+    for section in ("by type", "by layer", "by role", "experts"):
+        assert section in r.stdout
+
+
+def test_inspect_json_totals_add_up(model):
+    r = moert("inspect", model, "--json")
+    assert r.returncode == 0, r.stderr
+    s = json.loads(r.stdout)
+    assert s["architecture"] == "qwen3moe" and s["hyperparameters"]["expert_count"] == 4
+    t = {x["name"]: x for x in s["tensors"]}
+    assert t["blk.0.ffn_up_exps.weight"]["shape"] == [4, 32, 64]
+    assert set(t["token_embd.weight"]) == {"name", "type", "shape", "nbytes", "offset"}
+    total = sum(x["nbytes"] for x in s["tensors"])
+    assert total == s["totals"]["bytes"] == sum(s["totals"]["by_type"].values())
+    assert total == sum(s["totals"]["by_layer"].values()) == sum(s["totals"]["by_role"].values())
+    experts = sum(x["nbytes"] for x in s["tensors"] if "_exps." in x["name"])
+    assert s["totals"]["by_role"]["experts"] == experts > 0
+
+
+def test_bad_file_is_one_line_and_exit_1(model, tmp_path):
+    bad = tmp_path / "bad.gguf"
+    bad.write_bytes(model.read_bytes()[:200])
+    r = moert("inspect", bad)
+    assert r.returncode == 1
+    assert "Traceback" not in r.stderr and "bad.gguf" in r.stderr and "offset" in r.stderr
+    r = moert("inspect", tmp_path / "missing.gguf")
+    assert r.returncode == 1 and "Traceback" not in r.stderr and "No such file" in r.stderr
