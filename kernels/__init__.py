@@ -1,1 +1,58 @@
-"""moert.kernels: Numba CPU kernels (installed as moert.kernels; each has a NumPy reference twin)."""
+"""moert.kernels: Numba CPU kernels (installed as moert.kernels; each has a NumPy reference twin).
+
+Dequantization fast paths (kernels/dequant.py; twins in moert/quants/dequant.py):
+
+    dequantize(raw, type, shape)                   whole tensor -> float32 `shape`
+    dequantize_rows(raw, type, shape, start, stop) rows [start, stop) of the (rows, row length) view
+    dequantize_expert(raw, type, shape, e)         expert e of (n_expert, rows, cols) -> (rows, cols)
+
+Slices read only their own bytes (a row range never splits a block), so dequantizing one expert of
+a memory-mapped file touches only that expert's pages. Each takes `out=` to fill a preallocated
+float32 array instead of allocating. Types not in FAST_TYPES raise UnsupportedTypeError: use
+`moert.quants.dequantize_fast`, which falls back to the reference.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+from moert.quants.dequant import as_blocks, lookup, slice_expert, slice_rows
+from moert.quants.types import GGMLType
+
+from .dequant import KERNELS
+
+FAST_TYPES: frozenset[str] = frozenset(KERNELS)
+
+__all__ = ["FAST_TYPES", "dequantize", "dequantize_expert", "dequantize_rows"]
+
+
+def dequantize(raw: np.ndarray, ggml_type: str | GGMLType, shape: Sequence[int],
+               out: np.ndarray | None = None) -> np.ndarray:
+    """Dequantize a tensor's raw bytes to float32 of `shape` with a Numba kernel (multi-threaded)."""
+    t = lookup(ggml_type, FAST_TYPES, "moert.kernels")
+    shape, blocks = as_blocks(raw, t, shape)                        # (n_blocks, type_size)
+    if out is None:
+        out = np.empty(shape, dtype=np.float32)
+    elif out.dtype != np.float32 or out.shape != shape or not out.flags.c_contiguous:
+        raise ValueError(f"out must be a C-contiguous float32 array of shape {shape}, "
+                         f"got {out.dtype} {out.shape}")
+    kernel, table = KERNELS[t.name]
+    if blocks.shape[0]:
+        kernel(blocks, out.reshape(blocks.shape[0], t.block_size), table)
+    return out
+
+
+def dequantize_rows(raw: np.ndarray, ggml_type: str | GGMLType, shape: Sequence[int], start: int, stop: int,
+                    out: np.ndarray | None = None) -> np.ndarray:
+    """Rows [start, stop) of the tensor seen as (rows, row length), dequantized: (stop - start, row)."""
+    lookup(ggml_type, FAST_TYPES, "moert.kernels")
+    return dequantize(*slice_rows(raw, ggml_type, shape, start, stop), out=out)
+
+
+def dequantize_expert(raw: np.ndarray, ggml_type: str | GGMLType, shape: Sequence[int], e: int,
+                      out: np.ndarray | None = None) -> np.ndarray:
+    """Expert e of a stacked expert tensor (n_expert, rows, cols), dequantized: shape[1:]."""
+    lookup(ggml_type, FAST_TYPES, "moert.kernels")
+    return dequantize(*slice_expert(raw, ggml_type, shape, e), out=out)
