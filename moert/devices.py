@@ -435,6 +435,10 @@ class SimArray(NDArrayOperatorsMixin):
 
     __hash__ = None  # type: ignore[assignment]
 
+    def __array_namespace__(self, api_version=None):
+        """The device's array namespace (Array API protocol): `dev.xp`."""
+        return self.device.xp
+
     # -- attributes and methods of ndarray, results tagged with this device
     def get(self, *args, **kwargs):
         raise DeviceMismatchError(
@@ -663,6 +667,17 @@ def device_of(arr: Any, devices: list[Device]) -> Device:
     raise DeviceMismatchError(f"array on {_where(arr)} belongs to none of {[d.name for d in devices]}")
 
 
+def xp_of(arr: Any):
+    """The array namespace that computes on arr's device: numpy, cupy, or a sim device's namespace."""
+    if isinstance(arr, SimArray):
+        return arr.device.xp
+    mod = type(arr).__module__.split(".")[0]
+    if mod == "cupy":
+        from moert import _cuda
+        return _cuda.cupy()
+    return np
+
+
 def get_devices(gpu_backend: str = "auto", gpu_memory: str | int | list | None = None) -> list[Device]:
     """The GPU devices of a backend ("auto": CuPy if it sees a GPU, else none; "sim"; "cupy"; "none")."""
     backend = (gpu_backend or "auto").lower()
@@ -690,5 +705,5 @@ def get_devices(gpu_backend: str = "auto", gpu_memory: str | int | list | None =
 __all__ = [
     "CPU", "CpuDevice", "CudaDevice", "Device", "DeviceMismatchError", "SimArray", "SimDevice",
     "SimNamespace", "TransferStats", "device_of", "format_size", "get_devices", "parse_size", "parse_sizes",
-    "transfer",
+    "transfer", "xp_of",
 ]
