@@ -159,3 +159,95 @@ def write_qwen3moe(
 
     tensors = ((name, x, tensor_type(name, x.shape, qtype, types)) for name, x in gen())
     return write_gguf(path, a, metadata, tensors)
+
+
+# A small built-in corpus for `gpt2_vocab_metadata`: prose, code, numbers and several scripts, so the
+# trained merges cover multi-byte characters too. Changing it changes every synthetic vocabulary.
+VOCAB_CORPUS = """\
+The quick brown fox jumps over the lazy dog. The dog sleeps; the fox runs into the forest.
+A mixture of experts sends each token to a few experts, and the router decides which ones.
+The capital of France is Paris. The capital of Germany is Berlin. The capital of Japan is Tokyo.
+Once upon a time, there was a small model that wanted to read every file it was given.
+It read the header, then the tensors, then it placed them on the devices it could find.
+"Hello, world!" she said. 'It's fine,' he replied, "we'll see what they've done."
+Numbers: 0 1 2 3 4 5 6 7 8 9 10 42 100 256 1024 2048 65536 3.14159 2.71828 -17 +23 1,234,567.
+Dates: 2024-01-15, 1999-12-31, 12:30:45. Prices: $19.99, EUR 5.00, 100% of 7/8.
+def forward(self, x):
+    h = self.norm(x)
+    for layer in self.layers:
+        h = layer(h) + h
+    return self.output(h)
+
+if __name__ == "__main__":
+\tprint("tabs\tand\tnewlines")
+\treturn {"key": [1, 2, 3], "value": None}
+
+Café, naïve, façade, résumé, déjà vu, crème brûlée, São Paulo, Zürich, Ærø, Øresund, Łódź, Škoda.
+Über die Brücke gehen die Mädchen; das Wetter ist schön. El niño comió piña en la mañana.
+Tiếng Việt có nhiều dấu: ă â ê ô ơ ư đ. Ελληνικά γράμματα: α β γ δ ε. Русский язык: привет, мир.
+中文：你好，世界。我们今天学习分词器。日本語：こんにちは、世界。カタカナとひらがな。
+한국어: 안녕하세요, 세계. العربية: مرحبا بالعالم. עברית: שלום עולם. हिन्दी: नमस्ते दुनिया।
+Emoji: 😀 😂 🎉 👍 🚀 ❤️ 🇫🇷 👨‍👩‍👧 — and dashes – or … ellipses.
+    indented    text   with     runs of     spaces
+and blank lines
+
+
+and trailing spaces\x20\x20\x20
+"""
+
+# Qwen's ChatML, without its default system prompt.
+CHATML_TEMPLATE = (
+    "{%- for message in messages %}"
+    "{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n' }}"
+    "{%- endfor %}"
+    "{%- if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{%- endif %}"
+)
+
+
+def gpt2_vocab_metadata(n_vocab: int = 1024, pre: str = "qwen2", corpus: str = VOCAB_CORPUS) -> dict[str, object]:
+    """A small Qwen-style byte-level BPE vocabulary, trained with HF tokenizers, as tokenizer.ggml.* keys.
+
+    Deterministic: the same arguments give the same tokens and merges. Layout as llama.cpp's converter
+    writes Qwen: the BPE tokens, then the specials (<|endoftext|> = BOS/pad, <|im_start|>, <|im_end|> = EOS,
+    control; <think>, </think>, user-defined), then [PAD{i}] (unused) up to exactly `n_vocab` tokens.
+    """
+    import json
+
+    from tokenizers import Regex, Tokenizer, models, pre_tokenizers, trainers
+
+    from moert.tokenizer import _PRE_REGEXES, PRE_TOKENIZERS
+
+    specials = [("<|endoftext|>", 3), ("<|im_start|>", 3), ("<|im_end|>", 3), ("<think>", 4), ("</think>", 4)]
+    n_bpe = n_vocab - len(specials)
+    if n_bpe < 256:
+        raise ValueError(f"n_vocab = {n_vocab} leaves no room for the 256 byte tokens and {len(specials)} specials; "
+                         f"use n_vocab >= {256 + len(specials)}")
+    tok = Tokenizer(models.BPE())
+    regexes = _PRE_REGEXES[PRE_TOKENIZERS[pre][0]]
+    tok.pre_tokenizer = pre_tokenizers.Sequence(
+        [*(pre_tokenizers.Split(Regex(r), behavior="isolated") for r in regexes),
+         pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
+    trainer = trainers.BpeTrainer(vocab_size=n_bpe, min_frequency=1, show_progress=False,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    tok.train_from_iterator([corpus], trainer=trainer)
+    model = json.loads(tok.to_str())["model"]
+    tokens = sorted(model["vocab"], key=model["vocab"].get)
+    merges = [" ".join(m) if isinstance(m, list) else m for m in model["merges"]]
+    types = [1] * len(tokens) + [t for _, t in specials]
+    tokens += [s for s, _ in specials]
+    pad = n_vocab - len(tokens)
+    tokens += [f"[PAD{len(tokens) + i}]" for i in range(pad)]
+    types += [5] * pad
+    ids = {t: i for i, t in enumerate(tokens)}
+    return {
+        "tokenizer.ggml.model": "gpt2",
+        "tokenizer.ggml.pre": pre,
+        "tokenizer.ggml.tokens": tokens,
+        "tokenizer.ggml.token_type": np.array(types, dtype=np.int32),
+        "tokenizer.ggml.merges": merges,
+        "tokenizer.ggml.bos_token_id": ids["<|endoftext|>"],
+        "tokenizer.ggml.eos_token_id": ids["<|im_end|>"],
+        "tokenizer.ggml.padding_token_id": ids["<|endoftext|>"],
+        "tokenizer.ggml.add_bos_token": False,
+        "tokenizer.chat_template": CHATML_TEMPLATE,
+    }
