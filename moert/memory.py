@@ -40,6 +40,7 @@ from moert.placement import (
     _build,
     _gpu_layers,
     _model_info,
+    _split,
     expert_layer_regex,
     format_overrides,
     moe_rules,
@@ -302,6 +303,7 @@ class FitResult:
 def fit(model: Any, context_size: int = 0, overrides: Any = None, gpu_layers: int | str = "all",
         cpu_moe: bool = False, n_cpu_moe: int | None = None, gpu_backend: str = "auto", gpu_memory: Any = None,
         margin: str | int | None = None, split: str = "layer", *, n_cpu_moe_from: str = "first",
+        tensor_split: Any = None,
         expert_order: str = "last", n_batch: int = 512, kv_dtype: Any = np.float32, min_context: int = 256,
         devices: list[Device] | None = None) -> FitResult:
     """Find rules (after the user's) and a context that fit the GPUs: experts to CPU, then less context.
@@ -313,6 +315,7 @@ def fit(model: Any, context_size: int = 0, overrides: Any = None, gpu_layers: in
     gpu_layers="auto", then fewer GPU layers.
     """
     info = _model_info(model)
+    split = split if isinstance(split, tuple) else _split(split, tensor_split)
     if expert_order not in ("last", "first"):
         raise PlacementError(f"expert_order must be 'last' or 'first', got {expert_order!r}")
     if context_size < 0:

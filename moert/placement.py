@@ -257,7 +257,8 @@ class Plan:
     """Every tensor's device, the rules that decided, and the devices themselves. Nothing is loaded."""
 
     def __init__(self, model: _Model, rules: list[TensorOverride], entries: dict[str, Placement],
-                 devices: list[Device], gpu_layers: int, gpu_backend: str, split: str, messages: list[str]):
+                 devices: list[Device], gpu_layers: int, gpu_backend: str, split: str, messages: list[str],
+                 shares: tuple[float, ...] | None = None):
         self.model = model
         self.path, self.arch, self.metadata, self.n_layer = model.path, model.arch, model.metadata, model.n_layer
         self.rules = rules
@@ -265,7 +266,8 @@ class Plan:
         self.devices = devices            # the GPU devices (cpu is moert.devices.CPU)
         self.gpu_layers = gpu_layers      # layers (of n_layer + 1) whose default device is a GPU
         self.gpu_backend = gpu_backend    # "cupy", "sim" or "none" (what is actually used)
-        self.split = split
+        self.split = split                # "layer" or "none"
+        self.tensor_split = shares        # the GPUs' shares of the GPU layers (capacities unless given)
         self.messages = messages          # the warnings raised while planning
 
     # -- questions
@@ -319,7 +321,7 @@ class Plan:
         """The device a tensor of `layer` gets when no rule matches (None: input layer, the CPU)."""
         if layer is None or not self.devices or layer < self.n_layer + 1 - self.gpu_layers:
             return "cpu"
-        return _layer_gpu(layer, self.n_layer, self.gpu_layers, self.devices, self.split).name
+        return _layer_gpu(layer, self.n_layer, self.gpu_layers, self.devices, self.tensor_split).name
 
     def bytes_by_device(self) -> dict[str, int]:
         """Weight bytes per device (every device of the plan, zeros included)."""
@@ -382,6 +384,7 @@ class Plan:
         return {
             "model": self.path, "architecture": self.arch, "n_layer": self.n_layer,
             "gpu_layers": self.gpu_layers, "gpu_backend": self.gpu_backend, "split": self.split,
+            "tensor_split": list(self.tensor_split) if self.tensor_split else None,
             "devices": {d: (None if d == "cpu" else self.device(d).capacity) for d in self.device_names()},
             "rules": [{"pattern": r.pattern, "device": r.device, "spelling": r.device_spelling(),
                        "source": r.source} for r in self.rules],
@@ -409,21 +412,22 @@ class Plan:
         for n in names:
             entries[n] = replace(entries[n], device=dev, rule=rule, rule_index=len(rules) - 1)
         return Plan(self.model, rules, entries, self.devices, self.gpu_layers, self.gpu_backend, self.split,
-                    self.messages)
+                    self.messages, self.tensor_split)
 
 
-def _layer_gpu(il: int, n_layer: int, gpu_layers: int, devices: list[Device], split: str) -> Device:
+def _layer_gpu(il: int, n_layer: int, gpu_layers: int, devices: list[Device],
+               shares: tuple[float, ...] | None) -> Device:
     # llama-model.cpp, load_tensors: splits are cumulative shares normalized to 1 (by free memory when no
     # tensor_split is given); layer_gpu = upper_bound(splits, float(il - i_gpu_start) / act_gpu_layers)
-    if split == "none" or len(devices) == 1:
+    if shares is None or len(devices) == 1:
         return devices[0]
     i_gpu_start = max(n_layer + 1 - gpu_layers, 0)
     act = min(gpu_layers, n_layer + 1)
-    total = float(sum(d.capacity for d in devices))
+    total = float(sum(shares))
     x = (il - i_gpu_start) / act
     acc = 0.0
-    for d in devices:
-        acc += d.capacity / total
+    for d, share in zip(devices, shares):
+        acc += share / total
         if x < acc:  # upper_bound: first split point strictly greater than x
             return d
     return devices[-1]
@@ -442,40 +446,53 @@ def _gpu_layers(gpu_layers: Any, n_layer: int) -> int:
 def plan(model: Any, overrides: Any = None, gpu_layers: int | str = "all", cpu_moe: bool = False,
          n_cpu_moe: int | None = None, gpu_backend: str = "auto", gpu_memory: Any = None,
          split: str = "layer", strict: bool = False, *, n_cpu_moe_from: str = "first",
-         context_size: int = 0, devices: list[Device] | None = None, n_layer: int | None = None) -> Plan:
+         tensor_split: Sequence[float] | None = None, context_size: int = 0, devices: list[Device] | None = None,
+         n_layer: int | None = None) -> Plan:
     """Decide every tensor's device (nothing is loaded); see the module docstring for the semantics.
 
     `model`: a GGUF path, an open GGUFFile, or a list of tensor names. `gpu_layers="auto"` runs `fit`
-    for `context_size` (0: the largest that fits). `devices` reuses GPU devices from get_devices().
+    for `context_size` (0: the largest that fits). `tensor_split` gives the GPUs' shares of the layers
+    (llama.cpp's -ts; default: their capacities). `devices` reuses GPU devices from get_devices().
     """
     info = _model_info(model, n_layer)
     user = normalize_overrides(overrides)
-    if split not in SPLIT_MODES:
-        raise PlacementError(f"split={split!r} is not supported; use one of {', '.join(SPLIT_MODES)}")
+    split = _split(split, tensor_split)
     if gpu_layers == "auto":
         from moert.memory import fit
 
-        r = fit(info, context_size=context_size, overrides=user, gpu_layers="auto", cpu_moe=cpu_moe,
-                n_cpu_moe=n_cpu_moe, n_cpu_moe_from=n_cpu_moe_from, gpu_backend=gpu_backend,
-                gpu_memory=gpu_memory, split=split, devices=devices)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            r = fit(info, context_size=context_size, overrides=user, gpu_layers="auto", cpu_moe=cpu_moe,
+                    n_cpu_moe=n_cpu_moe, n_cpu_moe_from=n_cpu_moe_from, gpu_backend=gpu_backend,
+                    gpu_memory=gpu_memory, split=split, devices=devices)
         if not r.success:
             raise PlacementError(f"gpu_layers='auto': {r.message}")
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", PlacementWarning)  # fit's final plan was checked already
-            p = plan(info, r.rules, r.gpu_layers, gpu_backend=gpu_backend, split=split, devices=r.plan.devices)
         if strict and r.plan.messages:
-            raise PlacementError("; ".join(r.plan.messages))
-        for m in r.plan.messages:
-            warnings.warn(m, PlacementWarning, stacklevel=2)
-        p.messages = list(r.plan.messages)
-        return p
+            raise PlacementError("strict placement: " + "; ".join(r.plan.messages))
+        for w in caught:
+            warnings.warn(w.message, w.category, stacklevel=2)
+        return r.plan
     rules = user + moe_rules(cpu_moe, n_cpu_moe, info.n_layer, n_cpu_moe_from)
     return _build(info, rules, _gpu_layers(gpu_layers, info.n_layer), gpu_backend, gpu_memory, split, strict,
                   devices, stacklevel=3)
 
 
-def _build(info: _Model, rules: list[TensorOverride], n_gpu: int, gpu_backend: str, gpu_memory: Any, split: str,
-           strict: bool, devices: list[Device] | None, stacklevel: int = 2, warn: bool = True) -> Plan:
+def _split(split: str, tensor_split: Sequence[float] | None) -> str | tuple[float, ...]:
+    """"layer", "none", or explicit shares (a tuple) when tensor_split is given."""
+    if split not in SPLIT_MODES:
+        raise PlacementError(f"split={split!r} is not supported; use one of {', '.join(SPLIT_MODES)}")
+    if tensor_split is None or split == "none":
+        return split
+    shares = tuple(float(x) for x in tensor_split)
+    if not shares or any(x < 0 for x in shares) or sum(shares) <= 0:
+        raise PlacementError(f"tensor_split={list(tensor_split)!r}: give one share >= 0 per GPU, not all zero "
+                             f"(e.g. 3,1)")
+    return shares
+
+
+def _build(info: _Model, rules: list[TensorOverride], n_gpu: int, gpu_backend: str, gpu_memory: Any,
+           split: str | tuple[float, ...], strict: bool, devices: list[Device] | None, stacklevel: int = 2,
+           warn: bool = True) -> Plan:
     for r in rules:
         if r.experts is not None:
             raise PlacementError(f"rule {r}: expert-range rules (experts={r.experts}) are not supported yet; "
@@ -519,6 +536,13 @@ def _build(info: _Model, rules: list[TensorOverride], n_gpu: int, gpu_backend: s
                                      f"{used_backend}; pass gpu_backend="
                                      f"{'sim' if r.backend == 'sim' else 'cupy'!r} or spell it GPU{r.device_index}")
     n_gpu_eff = n_gpu if gpus else 0
+    if isinstance(split, tuple):
+        if gpus and len(split) != len(gpus):
+            raise PlacementError(f"tensor_split has {len(split)} shares but there are {len(gpus)} GPUs "
+                                 f"({', '.join(g.name for g in gpus)}); give one share per GPU")
+        shares, split = split, "layer"
+    else:
+        shares = tuple(float(g.capacity) for g in gpus) if split == "layer" else None
 
     entries: dict[str, Placement] = {}
     matched = [0] * len(rules)
@@ -539,7 +563,7 @@ def _build(info: _Model, rules: list[TensorOverride], n_gpu: int, gpu_backend: s
             reason = f"rule #{i}" + (" (no GPU: CPU fallback)" if fallback and r.device != "cpu" else "")
             entries[name] = Placement(name, typ, shape, nbytes, dev, r, i, reason, layer, tied_to=tied.get(name))
         else:
-            dev, reason = _default(layer, info.n_layer, n_gpu, n_gpu_eff, gpus, split, fallback)
+            dev, reason = _default(layer, info.n_layer, n_gpu, n_gpu_eff, gpus, shares, fallback)
             entries[name] = Placement(name, typ, shape, nbytes, dev, None, None, reason, layer,
                                       tied_to=tied.get(name))
 
@@ -558,7 +582,7 @@ def _build(info: _Model, rules: list[TensorOverride], n_gpu: int, gpu_backend: s
     if warn:
         for m in messages:
             warnings.warn(m, PlacementWarning, stacklevel=stacklevel + 1)
-    return Plan(info, rules, entries, gpus, n_gpu_eff, used_backend, split, messages)
+    return Plan(info, rules, entries, gpus, n_gpu_eff, used_backend, split, messages, shares)
 
 
 def _layer_of(name: str, n_layer: int) -> int | None:
@@ -568,8 +592,8 @@ def _layer_of(name: str, n_layer: int) -> int | None:
     return n_layer if _OUTPUT_RE.match(name) else None
 
 
-def _default(layer: int | None, n_layer: int, n_gpu: int, n_gpu_eff: int, gpus: list[Device], split: str,
-             fallback: bool) -> tuple[str, str]:
+def _default(layer: int | None, n_layer: int, n_gpu: int, n_gpu_eff: int, gpus: list[Device],
+             shares: tuple[float, ...] | None, fallback: bool) -> tuple[str, str]:
     what = "output layer" if layer == n_layer else f"layer {layer}"
     if layer is None:
         return "cpu", "input layer, kept on the CPU (a row lookup; llama.cpp never offloads it)"
@@ -578,7 +602,7 @@ def _default(layer: int | None, n_layer: int, n_gpu: int, n_gpu_eff: int, gpus: 
         return "cpu", f"{what} is not among the last {n_gpu} of {n_layer + 1} layers (gpu_layers={n_gpu})"
     if fallback or not n_gpu_eff:
         return "cpu", f"{what} is a GPU layer, but there is no GPU (CPU fallback)"
-    dev = _layer_gpu(layer, n_layer, n_gpu_eff, gpus, split)
+    dev = _layer_gpu(layer, n_layer, n_gpu_eff, gpus, shares)
     return dev.name, f"{what} is among the last {n_gpu} of {n_layer + 1} layers (gpu_layers={n_gpu})"
 
 

@@ -183,7 +183,7 @@ def _with_suggestion(err: DeviceOutOfMemory, plan: Plan, context_size: int) -> D
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # the plan's own warnings were given already
             r = fit(plan.model, context_size=context_size, overrides=plan.rules, gpu_layers=plan.gpu_layers,
-                    split=plan.split, devices=plan.devices, margin=0)
+                    split=plan.split, tensor_split=plan.tensor_split, devices=plan.devices, margin=0)
         if r.success:
             hint = (f" A plan that fits (context {r.context_size}): -ot \"{r.overrides_string()}\" "
                     f"-ngl {r.gpu_layers}.")
