@@ -48,11 +48,13 @@ def dequantize_rows(raw: np.ndarray, ggml_type: str | GGMLType, shape: Sequence[
                     out: np.ndarray | None = None) -> np.ndarray:
     """Rows [start, stop) of the tensor seen as (rows, row length), dequantized: (stop - start, row)."""
     lookup(ggml_type, FAST_TYPES, "moert.kernels")
-    return dequantize(*slice_rows(raw, ggml_type, shape, start, stop), out=out)
+    data, shape = slice_rows(raw, ggml_type, shape, start, stop)
+    return dequantize(data, ggml_type, shape, out=out)
 
 
 def dequantize_expert(raw: np.ndarray, ggml_type: str | GGMLType, shape: Sequence[int], e: int,
                       out: np.ndarray | None = None) -> np.ndarray:
     """Expert e of a stacked expert tensor (n_expert, rows, cols), dequantized: shape[1:]."""
     lookup(ggml_type, FAST_TYPES, "moert.kernels")
-    return dequantize(*slice_expert(raw, ggml_type, shape, e), out=out)
+    data, shape = slice_expert(raw, ggml_type, shape, e)
+    return dequantize(data, ggml_type, shape, out=out)

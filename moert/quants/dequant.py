@@ -351,13 +351,15 @@ def slice_expert(raw, ggml_type: str | GGMLType, shape: Sequence[int], e: int):
 def dequantize_rows(raw, ggml_type: str | GGMLType, shape: Sequence[int], start: int, stop: int, xp=np):
     """Rows [start, stop) of the tensor seen as (rows, row length), dequantized: (stop - start, row)."""
     lookup(ggml_type)
-    return dequantize(*slice_rows(raw, ggml_type, shape, start, stop), xp=xp)
+    data, shape = slice_rows(raw, ggml_type, shape, start, stop)
+    return dequantize(data, ggml_type, shape, xp=xp)
 
 
 def dequantize_expert(raw, ggml_type: str | GGMLType, shape: Sequence[int], e: int, xp=np):
     """Expert e of a stacked expert tensor (n_expert, rows, cols), dequantized: shape[1:]."""
     lookup(ggml_type)
-    return dequantize(*slice_expert(raw, ggml_type, shape, e), xp=xp)
+    data, shape = slice_expert(raw, ggml_type, shape, e)
+    return dequantize(data, ggml_type, shape, xp=xp)
 
 
 def _xp_of(a):
