@@ -1,0 +1,76 @@
+"""Shared transformer layers, written against an array module `xp` (numpy, a sim device, or cupy).
+
+Every function takes its arrays on one device and returns arrays on that device; none of them moves
+data. All arithmetic is float32 except RoPE angles (float64, then cast, as positions grow large).
+
+Dimension legend: T tokens in this call, S positions in the cache (past + T), D hidden, H query heads,
+Hk key/value heads, G = H / Hk heads per KV group, Dh head dim, F feed-forward hidden.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+
+def rms_norm(x, w, eps: float, xp=np):
+    """RMSNorm over the last axis: x / sqrt(mean(x^2) + eps) * w."""
+    ms = xp.mean(x * x, axis=-1, keepdims=True)                          # (..., 1)
+    return x * (1.0 / xp.sqrt(ms + np.float32(eps))) * w
+
+
+def rope_angles(pos0: int, n: int, head_dim: int, base: float, xp=np):
+    """cos, sin of RoPE for positions pos0 .. pos0+n-1: each (n, head_dim // 2) float32."""
+    half = head_dim // 2
+    inv_freq = 1.0 / (base ** (xp.arange(0, half, dtype=xp.float64) * 2.0 / head_dim))   # (Dh/2,)
+    ang = xp.arange(pos0, pos0 + n, dtype=xp.float64)[:, None] * inv_freq[None, :]    # (T, Dh/2)
+    return xp.cos(ang).astype(xp.float32), xp.sin(ang).astype(xp.float32)
+
+
+def rope(x, cos, sin, neox: bool, xp=np):
+    """Rotate x (T, heads, Dh) by position. NEOX pairs dim i with i + Dh/2 (Qwen, GPT-NeoX); the
+    normal style pairs adjacent dims 2i, 2i+1 (LLaMA as llama.cpp stores it)."""
+    c, s = cos[:, None, :], sin[:, None, :]                              # (T, 1, Dh/2)
+    if neox:
+        half = x.shape[-1] // 2
+        x1, x2 = x[..., :half], x[..., half:]                            # (T, h, Dh/2) each
+        return xp.concatenate([x1 * c - x2 * s, x2 * c + x1 * s], axis=-1)
+    x1, x2 = x[..., 0::2], x[..., 1::2]
+    return xp.stack([x1 * c - x2 * s, x2 * c + x1 * s], axis=-1).reshape(x.shape)
+
+
+def attention(q, k, v, k_cache, v_cache, pos0: int, xp=np):
+    """Causal GQA attention continuing at position pos0: writes k, v into the caches, attends over
+    positions [0, pos0 + T). q (T, H, Dh), k (T, Hk, Dh), v (T, Hk, Dv); caches (n_ctx, Hk, D*).
+    Returns (T, H * Dv)."""
+    T, H, Dh = q.shape
+    Hk, Dv = k.shape[1], v.shape[2]
+    G, S = H // Hk, pos0 + T
+    k_cache[pos0:S] = k
+    v_cache[pos0:S] = v
+    K = k_cache[:S].transpose(1, 2, 0)                                   # (Hk, Dh, S)
+    V = v_cache[:S].transpose(1, 0, 2)                                   # (Hk, S, Dv)
+    # head h uses KV head h // G (HF's repeat_kv, llama.cpp's broadcast)
+    qg = q.reshape(T, Hk, G, Dh).transpose(1, 2, 0, 3).reshape(Hk, G * T, Dh)
+    scores = (qg @ K).reshape(Hk, G, T, S) * np.float32(1.0 / np.sqrt(Dh))  # (Hk, G, T, S)
+    future = xp.arange(S)[None, :] > xp.arange(pos0, S)[:, None]          # (T, S) causal mask
+    scores = xp.where(future, np.float32(-np.inf), scores)
+    p = softmax(scores, xp)
+    out = p.reshape(Hk, G * T, S) @ V                                    # (Hk, G*T, Dv)
+    return out.reshape(Hk, G, T, Dv).transpose(2, 0, 1, 3).reshape(T, H * Dv)
+
+
+def softmax(x, xp=np):
+    """Softmax over the last axis, max-subtracted."""
+    e = xp.exp(x - xp.max(x, axis=-1, keepdims=True))
+    return e / xp.sum(e, axis=-1, keepdims=True)
+
+
+def silu(x, xp=np):
+    """x * sigmoid(x), with the sigmoid written through tanh so large |x| never overflows exp."""
+    return x * (np.float32(0.5) * (np.float32(1.0) + xp.tanh(np.float32(0.5) * x)))
+
+
+def swiglu(x, w_gate, w_up, w_down, xp=np):
+    """SwiGLU FFN: down(silu(gate x) * up x). x (T, D); w_gate, w_up (F, D); w_down (D, F)."""
+    h = silu(x @ w_gate.T, xp) * (x @ w_up.T)                            # (T, F)
+    return h @ w_down.T                                                  # (T, D)

@@ -1,0 +1,75 @@
+"""Mixture-of-experts routing functions and the shared expert dispatch.
+
+Routing *semantics* belong to an architecture, which picks one of the functions below (softmax ->
+top-k -> renormalize for Qwen3-MoE; top-k -> softmax for Mixtral; sigmoid + bias for DeepSeek-V3).
+Dispatch *mechanics* are shared: group the (token, slot) pairs by expert so each selected expert's
+weights are read once per batch, run each expert on its tokens, scatter-add the weighted results.
+
+Dimension legend: T tokens, E experts, K experts used per token, D hidden, F expert hidden.
+Routing functions take logits (T, E) float32 and return ids (T, K) int32 and weights (T, K) float32,
+on the device of the logits.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+
+from moert.layers import softmax
+
+
+def _topk(scores, k: int, xp=np):
+    """Indices and values of the k largest scores per row, largest first (ties: lowest index)."""
+    ids = xp.argsort(-scores, axis=-1, kind="stable")[:, :k]            # (T, K)
+    return ids.astype(xp.int32), xp.take_along_axis(scores, ids, axis=-1)
+
+
+def softmax_topk(logits, k: int, xp=np, renorm: bool = True):
+    """Softmax over all E experts, keep the top k, optionally renormalize them to sum to 1 (Qwen3-MoE)."""
+    ids, w = _topk(softmax(logits, xp), k, xp)                          # (T, K), (T, K)
+    if renorm:
+        w = w / xp.sum(w, axis=-1, keepdims=True)
+    return ids, w.astype(xp.float32)
+
+
+def topk_softmax(logits, k: int, xp=np):
+    """Top k logits, then softmax over those k only (Mixtral)."""
+    ids, top = _topk(logits, k, xp)
+    return ids, softmax(top, xp).astype(xp.float32)
+
+
+def sigmoid_topk(logits, k: int, bias, xp=np, renorm: bool = True, scale: float = 1.0):
+    """Sigmoid scores; select by score + bias, weight by the unbiased score (DeepSeek-V3, no groups)."""
+    s = 1.0 / (1.0 + xp.exp(-logits))                                   # (T, E)
+    ids, _ = _topk(s + bias, k, xp)
+    w = xp.take_along_axis(s, ids.astype(xp.int64), axis=-1)            # (T, K)
+    if renorm:
+        w = w / xp.sum(w, axis=-1, keepdims=True)
+    return ids, (w * scale).astype(xp.float32)
+
+
+def expert_counts(ids, n_expert: int, xp=np):
+    """How many (token, slot) pairs picked each expert: (E,) int64 on the device of ids."""
+    return xp.bincount(ids.reshape(-1).astype(xp.int64), minlength=n_expert)
+
+
+def dispatch(x, ids, weights, counts: np.ndarray, run_expert: Callable, xp=np):
+    """Grouped expert dispatch: out[t] = sum_k weights[t, k] * run_expert(ids[t, k], x[t]).
+
+    x (T, D), ids (T, K), weights (T, K) on one device; counts (E,) host ints (`expert_counts`, moved to
+    the host by the caller, who also records them); run_expert(e, xs (n, D)) -> (n, D) on that device.
+    Each expert with tokens runs once, on all of its tokens together.
+    """
+    T, K = ids.shape
+    order = xp.argsort(ids.reshape(-1), kind="stable")                  # (T*K,) slots grouped by expert
+    tok = order // K                                                    # (T*K,) token of each slot
+    w = weights.reshape(-1)[order][:, None]                             # (T*K, 1)
+    out = xp.zeros(x.shape, dtype=xp.float32)                           # (T, D)
+    start = 0
+    for e, n in enumerate(counts.tolist()):
+        if n:
+            t = tok[start:start + n]                                    # (n,) distinct: a token picks e once
+            out[t] += run_expert(e, x[t]) * w[start:start + n]
+            start += n
+    return out
