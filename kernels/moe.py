@@ -1,0 +1,150 @@
+"""CPU expert kernels: one MoE layer's routed experts, computed from their quantized GGUF bytes.
+
+    moe_ffn(x, ids, weights, gate, up, down)       fast: Numba grouping, Numba dequantization of the
+                                                   selected experts' slices only, BLAS, Numba SwiGLU
+    moe_ffn_ref(x, ids, weights, gate, up, down)   reference twin: a plain loop over experts with the
+                                                   NumPy reference dequantizer (moert/quants/dequant.py)
+
+gate, up, down are `QTensor`s: the raw bytes of a stacked expert tensor as stored in the GGUF file
+(`blk.N.ffn_gate_exps.weight`, NumPy shape (E, F, D); down is (E, D, F)). Expert e is a contiguous
+byte range, so only the selected experts' bytes are ever read (and, for a memory-mapped file, paged
+in); no whole `_exps` tensor is ever dequantized. Tokens are grouped by expert first, so in a
+prefill each selected expert is dequantized once for all of its tokens.
+
+The smaller Numba pieces (group_by_expert, silu_mul, scatter_add) have twins too (`*_ref`), and
+tests compare every pair on random inputs. A fused dequantize-and-dot kernel that never writes a
+dequantized expert at all can replace `moe_ffn` with the same signature.
+
+Dimension legend: T tokens, K experts per token, E experts, D hidden, F expert hidden, n tokens of one
+expert.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import numpy as np
+from numba import njit
+
+from moert.quants.dequant import dequantize_expert as _ref_dequantize_expert
+from moert.quants.dequant import slice_expert
+
+
+class QTensor(NamedTuple):
+    """A tensor's raw GGUF bytes (uint8, any shape), its GGML type name and its NumPy-order shape."""
+
+    raw: np.ndarray
+    type: str
+    shape: tuple[int, ...]
+
+
+# ------------------------------------------------------------------------------------------ grouping
+
+@njit(cache=True)
+def group_by_expert(ids, n_expert):
+    """Counting sort of the T*K (token, slot) pairs by expert, stable.
+    ids (T, K) int32 -> offsets (E+1,) int64, slots (T*K,) int64 (flat index t*K + k)."""
+    flat = ids.reshape(-1)
+    offsets = np.zeros(n_expert + 1, dtype=np.int64)
+    for i in range(flat.shape[0]):
+        offsets[flat[i] + 1] += 1
+    for e in range(n_expert):
+        offsets[e + 1] += offsets[e]
+    fill = offsets[:-1].copy()
+    slots = np.empty(flat.shape[0], dtype=np.int64)
+    for i in range(flat.shape[0]):
+        e = flat[i]
+        slots[fill[e]] = i
+        fill[e] += 1
+    return offsets, slots
+
+
+def group_by_expert_ref(ids: np.ndarray, n_expert: int) -> tuple[np.ndarray, np.ndarray]:
+    """Reference twin of group_by_expert."""
+    flat = ids.reshape(-1)
+    offsets = np.concatenate([[0], np.cumsum(np.bincount(flat, minlength=n_expert))]).astype(np.int64)
+    return offsets, np.argsort(flat, kind="stable").astype(np.int64)
+
+
+# ---------------------------------------------------------------------------------- SwiGLU, scatter
+
+@njit(cache=True, fastmath=False)
+def silu_mul(g, u):
+    """In place: g = silu(g) * u, for g, u (n, F) float32 (sigmoid through tanh, as moert.layers.silu).
+    Serial: it is a sliver of the layer's time, and a parallel region costs more than it saves here."""
+    for i in range(g.shape[0]):
+        for j in range(g.shape[1]):
+            x = g[i, j]
+            g[i, j] = x * (np.float32(0.5) * (np.float32(1.0) + np.tanh(np.float32(0.5) * x))) * u[i, j]
+
+
+def silu_mul_ref(g: np.ndarray, u: np.ndarray) -> None:
+    """Reference twin of silu_mul."""
+    g[...] = g * (np.float32(0.5) * (np.float32(1.0) + np.tanh(np.float32(0.5) * g))) * u
+
+
+@njit(cache=True)
+def scatter_add(out, y, tok, w):
+    """out[tok[i]] += w[i] * y[i] for each row i of y; out (T, D), y (n, D), tok (n,), w (n,)."""
+    for i in range(y.shape[0]):
+        t = tok[i]
+        for j in range(y.shape[1]):
+            out[t, j] += w[i] * y[i, j]
+
+
+def scatter_add_ref(out: np.ndarray, y: np.ndarray, tok: np.ndarray, w: np.ndarray) -> None:
+    """Reference twin of scatter_add."""
+    np.add.at(out, tok, y * w[:, None])
+
+
+# --------------------------------------------------------------------------------- expert weights
+
+def dequantize_expert(t: QTensor, e: int, out: np.ndarray | None = None) -> np.ndarray:
+    """Expert e of a stacked expert tensor as float32 (rows, cols): the Numba kernel for its type,
+    a view for F32, the NumPy reference for types without a kernel."""
+    from moert import kernels
+
+    if t.type == "F32":
+        data, shape = slice_expert(t.raw, t.type, t.shape, e)
+        return data.view(np.float32).reshape(shape)
+    if t.type in kernels.FAST_TYPES:
+        return kernels.dequantize_expert(t.raw, t.type, t.shape, e, out=out)
+    return _ref_dequantize_expert(t.raw, t.type, t.shape, e)
+
+
+# ---------------------------------------------------------------------------------------- the layer
+
+def moe_ffn(x: np.ndarray, ids: np.ndarray, weights: np.ndarray,
+            gate: QTensor, up: QTensor, down: QTensor) -> np.ndarray:
+    """Routed SwiGLU experts of one layer: sum_k weights[t, k] * expert_{ids[t, k]}(x[t]) -> (T, D).
+    x (T, D) float32, ids (T, K) int, weights (T, K) float32; gate/up (E, F, D), down (E, D, F)."""
+    E, F, D = gate.shape
+    K = ids.shape[1]
+    offsets, slots = group_by_expert(np.ascontiguousarray(ids, dtype=np.int32), E)
+    w_flat = np.ascontiguousarray(weights, dtype=np.float32).reshape(-1)
+    out = np.zeros((x.shape[0], D), dtype=np.float32)                   # (T, D)
+    wg, wu = np.empty((F, D), np.float32), np.empty((F, D), np.float32)  # one expert's slices,
+    wd = np.empty((D, F), np.float32)                                   # reused for every expert
+    for e in np.flatnonzero(np.diff(offsets)):
+        s = slots[offsets[e]:offsets[e + 1]]                            # (n,) this expert's slots
+        tok = s // K                                                    # (n,)
+        xs = x[tok]                                                     # (n, D)
+        g = xs @ dequantize_expert(gate, e, wg).T                       # (n, F)
+        u = xs @ dequantize_expert(up, e, wu).T                         # (n, F)
+        silu_mul(g, u)                                                  # g = silu(g) * u
+        y = g @ dequantize_expert(down, e, wd).T                        # (n, D)
+        scatter_add(out, y, tok, w_flat[s])
+    return out
+
+
+def moe_ffn_ref(x: np.ndarray, ids: np.ndarray, weights: np.ndarray,
+                gate: QTensor, up: QTensor, down: QTensor) -> np.ndarray:
+    """Reference twin of moe_ffn: for each expert, the tokens that picked it, dequantized by NumPy."""
+    out = np.zeros((x.shape[0], gate.shape[2]), dtype=np.float32)       # (T, D)
+    for e in np.unique(ids):
+        tok, slot = np.nonzero(ids == e)                                # (n,), (n,)
+        wg, wu, wd = (_ref_dequantize_expert(t.raw, t.type, t.shape, int(e)) for t in (gate, up, down))
+        g, u = x[tok] @ wg.T, x[tok] @ wu.T                             # (n, F)
+        silu_mul_ref(g, u)
+        scatter_add_ref(out, g @ wd.T, tok, weights[tok, slot])
+    return out
