@@ -1,0 +1,344 @@
+"""`moert.load(...) -> Model`: a GGUF model placed on devices, with a KV cache, a forward pass and stats.
+
+    g    = gguf.open(path)                      the file (moert/gguf.py)
+    cfg  = models.get(arch).Config.from_gguf()  hyperparameters from GGUF keys only (moert/config.py)
+    plan = placement.plan(g, rules, ...)        a device per tensor (moert/placement.py)
+    w    = weights.load_weights(g, plan)        tensors onto cpu / cuda:N / sim:N (moert/weights.py)
+    kv   = memory.allocate_kv_cache(plan, n)    K and V on each layer's attention device (moert/memory.py)
+    models.<arch>.forward(model, tokens)        the architecture's forward, against the runtime below
+
+The Model is the runtime an architecture file calls: `w(name, dev)` a weight as float32 on `dev`,
+`to(x, dev)` an explicit, counted move, `phase(name, dev)` time attribution, `experts(...)` the shared
+routed-expert execution wherever the plan put the expert tensors. Nothing moves between devices except
+through `to` (moert.devices.transfer underneath), so the sim device catches any forgotten move.
+"""
+
+from __future__ import annotations
+
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from moert import devices as _devices
+from moert import models
+from moert.devices import CPU, Device, TransferStats
+from moert.errors import MoertError
+from moert.kernels.moe import QTensor, moe_ffn
+from moert.layers import rms_norm, rope_angles, swiglu
+from moert.moe import dispatch, expert_counts
+
+PHASES = ("embed", "attention", "router", "experts", "transfers", "output")
+_CHUNK_ELEMENTS = 1 << 24  # a dense weight larger than this is dequantized and multiplied in row chunks
+
+
+class ContextOverflowError(MoertError, ValueError):
+    """The tokens do not fit in what is left of the context."""
+
+
+class InvalidTokenError(MoertError, ValueError):
+    """A token id outside [0, n_vocab)."""
+
+
+# ---------------------------------------------------------------------------------------------- stats
+
+@dataclass
+class Stats:
+    """Counters of one forward call, or of all of them (`Model.stats.total`)."""
+
+    n_layer: int
+    n_expert: int
+    calls: int = 0
+    tokens: int = 0
+    seconds: float = 0.0
+    time: dict[str, dict[str, float]] = field(default_factory=dict)    # phase -> device -> seconds
+    transfers: dict[str, TransferStats] = field(default_factory=dict)  # device -> its counted transfers
+    expert_counts: np.ndarray = None    # (n_layer, n_expert) int64: how often each expert was selected
+
+    def __post_init__(self):
+        if self.expert_counts is None:
+            self.expert_counts = np.zeros((self.n_layer, self.n_expert), dtype=np.int64)
+
+    def add_time(self, phase: str, device: str, seconds: float) -> None:
+        d = self.time.setdefault(phase, {})
+        d[device] = d.get(device, 0.0) + seconds
+
+    def __iadd__(self, other: Stats) -> Stats:
+        self.calls += other.calls
+        self.tokens += other.tokens
+        self.seconds += other.seconds
+        for phase, per_dev in other.time.items():
+            for dev, s in per_dev.items():
+                self.add_time(phase, dev, s)
+        for dev, t in other.transfers.items():
+            self.transfers[dev] = self.transfers.get(dev, TransferStats()) + t
+        self.expert_counts += other.expert_counts
+        return self
+
+    @property
+    def transfer_bytes(self) -> int:
+        return sum(t.bytes for t in self.transfers.values())
+
+    @property
+    def transfer_count(self) -> int:
+        return sum(t.count for t in self.transfers.values())
+
+    def phase_seconds(self, phase: str) -> float:
+        return sum(self.time.get(phase, {}).values())
+
+    def __str__(self) -> str:
+        tps = self.tokens / self.seconds if self.seconds else 0.0
+        lines = [f"{self.calls} call(s), {self.tokens} tokens, {self.seconds * 1e3:.1f} ms ({tps:.1f} tok/s)",
+                 f"{'phase':<10} {'device':<14} {'ms':>10}"]
+        for phase in PHASES:
+            for dev, s in sorted(self.time.get(phase, {}).items()):
+                lines.append(f"{phase:<10} {dev:<14} {s * 1e3:>10.2f}")
+        lines.append(f"{'device':<8} {'h2d n':>6} {'h2d bytes':>12} {'d2h n':>6} {'d2h bytes':>12} "
+                     f"{'d2d n':>6} {'d2d bytes':>12}")
+        for dev, t in sorted(self.transfers.items()):
+            lines.append(f"{dev:<8} {t.h2d_count:>6} {t.h2d_bytes:>12,} {t.d2h_count:>6} {t.d2h_bytes:>12,} "
+                         f"{t.d2d_count:>6} {t.d2d_bytes:>12,}")
+        return "\n".join(lines)
+
+
+class ModelStats:
+    """`last`: the latest forward call; `total`: every call since load (or `reset()`)."""
+
+    def __init__(self, n_layer: int, n_expert: int):
+        self._shape = (n_layer, n_expert)
+        self.last = Stats(*self._shape)
+        self.total = Stats(*self._shape)
+
+    def reset(self) -> None:
+        """Zero both."""
+        self.last, self.total = Stats(*self._shape), Stats(*self._shape)
+
+    def __str__(self) -> str:
+        return f"last call:\n{self.last}\n\ncumulative:\n{self.total}"
+
+
+# ---------------------------------------------------------------------------------------------- load
+
+def load(model: Any, overrides: Any = None, gpu_layers: int | str = "all", cpu_moe: bool = False,
+         n_cpu_moe: int | None = None, gpu_backend: str = "auto", gpu_memory: Any = None,
+         context_size: int = 4096, threads: int | None = None, progress: Any = None, *,
+         n_batch: int = 512, **plan_options: Any) -> Model:
+    """Open a GGUF model, place its tensors, load them onto their devices, allocate the KV cache."""
+    from moert import gguf, placement
+    from moert.weights import load_weights
+
+    g = model if isinstance(model, gguf.GGUFFile) else gguf.open(Path(model))
+    arch = models.get(g.architecture)
+    config = arch.Config.from_gguf(g.metadata)
+    if threads:
+        import numba
+
+        numba.set_num_threads(int(threads))
+    n_ctx = min(int(context_size), config.n_ctx_train) if context_size else config.n_ctx_train
+    plan = placement.plan(g, overrides, gpu_layers=gpu_layers, cpu_moe=cpu_moe, n_cpu_moe=n_cpu_moe,
+                          gpu_backend=gpu_backend, gpu_memory=gpu_memory, context_size=n_ctx,
+                          **plan_options)
+    weights = load_weights(g, plan, progress=progress, context_size=n_ctx)
+    return Model(g, arch, config, plan, weights, n_ctx, n_batch)
+
+
+# --------------------------------------------------------------------------------------------- model
+
+class Model:
+    """A loaded model: `forward(tokens)` continues from `position`; `reset()` empties the context."""
+
+    def __init__(self, gguf_file, arch, config, plan, weights, context_size: int, n_batch: int = 512):
+        from moert.memory import allocate_kv_cache
+
+        self.gguf, self.arch, self.config, self.plan, self.weights = gguf_file, arch, config, plan, weights
+        self.context_size = int(context_size)   # KV cache length, capped at the trained context
+        self.n_batch = int(n_batch)              # a prompt is processed in chunks of at most this many tokens
+        self.position = 0                        # tokens in the context so far
+        self.kv = allocate_kv_cache(plan, self.context_size, np.float32, config)
+        self.stats = ModelStats(config.n_layer, getattr(config, "n_expert", 0))
+        self._call: Stats | None = None
+        self._phases: list[list] = []            # the open phase timers, innermost last
+        self._rope: dict[int, tuple] = {}        # id(device) -> cos, sin of this chunk
+        self._n = 0                              # tokens in this chunk
+
+    # -- the public interface
+    def forward(self, tokens) -> np.ndarray:
+        """Logits (T, n_vocab) float32 for tokens (T,), continuing the context; position advances by T."""
+        tokens = self._check_tokens(tokens)
+        devs = [CPU, *self.plan.devices]
+        before = {d.name: d.stats.copy() for d in devs}
+        self._call = Stats(*self.stats._shape, calls=1, tokens=len(tokens))
+        t0 = time.perf_counter()
+        out = []
+        try:
+            for s in range(0, len(tokens), self.n_batch):
+                chunk = tokens[s:s + self.n_batch]
+                self._n, self._rope = len(chunk), {}
+                out.append(self.arch.forward(self, chunk))
+                self.position += len(chunk)
+        finally:
+            self._call.seconds = time.perf_counter() - t0
+            self._call.transfers = {d.name: d.stats - before[d.name] for d in devs if d.is_gpu}
+            self.stats.last = self._call
+            self.stats.total += self._call
+            self._call, self._phases = None, []
+        if not out:
+            return np.zeros((0, self.config.n_vocab), dtype=np.float32)
+        return out[0] if len(out) == 1 else np.concatenate(out)
+
+    def reset(self) -> None:
+        """Empty the context (the KV cache is overwritten as new tokens arrive)."""
+        self.position = 0
+
+    def close(self) -> None:
+        """Give the KV cache and the weights back to their devices."""
+        self.kv.free()
+        for d in self.plan.devices:
+            d.free_all()
+
+    def __repr__(self) -> str:
+        return (f"<moert.Model {self.config.arch} {self.config.n_layer} layers, position "
+                f"{self.position}/{self.context_size}, devices {', '.join(self.plan.device_names())}>")
+
+    def _check_tokens(self, tokens) -> np.ndarray:
+        t = np.asarray(tokens)
+        if t.ndim == 0:
+            t = t.reshape(1)
+        if t.ndim != 1 or not (np.issubdtype(t.dtype, np.integer) or t.size == 0):
+            raise InvalidTokenError(f"tokens must be a 1-D sequence of integer ids, got {t.dtype} shape {t.shape}")
+        t = t.astype(np.int64)
+        bad = np.flatnonzero((t < 0) | (t >= self.config.n_vocab))
+        if bad.size:
+            i = int(bad[0])
+            raise InvalidTokenError(f"token id {int(t[i])} at index {i} is outside the vocabulary "
+                                    f"[0, {self.config.n_vocab}); nothing was processed")
+        if self.position + len(t) > self.context_size:
+            raise ContextOverflowError(
+                f"{len(t)} tokens do not fit: position {self.position} + {len(t)} > context size "
+                f"{self.context_size}; nothing was processed. Call reset(), or load with a larger "
+                f"context_size (the model was trained for {self.config.n_ctx_train})")
+        return t
+
+    # -- the runtime an architecture file calls
+    def attention_device(self, il: int) -> Device:
+        """Where layer il's attention (and KV cache, router) runs."""
+        return self.kv.devices[il]
+
+    def kv_cache(self, il: int):
+        """Layer il's K and V caches, (n_ctx, Hk, Dh) each, on its attention device."""
+        return self.kv.k[il], self.kv.v[il]
+
+    def device_of(self, name: str) -> Device:
+        return self.plan.device(self._name(name))
+
+    def to(self, x, dev: Device, what: str = ""):
+        """x moved to dev (explicit, counted, timed as a transfer); x itself when it is there already."""
+        src = _devices.device_of(x, self.plan.devices)
+        if src is dev:
+            return x
+        with self.phase("transfers", f"{src.name}->{dev.name}"):
+            return _devices.transfer(x, src, dev, what)
+
+    @contextmanager
+    def phase(self, name: str, dev: Device | str):
+        """Attribute the time inside to (phase, device); nested phases pause the outer one."""
+        dev_name = dev if isinstance(dev, str) else dev.name
+        now = time.perf_counter()
+        if self._phases:
+            outer = self._phases[-1]
+            self._add_time(outer[0], outer[1], now - outer[2])
+        self._phases.append([name, dev_name, now])
+        try:
+            yield
+        finally:
+            if not isinstance(dev, str):
+                dev.synchronize()
+            now = time.perf_counter()
+            p = self._phases.pop()
+            self._add_time(p[0], p[1], now - p[2])
+            if self._phases:
+                self._phases[-1][2] = now
+
+    def _add_time(self, phase: str, dev: str, s: float) -> None:
+        if self._call is not None:
+            self._call.add_time(phase, dev, s)
+
+    def _name(self, name: str) -> str:
+        if name not in self.weights and name == "output.weight":   # tied to the embedding
+            return "token_embd.weight"
+        if name not in self.weights:
+            raise KeyError(f"the model has no tensor {name!r}; `moert inspect MODEL` lists its tensors")
+        return name
+
+    def w(self, name: str, dev: Device | None = None):
+        """Weight `name` as float32 on dev (default: where it lives), dequantized on its own device."""
+        a = self.weights[self._name(name)].dequantize()
+        return a if dev is None else self.to(a, dev, name)
+
+    def rope(self, dev: Device, head_dim: int, base: float):
+        """cos, sin (T, Dh/2) for this chunk's positions, computed once per device."""
+        if id(dev) not in self._rope:
+            self._rope[id(dev)] = rope_angles(self.position, self._n, head_dim, base, dev.xp)
+        return self._rope[id(dev)]
+
+    def embed(self, name: str, tokens: np.ndarray):
+        """Rows `tokens` of the embedding, dequantized on its device: (T, D) there."""
+        t, dev = self.weights[name], self.plan.device(name)
+        with self.phase("embed", dev):
+            ids = tokens if dev is CPU else self.to(tokens, dev, "token ids")
+            return _dequantize(t.data[ids], t.type, (len(tokens), t.shape[1]), dev)    # (T, D)
+
+    def output(self, norm_name: str, name: str, x) -> np.ndarray:
+        """Final norm and output projection on the output weight's device; logits (T, V) on the host."""
+        name = self._name(name)
+        t, dev = self.weights[name], self.plan.device(name)
+        x = self.to(x, dev, "hidden")
+        with self.phase("output", dev):
+            h = rms_norm(x, self.w(norm_name, dev), self.config.rms_eps, dev.xp)     # (T, D)
+            rows = max(1, _CHUNK_ELEMENTS // t.shape[1])
+            parts = [h @ t.dequantize_rows(r, min(r + rows, t.shape[0])).T
+                     for r in range(0, t.shape[0], rows)]               # (T, rows) each
+            logits = parts[0] if len(parts) == 1 else dev.xp.concatenate(parts, axis=1)
+        return self.to(logits, CPU, "logits")
+
+    def experts(self, il: int, x, ids, weights, names: tuple[str, str, str]):
+        """Routed SwiGLU experts of layer il: x (T, D), ids/weights (T, K) on the attention device;
+        runs where the plan put the expert tensors and returns (T, D) on the attention device."""
+        src = _devices.device_of(x, self.plan.devices)
+        where = {self.plan.device(n).name: self.plan.device(n) for n in names}
+        dev = next(iter(where.values())) if len(where) == 1 else src   # split tensors: compute at src
+        ids, weights, x = self.to(ids, dev, "expert ids"), self.to(weights, dev, "expert weights"), \
+            self.to(x, dev, "hidden")
+        counts = expert_counts(ids, self.config.n_expert, dev.xp)
+        counts = counts if dev is CPU else self.to(counts, CPU, "expert counts")
+        if self._call is not None:
+            self._call.expert_counts[il] += counts
+        ts = [self.weights[n] for n in names]
+        with self.phase("experts", dev):
+            if dev is CPU and len(where) == 1:      # the quantized bytes, read by the Numba kernels
+                y = moe_ffn(x, ids, weights, *(QTensor(t.data, t.type, tuple(t.shape)) for t in ts))
+            else:
+                def run(e: int, xs):
+                    g, u, d = (self._expert(n, t, e, dev) for n, t in zip(names, ts))
+                    return swiglu(xs, g, u, d, dev.xp)
+                y = dispatch(x, ids, weights, counts, run, dev.xp)
+        return self.to(y, src, "expert output")
+
+    def _expert(self, name: str, t, e: int, dev: Device):
+        """Expert e of a stacked expert tensor, float32 on dev (dequantized where it lives, then moved)."""
+        return self.to(t.dequantize_expert(e), dev, f"{name}[{e}]")
+
+
+def _dequantize(raw, type_name: str, shape, dev: Device):
+    """float32 `shape` on dev from raw GGUF rows on dev (the layout of moert.weights.Weight.data)."""
+    from moert import quants
+
+    if type_name == "F32":
+        return raw.reshape(shape)
+    if dev is CPU:
+        return quants.dequantize_fast(raw.reshape(-1), type_name, shape)
+    with dev:
+        return quants.dequantize(raw.reshape(-1), type_name, shape, xp=dev.xp)

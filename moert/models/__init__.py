@@ -1,0 +1,31 @@
+"""Architectures, one module each, found by the GGUF key `general.architecture`.
+
+Each module defines `Config` (a frozen dataclass built from GGUF keys, see moert/config.py) and
+`forward(m, tokens) -> logits`, written against the runtime `m` (moert/model.py: weights on their
+devices, explicit moves, KV cache, phases for the stats). Adding an architecture is adding a file
+and a line here.
+"""
+
+from __future__ import annotations
+
+from importlib import import_module
+from types import ModuleType
+
+from moert.errors import GGUFError
+
+ARCHITECTURES: dict[str, str] = {
+    "qwen3moe": "moert.models.qwen3moe",
+}
+
+
+class UnsupportedArchitectureError(GGUFError):
+    """The GGUF's general.architecture has no moert implementation."""
+
+
+def get(arch: str) -> ModuleType:
+    """The module implementing `arch` (the value of general.architecture)."""
+    if arch not in ARCHITECTURES:
+        raise UnsupportedArchitectureError(
+            f"general.architecture is {arch!r}, which moert does not implement; supported: "
+            f"{', '.join(sorted(ARCHITECTURES))}. New architectures are one file in moert/models/.")
+    return import_module(ARCHITECTURES[arch])

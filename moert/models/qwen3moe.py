@@ -1,0 +1,80 @@
+"""qwen3moe: Qwen3-MoE (Qwen3-30B-A3B, Qwen3-235B-A22B and their family).
+
+Per layer: RMSNorm -> GQA attention with per-head RMSNorm on q and k and NEOX RoPE -> residual ->
+RMSNorm -> softmax router -> top-k -> renormalize -> k SwiGLU experts (no shared expert) -> residual.
+Output: RMSNorm -> output.weight (or token_embd.weight when the file ties them).
+
+The runtime `m` (moert/model.py) says where each weight lives; this file only says which device
+each step runs on (attention and router where the layer's attention is, experts wherever the plan
+put them) and what it computes. Tensors are named as in the GGUF file, end to end.
+
+Dimension legend: T tokens, D hidden, H query heads, Hk KV heads, Dh head dim, E experts, K used.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from moert.config import MoEConfig
+from moert.layers import attention, rms_norm, rope
+from moert.moe import softmax_topk
+
+
+@dataclass(frozen=True)
+class Config(MoEConfig):
+    """Qwen3-MoE needs exactly the MoE fields (llama.cpp's LLM_ARCH_QWEN3MOE hparams)."""
+
+    def validate(self) -> None:
+        super().validate()
+        self._check(self.head_dim % 2 == 0, "attention.key_length",
+                    f"key_length {self.head_dim} is odd; RoPE rotates pairs of dimensions")
+
+
+ROPE_NEOX = True  # llama.cpp: LLAMA_ROPE_TYPE_NEOX for qwen3moe
+
+
+def route(logits, k: int, xp=np):
+    """Qwen3-MoE routing: softmax over all experts -> top-k -> renormalize the k weights to sum to 1."""
+    return softmax_topk(logits, k, xp, renorm=True)
+
+
+def forward(m, tokens: np.ndarray):
+    """Logits (T, n_vocab) for `tokens` (T,) continuing at position m.position; on the output's device."""
+    x = m.embed("token_embd.weight", tokens)                            # (T, D)
+    for il in range(m.config.n_layer):
+        x = block(m, il, x)
+    return m.output("output_norm.weight", "output.weight", x)           # (T, V)
+
+
+def block(m, il: int, x):
+    """One decoder layer; x (T, D) arrives on any device and leaves on this layer's attention device."""
+    c, b = m.config, f"blk.{il}."
+    dev = m.attention_device(il)
+    xp = dev.xp
+    x = m.to(x, dev, "hidden")                                          # (T, D)
+    T = x.shape[0]
+
+    with m.phase("attention", dev):
+        h = rms_norm(x, m.w(b + "attn_norm.weight", dev), c.rms_eps, xp)                     # (T, D)
+        q = (h @ m.w(b + "attn_q.weight", dev).T).reshape(T, c.n_head, c.head_dim)        # (T, H, Dh)
+        k = (h @ m.w(b + "attn_k.weight", dev).T).reshape(T, c.n_head_kv, c.head_dim)     # (T, Hk, Dh)
+        v = (h @ m.w(b + "attn_v.weight", dev).T).reshape(T, c.n_head_kv, c.head_dim_v)   # (T, Hk, Dv)
+        q = rms_norm(q, m.w(b + "attn_q_norm.weight", dev), c.rms_eps, xp)  # per head, over Dh
+        k = rms_norm(k, m.w(b + "attn_k_norm.weight", dev), c.rms_eps, xp)
+        cos, sin = m.rope(dev, c.head_dim, c.rope_base)                 # (T, Dh/2) each
+        q, k = rope(q, cos, sin, ROPE_NEOX, xp), rope(k, cos, sin, ROPE_NEOX, xp)
+        k_cache, v_cache = m.kv_cache(il)
+        a = attention(q, k, v, k_cache, v_cache, m.position, xp)       # (T, H*Dv)
+        x = x + a @ m.w(b + "attn_output.weight", dev).T                # (T, D)
+
+    with m.phase("router", dev):
+        h = rms_norm(x, m.w(b + "ffn_norm.weight", dev), c.rms_eps, xp)                      # (T, D)
+        logits = h @ m.w(b + "ffn_gate_inp.weight", dev).T              # (T, E)
+        ids, weights = route(logits, c.n_expert_used, xp)               # (T, K), (T, K)
+
+    # the routed experts run where their tensors are (CPU: Numba kernels on the quantized bytes)
+    y = m.experts(il, h, ids, weights, (b + "ffn_gate_exps.weight", b + "ffn_up_exps.weight",
+                                        b + "ffn_down_exps.weight"))    # (T, D) on dev
+    return x + y
