@@ -173,3 +173,14 @@ def test_free_and_garbage_collection(sims):
     assert CPU.used == cpu_before + 1024 and isinstance(k, np.ndarray)
     CPU.free(k)
     assert CPU.used == cpu_before
+
+
+def test_array_namespace_of_sim_arrays(sims):
+    from moert.devices import xp_of
+
+    d, _ = sims
+    x = d.put(np.ones((2, 32), np.float32))
+    assert xp_of(x) is d.xp and x.__array_namespace__() is d.xp and xp_of(np.ones(2)) is np
+    assert xp_of(x).ascontiguousarray(x[:, ::2]).device is d  # what a dequantizer does with its input
+    with pytest.raises(DeviceMismatchError):
+        np.ascontiguousarray(x)  # numpy's own: an implicit device -> host conversion

@@ -325,3 +325,57 @@ def test_plan_needs_block_count(tmp_path):
                       [("blk.0.attn_q.weight", np.zeros((4, 32), np.float32), "F32")])
     with pytest.raises(PlacementError, match="'qwen3moe.block_count' is missing"):
         plan(path, gpu_backend="sim")
+
+
+# --------------------------------------------------------------------------------------------------- CLI
+
+def _cli():
+    import argparse
+
+    from moert.placement_cli import add_fit_args, add_placement_args
+
+    p = argparse.ArgumentParser()
+    sub = p.add_subparsers()
+    add_fit_args(sub.add_parser("fit"))
+    q = sub.add_parser("inspect")
+    q.add_argument("model")
+    add_placement_args(q)
+    return p
+
+
+def test_placement_flags_are_llama_cpps():
+    from moert.placement_cli import placement_from_args
+
+    a = _cli().parse_args(["inspect", "m.gguf", "-ot", r"\.ffn_.*_exps=CPU,attn=CUDA0", "-ot", "output=CPU",
+                           "-ngl", "7", "--n-cpu-moe", "3", "--n-cpu-moe-from", "last", "--gpu-backend", "sim",
+                           "--gpu-mem", "24GiB,8GiB", "-sm", "none", "-c", "1024", "--strict"])
+    kw = placement_from_args(a)
+    assert format_overrides(kw.pop("overrides")) == r"\.ffn_.*_exps=CPU,attn=CUDA0,output=CPU"
+    assert kw == dict(gpu_layers=7, cpu_moe=False, n_cpu_moe=3, n_cpu_moe_from="last", gpu_backend="sim",
+                      gpu_memory="24GiB,8GiB", split="none", strict=True)
+    assert a.ctx == 1024
+    for v, want in (("all", "all"), ("auto", "auto"), ("0", 0)):
+        assert _cli().parse_args(["inspect", "m", "-ngl", v]).gpu_layers == want
+    assert _cli().parse_args(["inspect", "m", "--cpu-moe"]).cpu_moe
+    with pytest.raises(SystemExit):
+        _cli().parse_args(["inspect", "m", "-ngl", "lots"])
+
+
+def test_inspect_placement_and_fit_commands(model_file, capsys):
+    from moert.placement_cli import format_placement
+
+    a = _cli().parse_args(["inspect", str(model_file), "--gpu-backend", "sim", "--cpu-moe", "-c", "128"])
+    text = format_placement(a.model, a)
+    assert "rule #0" in text and "weights per device" in text and "memory at context 128" in text
+    d = json.loads(format_placement(a.model, a, as_json=True))
+    assert d["estimate"]["context_size"] == 128 and d["plan"]["rules"][0]["source"] == "cpu_moe"
+
+    a = _cli().parse_args(["fit", str(model_file), "--gpu-backend", "sim", "--gpu-mem", "24GiB", "-ot", "zzz=CPU"])
+    assert a.func(a) == 0
+    out = capsys.readouterr().out
+    assert "fits at context 512" in out and "flags: -ngl 4 -c 512 -ot zzz=CPU" in out
+    assert "rule #0 zzz=CPU (user) matches no tensor" in out and "capacity" in out
+    a = _cli().parse_args(["fit", str(model_file), "--gpu-backend", "sim", "--gpu-mem", "8KiB", "--json"])
+    assert a.func(a) == 1
+    d = json.loads(capsys.readouterr().out)
+    assert d["success"] is False and "does not fit" in d["message"]
