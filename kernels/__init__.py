@@ -39,6 +39,9 @@ def dequantize(raw: np.ndarray, ggml_type: str | GGMLType, shape: Sequence[int],
         raise ValueError(f"out must be a C-contiguous float32 array of shape {shape}, "
                          f"got {out.dtype} {out.shape}")
     kernel, table = KERNELS[t.name]
+    if blocks.flags.writeable:  # always hand Numba read-only bytes (as a file map gives): one compiled variant
+        blocks = blocks.view()
+        blocks.flags.writeable = False
     if blocks.shape[0]:
         kernel(blocks, out.reshape(blocks.shape[0], t.block_size), table)
     return out
