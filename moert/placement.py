@@ -474,7 +474,7 @@ def plan(model: Any, overrides: Any = None, gpu_layers: int | str = "all", cpu_m
         return r.plan
     rules = user + moe_rules(cpu_moe, n_cpu_moe, info.n_layer, n_cpu_moe_from)
     return _build(info, rules, _gpu_layers(gpu_layers, info.n_layer), gpu_backend, gpu_memory, split, strict,
-                  devices, stacklevel=3)
+                  devices, stacklevel=2)
 
 
 def _split(split: str, tensor_split: Sequence[float] | None) -> str | tuple[float, ...]:
