@@ -10,20 +10,34 @@ import sys
 from moert.errors import MoertError
 
 
+def _placement_requested(args: argparse.Namespace) -> bool:
+    """Any placement flag given (or --plan): then inspect also prints the plan and the estimate."""
+    return bool(args.plan or args.override_tensor or args.gpu_layers != "all" or args.cpu_moe
+                or args.n_cpu_moe is not None or args.gpu_backend != "auto" or args.gpu_mem or args.ctx)
+
+
 def cmd_inspect(args: argparse.Namespace) -> int:
     from moert import gguf
+    from moert.placement_cli import format_placement
     from moert.summary import format_summary, summarize
 
     with gguf.open(args.model) as f:
         s = summarize(f)
+    placed = _placement_requested(args)
     if args.json:
+        if placed:
+            s.update(json.loads(format_placement(args.model, args, as_json=True)))
         print(json.dumps(s, indent=1))
     else:
-        print(format_summary(s, tensors=not args.no_tensors))
+        print(format_summary(s, tensors=not (args.no_tensors or placed)))
+        if placed:
+            print("\n" + format_placement(args.model, args))
     return 0
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from moert.placement_cli import add_fit_args, add_placement_args
+
     p = argparse.ArgumentParser(prog="moert", description="MoE inference on GGUF files with explicit tensor placement")
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
@@ -31,7 +45,12 @@ def build_parser() -> argparse.ArgumentParser:
     q.add_argument("model", help="path of a .gguf file")
     q.add_argument("--json", action="store_true", help="print JSON instead of tables")
     q.add_argument("--no-tensors", action="store_true", help="omit the per-tensor table")
+    q.add_argument("--plan", action="store_true", help="also print the placement plan and memory estimate "
+                   "(implied by any placement flag)")
+    add_placement_args(q)
     q.set_defaults(func=cmd_inspect)
+
+    add_fit_args(sub.add_parser("fit", help="find the context size and -ot rules that fit the GPU memory"))
     return p
 
 

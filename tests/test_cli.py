@@ -53,3 +53,27 @@ def test_bad_file_is_one_line_and_exit_1(model, tmp_path):
     assert "Traceback" not in r.stderr and "bad.gguf" in r.stderr and "offset" in r.stderr
     r = moert("inspect", tmp_path / "missing.gguf")
     assert r.returncode == 1 and "Traceback" not in r.stderr and "No such file" in r.stderr
+
+
+def test_inspect_with_placement_flags_prints_plan_and_estimate(model):
+    r = moert("inspect", model, "--cpu-moe", "--gpu-backend", "sim", "--gpu-mem", "1GiB", "-c", "128")
+    assert r.returncode == 0, r.stderr
+    lines = [ln for ln in r.stdout.splitlines() if ln.startswith("blk.1.ffn_up_exps.weight")]
+    assert len(lines) == 1 and " cpu " in lines[-1] and "cpu_moe" in r.stdout
+    assert any(ln.startswith("blk.1.attn_q.weight") and " sim:0 " in ln for ln in r.stdout.splitlines())
+    r = moert("inspect", model, "--json", "-ot", r"attn_q=CPU", "--gpu-backend", "sim")
+    s = json.loads(r.stdout)
+    assert {"plan", "estimate", "tensors"} <= set(s)
+
+
+def test_fit_json_and_failure_exit_code(model):
+    r = moert("fit", model, "--gpu-backend", "sim", "--gpu-mem", "64GiB", "--json")
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["success"] is True
+    r = moert("fit", model, "--gpu-backend", "sim", "--gpu-mem", "1KiB")
+    assert r.returncode == 1 and "DOES NOT FIT" in r.stdout
+
+
+def test_bad_regex_is_a_clean_error(model):
+    r = moert("inspect", model, "-ot", "blk.(=CPU", "--gpu-backend", "sim")
+    assert r.returncode == 1 and "Traceback" not in r.stderr and "blk.(" in r.stderr
