@@ -38,13 +38,8 @@ def encode(x: np.ndarray, type_name: str) -> np.ndarray:
         return np.ascontiguousarray(x, dtype=np.float32)
     if type_name == "F16":
         return np.ascontiguousarray(x, dtype=np.float16)
-    try:
-        from moert.quants import quantize
-    except ImportError:  # TEMPORARY until moert.quants.quantize lands
-        import gguf.quants
+    from moert.quants import quantize
 
-        x = np.ascontiguousarray(x, dtype=np.float32)
-        return gguf.quants.quantize(x, gguf.GGMLQuantizationType[type_name])
     return quantize(np.ascontiguousarray(x, dtype=np.float32), type_name)
 
 
