@@ -6,13 +6,22 @@ The pipeline, one module per stage:
     plan(model, rules)         moert/placement.py   first-match regex rules -> a device per tensor
     estimate / fit             moert/memory.py      pre-flight memory per device
     load_weights(gguf, plan)   moert/weights.py     tensors onto cpu / cuda:N / sim:N (moert/devices.py)
+    load(path, ...) -> Model   moert/model.py       KV cache + forward; architectures in moert/models/
+    generate / stream / chat   moert/generate.py    tokenizer.py, sampling.py, chat.py
 """
 
 from __future__ import annotations
 
 from importlib import import_module
 
-from moert.errors import DeviceOutOfMemory, GGUFError, MoertError, PlacementError, PlacementWarning, UnsupportedTypeError
+from moert.errors import (
+    DeviceOutOfMemory,
+    GGUFError,
+    MoertError,
+    PlacementError,
+    PlacementWarning,
+    UnsupportedTypeError,
+)
 
 __version__ = "0.1.0"
 
@@ -26,6 +35,9 @@ _LAZY = {
     "fit": "moert.memory",
     "FitResult": "moert.memory",
     "load_weights": "moert.weights",
+    "get_devices": "moert.devices",
+    "load": "moert.model",
+    "Model": "moert.model",
 }
 
 __all__ = [
@@ -37,6 +49,6 @@ __all__ = [
 def __getattr__(name: str):
     if name in _LAZY:
         return getattr(import_module(_LAZY[name]), name)
-    if name in ("gguf", "quants", "kernels", "devices", "testing"):
+    if name in ("gguf", "quants", "kernels", "devices", "testing", "placement", "memory", "weights", "models"):
         return import_module(f"moert.{name}")
     raise AttributeError(f"module 'moert' has no attribute {name!r}")
