@@ -10,7 +10,7 @@ diagrams) and a test that compares the two bit for bit. All kernels share one si
 
 Numba has no float16, so fp16 scales go through a table that NumPy itself filled: subnormals,
 infinities and NaN payloads come out exactly as `x.view(np.float16).astype(np.float32)`.
-Integer arithmetic is done on explicit int32 (never uint8, which would wrap), and every float
+Integer arithmetic is done on explicit int32 (int64 for Q5_0's u32 qh; never uint8), and every float
 operation is float32 in ggml's order with fastmath off, so results match ggml bit for bit.
 """
 
@@ -51,37 +51,37 @@ def table16(blocks, y, f16):
 @njit(**_JIT)
 def q8_0(blocks, y, f16):
     for i in prange(blocks.shape[0]):
-        b = blocks[i]
+        b, w = blocks[i], y[i]
         d = _half(b, 0, f16)
         for l in range(32):
-            y[i, l] = np.float32(_i8(b[2 + l])) * d
+            w[l] = np.float32(_i8(b[2 + l])) * d
 
 
 # Q4_0: | d f16 | qs[16] | w = d * (q - 8); q[j] low nibble of qs[j], q[j+16] high nibble
 @njit(**_JIT)
 def q4_0(blocks, y, f16):
     for i in prange(blocks.shape[0]):
-        b = blocks[i]
+        b, w = blocks[i], y[i]
         d = _half(b, 0, f16)
         for j in range(16):
             q = np.int32(b[2 + j])
-            y[i, j] = d * np.float32((q & 0xF) - 8)
-            y[i, j + 16] = d * np.float32((q >> 4) - 8)
+            w[j] = d * np.float32((q & 0xF) - 8)
+            w[j + 16] = d * np.float32((q >> 4) - 8)
 
 
 # Q5_0: | d f16 | qh u32 | qs[16] | w = d * (q - 16); bit j of qh is bit 4 of q[j]
 @njit(**_JIT)
 def q5_0(blocks, y, f16):
     for i in prange(blocks.shape[0]):
-        b = blocks[i]
+        b, w = blocks[i], y[i]
         d = _half(b, 0, f16)
         qh = np.int64(b[2]) | (np.int64(b[3]) << 8) | (np.int64(b[4]) << 16) | (np.int64(b[5]) << 24)
         for j in range(16):
             q = np.int32(b[6 + j])
             h0 = np.int32((qh >> j) & 1) << 4
             h1 = np.int32((qh >> (j + 16)) & 1) << 4
-            y[i, j] = d * np.float32(((q & 0xF) | h0) - 16)
-            y[i, j + 16] = d * np.float32(((q >> 4) | h1) - 16)
+            w[j] = d * np.float32(((q & 0xF) | h0) - 16)
+            w[j + 16] = d * np.float32(((q >> 4) | h1) - 16)
 
 
 @njit(cache=True, inline="always")
