@@ -1,0 +1,147 @@
+"""moert.load / Model on synthetic qwen3moe models: continuing forward, errors, stats, placement invariance."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numba
+import numpy as np
+import pytest
+
+from moert.model import ContextOverflowError, InvalidTokenError, Model, load
+from moert.testing import write_qwen3moe
+
+TOKENS = np.random.default_rng(7).integers(0, 256, 24)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_numba_thread():
+    """Tiny kernels on a busy 2-core box: a parallel region costs more than the work."""
+    n = numba.get_num_threads()
+    numba.set_num_threads(1)
+    yield
+    numba.set_num_threads(n)
+
+
+@pytest.fixture(scope="module")
+def path(tmp_path_factory):
+    return write_qwen3moe(tmp_path_factory.mktemp("m") / "m.gguf", n_layer=2, n_expert=8, n_expert_used=2,
+                          types={r"attn_q\.": "F16", r"ffn_down": "Q4_0"}, seed=11)
+
+
+@pytest.fixture(scope="module")
+def cpu_logits(path):
+    return load(path, gpu_layers=0, progress=False).forward(TOKENS)
+
+
+def rel(a, b):
+    return float(np.linalg.norm(a - b) / np.linalg.norm(b))
+
+
+def test_forward_shape_position_reset(path, cpu_logits):
+    m = load(path, gpu_layers=0, progress=False)
+    assert isinstance(m, Model) and m.config.n_vocab == 256 and m.position == 0
+    out = m.forward(TOKENS)
+    assert out.shape == (len(TOKENS), 256) and out.dtype == np.float32 and np.isfinite(out).all()
+    assert m.position == len(TOKENS)
+    assert np.array_equal(out, cpu_logits)
+    m.reset()
+    assert m.position == 0 and np.array_equal(m.forward(TOKENS), cpu_logits)
+    assert m.forward([]).shape == (0, 256)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        m.config.n_layer = 1  # type: ignore[misc]
+    assert m.plan.device_of("blk.0.ffn_up_exps.weight") == "cpu"
+
+
+def test_continuing_equals_prefill(path, cpu_logits):
+    m = load(path, gpu_layers=0, progress=False)
+    parts = [m.forward(TOKENS[:10])] + [m.forward(TOKENS[i:i + 1]) for i in range(10, 16)] + [m.forward(TOKENS[16:])]
+    assert rel(np.concatenate(parts), cpu_logits) < 1e-5
+    chunked = load(path, gpu_layers=0, progress=False, n_batch=5).forward(TOKENS)   # prompt in 5-token chunks
+    assert rel(chunked, cpu_logits) < 1e-5
+
+
+def test_bad_tokens_and_overflow_leave_model_usable(path, cpu_logits):
+    m = load(path, gpu_layers=0, progress=False, context_size=30)
+    assert m.context_size == 30
+    m.forward(TOKENS[:20])
+    for bad in ([1, 256], [-1], [[1, 2]], [0.5]):
+        with pytest.raises(InvalidTokenError):
+            m.forward(bad)
+    with pytest.raises(InvalidTokenError, match="256"):
+        m.forward([3, 256])
+    with pytest.raises(ContextOverflowError, match="position 20"):
+        m.forward(TOKENS[:11])
+    assert m.position == 20
+    assert rel(m.forward(TOKENS[20:]), cpu_logits[20:]) < 1e-5          # nothing was disturbed
+    assert load(path, gpu_layers=0, progress=False, context_size=10**6).context_size == 512   # trained ctx
+
+
+def test_tied_output(tmp_path):
+    p = write_qwen3moe(tmp_path / "tied.gguf", tied_output=True, seed=5)
+    a = load(p, gpu_layers=0, progress=False).forward(TOKENS[:6])
+    b = load(p, gpu_backend="sim", progress=False).forward(TOKENS[:6])
+    assert a.shape == (6, 256) and rel(b, a) < 1e-5
+
+
+PLACEMENTS = {
+    "experts cpu, rest sim:0": dict(gpu_backend="sim", cpu_moe=True),
+    "all sim:0": dict(gpu_backend="sim", overrides=[("token_embd", "sim:0")]),
+    "layers over sim:0/sim:1, experts cpu": dict(gpu_backend="sim", gpu_memory=["1GiB", "1GiB"],
+                                                 overrides=[("_exps", "cpu"), (r"blk\.1\.", "sim:1")]),
+    "experts of half the layers on sim:0": dict(gpu_backend="sim", n_cpu_moe=1),
+    "gate/up/down split over cpu/sim:0/sim:1": dict(
+        gpu_backend="sim", gpu_memory=["1GiB", "1GiB"],
+        overrides=[("ffn_gate_exps", "cpu"), ("ffn_up_exps", "sim:0"), ("ffn_down_exps", "sim:1")]),
+    "embedding and output on sim:1, rest cpu": dict(
+        gpu_backend="sim", gpu_memory=["1GiB", "1GiB"], gpu_layers=0,
+        overrides=[("token_embd", "sim:1"), ("output", "sim:1")]),
+}
+
+
+@pytest.mark.parametrize("name", list(PLACEMENTS))
+def test_placement_invariance(path, cpu_logits, name):
+    m = load(path, progress=False, **PLACEMENTS[name])
+    assert len({m.plan.device_of(n) for n in m.weights}) > 1 or name == "all sim:0"
+    out = np.concatenate([m.forward(TOKENS[:20]), m.forward(TOKENS[20:21]), m.forward(TOKENS[21:])])
+    assert rel(out, cpu_logits) < 1e-4, name
+
+
+def test_stats_and_counted_transfers(path):
+    m = load(path, progress=False, gpu_backend="sim", cpu_moe=True)
+    c = m.config
+    T = 9
+    m.forward(TOKENS[:T])
+    s = m.stats.last
+    assert (s.calls, s.tokens) == (1, T)
+    assert set(s.time["attention"]) == {"sim:0"} and set(s.time["router"]) == {"sim:0"}
+    assert set(s.time["experts"]) == {"cpu"} and set(s.time["embed"]) == {"cpu"}
+    assert {"cpu->sim:0", "sim:0->cpu"} <= set(s.time["transfers"])
+    t = s.transfers["sim:0"]
+    # per layer: hidden, ids, weights to the cpu; the experts' sum back. Then embeddings in, logits out.
+    assert (t.h2d_count, t.d2h_count) == (c.n_layer + 1, 3 * c.n_layer + 1)
+    D, K, V = c.n_embd, c.n_expert_used, c.n_vocab
+    assert t.h2d_bytes == (c.n_layer + 1) * T * D * 4
+    assert t.d2h_bytes == c.n_layer * T * (D * 4 + K * 4 + K * 4) + T * V * 4
+    assert s.expert_counts.shape == (c.n_layer, c.n_expert)
+    assert (s.expert_counts.sum(1) == T * K).all()
+    m.forward(TOKENS[T:T + 1])
+    tot = m.stats.total
+    assert (tot.calls, tot.tokens) == (2, T + 1) and (tot.expert_counts.sum(1) == (T + 1) * K).all()
+    assert tot.transfer_count == t.count + m.stats.last.transfer_count
+    assert "experts" in str(m.stats) and "sim:0" in str(m.stats)
+    m.stats.reset()
+    assert m.stats.total.tokens == 0
+
+
+def test_all_cpu_moves_nothing_and_experts_read_once_per_batch(path, monkeypatch):
+    from moert.kernels import moe as kmoe
+
+    m = load(path, gpu_layers=0, progress=False)
+    calls = []
+    real = kmoe.dequantize_expert
+    monkeypatch.setattr(kmoe, "dequantize_expert", lambda t, e, out=None: calls.append(e) or real(t, e, out))
+    m.forward(TOKENS)
+    assert m.stats.last.transfer_count == 0 and m.stats.last.transfers == {}
+    distinct = int((m.stats.last.expert_counts > 0).sum())          # (layer, expert) pairs selected
+    assert len(calls) == 3 * distinct                               # gate, up, down: once each per batch
