@@ -53,7 +53,7 @@ def attention(q, k, v, k_cache, v_cache, pos0: int, xp=np):
     qg = q.reshape(T, Hk, G, Dh).transpose(1, 2, 0, 3).reshape(Hk, G * T, Dh)
     scores = (qg @ K).reshape(Hk, G, T, S) * np.float32(1.0 / np.sqrt(Dh))  # (Hk, G, T, S)
     future = xp.arange(S)[None, :] > xp.arange(pos0, S)[:, None]          # (T, S) causal mask
-    scores = xp.where(future, np.float32(-np.inf), scores)
+    scores = xp.where(future, -np.inf, scores)
     p = softmax(scores, xp)
     out = p.reshape(Hk, G * T, S) @ V                                    # (Hk, G*T, Dv)
     return out.reshape(Hk, G, T, Dv).transpose(2, 0, 1, 3).reshape(T, H * Dv)

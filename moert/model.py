@@ -171,7 +171,7 @@ class Model:
         devs = [CPU, *self.plan.devices]
         before = {d.name: d.stats.copy() for d in devs}
         self._call = Stats(*self.stats._shape, calls=1, tokens=len(tokens))
-        t0 = time.perf_counter()
+        t0, start = time.perf_counter(), self.position
         out = []
         try:
             for s in range(0, len(tokens), self.n_batch):
@@ -179,6 +179,9 @@ class Model:
                 self._n, self._rope = len(chunk), {}
                 out.append(self.arch.forward(self, chunk))
                 self.position += len(chunk)
+        except BaseException:
+            self.position = start   # all or nothing: KV entries past `position` are simply overwritten later
+            raise
         finally:
             self._call.seconds = time.perf_counter() - t0
             self._call.transfers = {d.name: d.stats - before[d.name] for d in devs if d.is_gpu}

@@ -145,3 +145,22 @@ def test_all_cpu_moves_nothing_and_experts_read_once_per_batch(path, monkeypatch
     assert m.stats.last.transfer_count == 0 and m.stats.last.transfers == {}
     distinct = int((m.stats.last.expert_counts > 0).sum())          # (layer, expert) pairs selected
     assert len(calls) == 3 * distinct                               # gate, up, down: once each per batch
+
+
+def test_failure_mid_prompt_rolls_back(path, cpu_logits, monkeypatch):
+    m = load(path, gpu_layers=0, progress=False, n_batch=4)
+    m.forward(TOKENS[:4])
+    real, calls = m.arch.forward, []
+
+    def flaky(model, chunk):
+        calls.append(len(chunk))
+        if len(calls) == 2:
+            raise KeyboardInterrupt
+        return real(model, chunk)
+
+    monkeypatch.setattr(m, "arch", type("A", (), {"forward": staticmethod(flaky)}))
+    with pytest.raises(KeyboardInterrupt):
+        m.forward(TOKENS[4:12])                                     # fails in its second chunk
+    assert m.position == 4
+    monkeypatch.undo()
+    assert rel(m.forward(TOKENS[4:]), cpu_logits[4:]) < 1e-5
