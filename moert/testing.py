@@ -238,7 +238,7 @@ def gpt2_vocab_metadata(n_vocab: int = 1024, pre: str = "qwen2", corpus: str = V
         "tokenizer.ggml.model": "gpt2",
         "tokenizer.ggml.pre": pre,
         "tokenizer.ggml.tokens": tokens,
-        "tokenizer.ggml.token_type": np.array(types, dtype=np.int32),
+        "tokenizer.ggml.token_type": types,  # plain ints: write_gguf stores them as an INT32 array
         "tokenizer.ggml.merges": merges,
         "tokenizer.ggml.bos_token_id": ids["<|endoftext|>"],
         "tokenizer.ggml.eos_token_id": ids["<|im_end|>"],

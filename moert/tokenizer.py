@@ -79,7 +79,8 @@ PRE_TOKENIZERS: dict[str, tuple[str, bool, bool]] = {
 # tokens by text"); such a token becomes a control token even if the file says otherwise.
 _EOT_TEXTS = ("<|eot_id|>", "<|im_end|>", "<|end|>", "<end_of_turn>", "<|endoftext|>", "<|end_of_text|>", "<EOT>",
               "_<EOT>", "[EOT]", "<｜end▁of▁sentence｜>", "<end_of_utterance>")
-_EOG_TEXTS = frozenset(_EOT_TEXTS + ("<|return|>", "<|call|>", "<|eom_id|>", "[EOS]"))
+_EOG_TEXTS = frozenset(_EOT_TEXTS + ("<|return|>", "<|call|>", "<|flush|>", "<|calls|>", "</s>", "<|eom_id|>", "[EOS]",
+                                     "<eos>", "<turn|>", "<|tool_response>", "[e~["))
 
 _BYTE_TOKEN = re.compile(r"<0x([0-9A-Fa-f]{2})>")
 
@@ -194,15 +195,27 @@ class Tokenizer:
         self.add_space_prefix = bool(_key(md, "tokenizer.ggml.add_space_prefix", default_space))
 
         # end of turn / end of generation, by key and by text, as llama.cpp decides them
+        # (llama.cpp takes the first EOT-looking token its hash map yields; we take them in _EOT_TEXTS order,
+        # which gives what llama.cpp reports for Llama-3, Qwen and Gemma)
         self.eot_id = special_id("eot", None)
+        if self.eot_id is None:
+            self.eot_id = next((self._ids[t] for t in _EOT_TEXTS if t in self._ids), None)
         eog = set()
-        for i, t in enumerate(self.tokens):
-            if t in _EOG_TEXTS:
-                eog.add(i)
-                if self.eot_id is None and t in _EOT_TEXTS:
-                    self.eot_id = i
-                self.types[i] = CONTROL
+        for t in _EOG_TEXTS:
+            if t in self._ids:
+                eog.add(self._ids[t])
+                self.types[self._ids[t]] = CONTROL
         eog.update(i for i in (self.eos_id, self.eot_id, special_id("eom", None)) if i is not None)
+        # ...and llama.cpp's two exceptions: gpt-oss's <|end|> ends a message, not the generation; and where
+        # <|tool_response> marks turns, </s> is an ordinary token
+        texts = {self.tokens[i]: i for i in eog}
+        if "<|end|>" in texts and ("<|call|>" in texts or "<|calls|>" in texts) and (
+                "<|return|>" in texts or "<|flush|>" in texts):
+            eog.discard(texts["<|end|>"])
+            self.types[texts["<|end|>"]] = USER_DEFINED
+        if "</s>" in texts and ("<|tool_response>" in texts or "<|plamo:eos|>" in texts):
+            eog.discard(texts["</s>"])
+            self.types[texts["</s>"]] = NORMAL
         self.eog_ids = frozenset(eog)
 
         # special tokens are split out of the text first, longest first (control/unknown ones only when special=True)
@@ -333,6 +346,10 @@ class Tokenizer:
     def token_text(self, token_id: int) -> str:
         """The token as the vocabulary spells it (`<start_of_turn>`, `▁Hello`, `<0x0A>`)."""
         return self.tokens[self._check(token_id)]
+
+    def token_id(self, text: str) -> int | None:
+        """The id of the token spelled `text` exactly, or None."""
+        return self._ids.get(text)
 
     @property
     def bos_token(self) -> str:
