@@ -199,8 +199,7 @@ class Model:
     def close(self) -> None:
         """Give the KV cache and the weights back to their devices."""
         self.kv.free()
-        for d in self.plan.devices:
-            d.free_all()
+        self.weights.free()
 
     def __repr__(self) -> str:
         return (f"<moert.Model {self.config.arch} {self.config.n_layer} layers, position "
