@@ -9,6 +9,12 @@ The merging is HF `tokenizers`' BPE model; the rest (special-token splitting, â–
 tokens are control or end-of-generation, token -> bytes) follows llama.cpp's src/llama-vocab.cpp.
 A SentencePiece vocabulary has scores, not merges: every split of a token into two tokens becomes a
 merge, ranked by the token's score, which is what llama.cpp's llm_tokenizer_spm does with its queue.
+
+Checked against llama.cpp (tests/fixtures/tokenizer, made by tests/reference/make_tokenizer_refs.py).
+Known differences, none seen on the test corpora: pairs whose merged tokens have *equal* scores are taken
+in rank order, where llama.cpp takes the leftmost; llama.cpp's per-model lstrip/rstrip token attributes
+(jina, phi-3, modern-bert, by model name) are not applied; `detokenize` joins token pieces as llama.cpp's
+token_to_piece gives them (what llama-cli prints), without llama_detokenize's clean-up of spaces.
 """
 
 from __future__ import annotations
