@@ -18,6 +18,7 @@ from __future__ import annotations
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
@@ -195,6 +196,49 @@ class Model:
     def reset(self) -> None:
         """Empty the context (the KV cache is overwritten as new tokens arrive)."""
         self.position = 0
+
+    # -- text: the vocabulary from the GGUF, and the generation loop (moert/generate.py)
+    @cached_property
+    def tokenizer(self):
+        """The GGUF's vocabulary (moert/tokenizer.py), built on first use; NoVocab for 'none'."""
+        from moert.tokenizer import Tokenizer
+
+        return Tokenizer.from_gguf(self.gguf.metadata)
+
+    @property
+    def n_vocab(self) -> int:
+        return self.config.n_vocab
+
+    @property
+    def eos_ids(self) -> set[int]:
+        """Ids that end generation (EOS, EOT and the vocabulary's other end-of-generation tokens)."""
+        return set(self.tokenizer.eog_ids)
+
+    def tokenize(self, text: str, add_bos: bool | None = None, special: bool = False) -> list[int]:
+        """Text -> token ids with the model's vocabulary (add_bos None: as the GGUF says)."""
+        return self.tokenizer.tokenize(text, add_bos=add_bos, special=special)
+
+    def detokenize(self, ids, special: bool = False) -> str:
+        """Token ids -> text."""
+        return self.tokenizer.detokenize(ids, special=special)
+
+    def generate(self, prompt, max_tokens: int | None = 128, **kwargs) -> str:
+        """Generated text for a prompt (str or ids); sampling options as moert.generate.generate."""
+        from moert.generate import generate
+
+        return generate(self, prompt, max_tokens, **kwargs)
+
+    def stream(self, prompt, max_tokens: int | None = 128, **kwargs):
+        """Text pieces as they decode; the returned stream's `.stats` has llama.cpp-style timings."""
+        from moert.generate import stream
+
+        return stream(self, prompt, max_tokens, **kwargs)
+
+    def chat(self, messages, max_tokens: int | None = 256, **kwargs) -> str:
+        """The assistant's reply to [{'role': ..., 'content': ...}, ...] via the GGUF's chat template."""
+        from moert.generate import chat
+
+        return chat(self, messages, max_tokens, **kwargs)
 
     def close(self) -> None:
         """Give the KV cache and the weights back to their devices."""

@@ -102,10 +102,16 @@ def write_qwen3moe(
     types: Mapping[str, str] | None = None,
     tied_output: bool = False,
     seed: int = 0,
+    vocab: Mapping[str, object] | None = None,
 ) -> Path:
-    """A small random qwen3moe model (Qwen3-30B-A3B's layout) with llama.cpp's names and keys."""
+    """A small random qwen3moe model (Qwen3-30B-A3B's layout) with llama.cpp's names and keys.
+
+    `vocab`: tokenizer.ggml.* keys (e.g. `gpt2_vocab_metadata()`); n_vocab then follows its token list.
+    """
     rng = np.random.default_rng(seed)
     a = "qwen3moe"
+    if vocab is not None:
+        n_vocab = len(vocab["tokenizer.ggml.tokens"])
     metadata = {
         "general.name": f"synthetic-{a}-L{n_layer}-E{n_expert}-K{n_expert_used}",
         f"{a}.block_count": n_layer,
@@ -123,6 +129,7 @@ def write_qwen3moe(
         f"{a}.rope.freq_base": float(rope_base),
         f"{a}.vocab_size": n_vocab,
         "tokenizer.ggml.model": "none",
+        **(vocab or {}),
     }
 
     def mat(*shape: int, scale: float | None = None) -> np.ndarray:

@@ -8,6 +8,7 @@ import numba
 import numpy as np
 import pytest
 
+import moert
 from moert.model import ContextOverflowError, InvalidTokenError, Model, load
 from moert.testing import write_qwen3moe
 
@@ -164,3 +165,21 @@ def test_failure_mid_prompt_rolls_back(path, cpu_logits, monkeypatch):
     assert m.position == 4
     monkeypatch.undo()
     assert rel(m.forward(TOKENS[4:]), cpu_logits[4:]) < 1e-5
+
+
+def test_model_text_interface_with_a_vocabulary(tmp_path):
+    """Model.tokenize/detokenize/generate/stream: the generation loop on a real (synthetic-vocab) model."""
+    from moert.testing import gpt2_vocab_metadata
+
+    p = write_qwen3moe(tmp_path / "v.gguf", vocab=gpt2_vocab_metadata(), n_layer=1)
+    m = moert.load(p, gpu_backend="sim", cpu_moe=True, context_size=64)
+    ids = m.tokenize("The capital of France is")
+    assert m.detokenize(ids) == "The capital of France is" and m.n_vocab == 1024
+    a = m.generate("The capital of France is", max_tokens=6, temperature=0)
+    s = m.stream("The capital of France is", max_tokens=6, temperature=0)
+    assert "".join(s) == a and s.stats.prompt_tokens == len(ids) and s.stats.generated_tokens >= 1
+    # greedy = the argmax of the forward pass, token by token
+    m.reset()
+    logits = m.forward(ids)
+    first = int(np.argmax(logits[-1]))
+    assert a.startswith(m.detokenize([first])) or first in m.eos_ids
