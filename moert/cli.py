@@ -36,6 +36,7 @@ def cmd_inspect(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from moert.cli_generate import add_commands
     from moert.placement_cli import add_fit_args, add_placement_args
 
     p = argparse.ArgumentParser(prog="moert", description="MoE inference on GGUF files with explicit tensor placement")
@@ -51,6 +52,7 @@ def build_parser() -> argparse.ArgumentParser:
     q.set_defaults(func=cmd_inspect)
 
     add_fit_args(sub.add_parser("fit", help="find the context size and -ot rules that fit the GPU memory"))
+    add_commands(sub)
     return p
 
 

@@ -343,8 +343,11 @@ class Plan:
         return format_overrides(self.rules)
 
     # -- printing
-    def explain(self) -> str:
-        """A table: tensor, type, shape, bytes, device, deciding rule; then totals per device and rule."""
+    def explain(self, only: str | None = None) -> str:
+        """A table: tensor, type, shape, bytes, device, deciding rule; then totals per device and rule.
+
+        `only`: a regex; the per-tensor table lists just the tensors it matches (totals stay whole).
+        """
         gpus = ", ".join(f"{d.name} ({format_size(d.capacity)})" for d in self.devices) or "none"
         lines = [f"plan for {Path(self.path).name} ({self.arch}, {self.n_layer} layers + output): "
                  f"gpu_layers={self.gpu_layers} of {self.n_layer + 1}, backend {self.gpu_backend}, GPUs: {gpus}",
@@ -361,11 +364,14 @@ class Plan:
         lines.append("")
         w = max([len(e.name) for e in self] + [6])
         lines.append(f"{'tensor':<{w}}  {'type':<6} {'shape':<18} {'bytes':>11}  {'device':<7} decided by")
-        for e in self:
+        shown = [e for e in self if only is None or re.search(only, e.name)]
+        for e in shown:
             shape = "x".join(map(str, e.shape))
             tied = f" (tied to {e.tied_to})" if e.tied_to else ""
             lines.append(f"{e.name:<{w}}  {e.type:<6} {shape:<18} {format_size(e.nbytes):>11}  {e.device:<7} "
                          f"{e.decided_by}{tied}")
+        if len(shown) < len(self):
+            lines.append(f"... {len(self) - len(shown)} more tensors (all of them: moert inspect MODEL --plan)")
         lines += ["", "weights per device:"]
         n_by = {d: 0 for d in self.device_names()}
         for e in self:

@@ -3,17 +3,19 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 
 import pytest
 
-from moert.testing import write_qwen3moe
+from moert.model import load
+from moert.testing import gpt2_vocab_metadata, write_qwen3moe
 
 
-def moert(*args: str) -> subprocess.CompletedProcess:
+def moert(*args: str, stdin: str | None = None, env: dict | None = None) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "moert", *map(str, args)], capture_output=True, text=True,
-                          timeout=300)
+                          timeout=300, input=stdin, env=None if env is None else {**os.environ, **env})
 
 
 @pytest.fixture(scope="module")
@@ -77,3 +79,55 @@ def test_fit_json_and_failure_exit_code(model):
 def test_bad_regex_is_a_clean_error(model):
     r = moert("inspect", model, "-ot", "blk.(=CPU", "--gpu-backend", "sim")
     assert r.returncode == 1 and "Traceback" not in r.stderr and "blk.(" in r.stderr
+
+
+@pytest.fixture(scope="module")
+def vocab_model(tmp_path_factory):
+    return write_qwen3moe(tmp_path_factory.mktemp("cli") / "v.gguf", n_layer=2, vocab=gpt2_vocab_metadata())
+
+
+def test_run_streams_the_same_text_as_the_api(vocab_model):
+    prompt = "The capital of France is"
+    r = moert("run", vocab_model, "-p", prompt, "-n", "8", "--temp", "0", "--cpu-moe", "--gpu-backend", "sim",
+              "--stats")
+    assert r.returncode == 0, r.stderr
+    m = load(vocab_model, cpu_moe=True, gpu_backend="sim")
+    expected = m.generate(prompt, 8, temperature=0)
+    assert r.stdout == prompt + expected + "\n"
+    assert "prompt eval time" in r.stderr and "tokens per second" in r.stderr
+    assert "experts" in r.stderr and "sim:0" in r.stderr  # moert's per-device breakdown
+    j = moert("run", vocab_model, "-p", prompt, "-n", "8", "--temp", "0", "--json", "--gpu-backend", "sim")
+    out = json.loads(j.stdout)
+    assert out["text"] == expected and out["timings"]["prompt_tokens"] == len(m.tokenize(prompt))
+
+
+def test_run_without_vocabulary_takes_token_ids(model):
+    r = moert("run", model, "-p", "1 2 3", "-n", "4", "--temp", "0")
+    assert r.returncode == 0, r.stderr
+    ids = [int(x) for x in r.stdout.split()]
+    assert len(ids) == 4 and all(0 <= i < 256 for i in ids)
+    r = moert("run", model, "-p", "hello", "-n", "4")
+    assert r.returncode == 1 and "token ids" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_run_bad_requests_are_clean_errors(vocab_model):
+    r = moert("run", vocab_model, "-n", "4")
+    assert r.returncode == 1 and "no prompt" in r.stderr
+    r = moert("run", vocab_model, "-p", "hi", "--temp", "-1")
+    assert r.returncode == 1 and "Traceback" not in r.stderr and "temperature" in r.stderr
+    r = moert("run", vocab_model, "-p", "word " * 300, "-c", "64", "-n", "4")
+    assert r.returncode == 1 and "Traceback" not in r.stderr and "context" in r.stderr
+
+
+def test_chat_reads_turns_from_stdin(vocab_model):
+    r = moert("chat", vocab_model, "-n", "4", "--temp", "0", stdin="Hello\nAnd again\n")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.count("\n") >= 2
+
+
+def test_demo_runs_from_scratch(tmp_path):
+    r = moert("demo", env={"MOERT_CACHE": str(tmp_path)})
+    assert r.returncode == 0, r.stderr
+    assert "writing the demo model" in r.stdout and "rule #0" in r.stdout
+    assert "prompt eval time" in r.stdout and "sim:0" in r.stdout
+    assert list(tmp_path.glob("demo-qwen3moe-*.gguf"))

@@ -1,0 +1,212 @@
+"""`moert run`, `moert chat` and `moert demo`: load, stream tokens, report speed the way llama.cpp does."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+import warnings
+
+from moert.errors import MoertError
+
+
+def add_sampling_args(p: argparse.ArgumentParser) -> None:
+    """llama.cpp's sampling and context flags (-n, --temp, --top-k, --top-p, --min-p, --repeat-penalty, -s, -t, -b)."""
+    g = p.add_argument_group("generation (llama.cpp's flags)")
+    g.add_argument("-n", "--n-predict", type=int, default=64, metavar="N", help="tokens to generate (-1: until "
+                   "the end of generation or a full context; default: 64)")
+    g.add_argument("--temp", type=float, default=0.8, help="temperature; 0 = greedy (default: 0.8)")
+    g.add_argument("--top-k", type=int, default=40, help="keep the K most likely tokens; 0 = off (default: 40)")
+    g.add_argument("--top-p", type=float, default=0.95, help="nucleus sampling; 1.0 = off (default: 0.95)")
+    g.add_argument("--min-p", type=float, default=0.05, help="drop tokens below P x the best; 0 = off (default: 0.05)")
+    g.add_argument("--repeat-penalty", type=float, default=1.0, help="penalize repeats; 1.0 = off (default: 1.0)")
+    g.add_argument("--repeat-last-n", type=int, default=64, help="tokens the penalty looks back (default: 64)")
+    g.add_argument("-s", "--seed", type=int, default=None, help="RNG seed (default: random)")
+    g.add_argument("-r", "--reverse-prompt", "--stop", dest="stop", action="append", default=[], metavar="TEXT",
+                   help="stop when this text is generated (repeatable)")
+    g.add_argument("-t", "--threads", type=int, default=None, help="CPU threads for the kernels")
+    g.add_argument("-b", "--batch-size", type=int, default=512, help="prompt tokens per forward chunk")
+    g.add_argument("--stats", action="store_true", help="print llama.cpp-style timings and moert's per-device "
+                   "time and transfer breakdown")
+
+
+def _sampling(args: argparse.Namespace) -> dict:
+    return dict(temperature=args.temp, top_k=args.top_k, top_p=args.top_p, min_p=args.min_p,
+                repeat_penalty=args.repeat_penalty, repeat_last_n=args.repeat_last_n, seed=args.seed,
+                stop=args.stop or None)
+
+
+def load_from_args(model: str, args: argparse.Namespace, **overrides):
+    """moert.load with the placement, context, thread and batch flags; PlacementWarnings go to stderr."""
+    from moert.model import load
+    from moert.placement_cli import placement_from_args
+
+    kw = {**placement_from_args(args), **overrides}
+    kw.pop("strict", None)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        m = load(model, context_size=args.ctx or 4096, threads=args.threads, n_batch=args.batch_size, **kw)
+    for w in caught:
+        print(f"warning: {w.message}", file=sys.stderr)
+    return m
+
+
+def _stream_to_stdout(model, prompt, args, *, add_bos=None, echo: str = "") -> tuple[str, object]:
+    """Stream a completion to stdout; Ctrl-C stops cleanly and keeps what was printed."""
+    s = model.stream(prompt, args.n_predict, add_bos=add_bos, **_sampling(args))
+    out = []
+    sys.stdout.write(echo)
+    sys.stdout.flush()
+    try:
+        for piece in s:
+            out.append(piece)
+            if not args.json:
+                sys.stdout.write(piece)
+                sys.stdout.flush()
+    except KeyboardInterrupt:
+        s.close()
+        print("\n[interrupted]", file=sys.stderr)
+    return "".join(out), s.stats
+
+
+def print_stats(model, gen_stats, file=sys.stderr) -> None:
+    """llama.cpp's three timing lines, then moert's per-phase/per-device time and transfer table."""
+    print("\n" + gen_stats.report(), file=file)
+    print("\n" + str(model.stats.total), file=file)
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    model = load_from_args(args.model, args)
+    prompt = args.prompt
+    if args.file:
+        with open(args.file, encoding="utf-8") as f:
+            prompt = f.read()
+    if prompt is None:
+        raise MoertError("no prompt: give one with -p TEXT or -f FILE")
+    if not model.tokenizer.has_vocab:  # a vocabulary-less model runs from token ids
+        return _run_ids(model, prompt, args)
+    text, stats = _stream_to_stdout(model, prompt, args, echo="" if args.no_display_prompt or args.json else prompt)
+    if args.json:
+        print(json.dumps({"prompt": prompt, "text": text, "stop_reason": stats.stop_reason,
+                          "timings": stats_dict(stats), "stats": model.stats.total.to_dict()
+                          if hasattr(model.stats.total, "to_dict") else None}, indent=1))
+    else:
+        print()
+    if args.stats:
+        print_stats(model, stats)
+    return 0
+
+
+def stats_dict(s) -> dict:
+    return {"prompt_tokens": s.prompt_tokens, "prompt_ms": s.prompt_seconds * 1e3,
+            "generated_tokens": s.generated_tokens, "generation_ms": s.generation_seconds * 1e3,
+            "prompt_tokens_per_s": s.prompt_tokens / s.prompt_seconds if s.prompt_seconds else None,
+            "generation_tokens_per_s": s.generated_tokens / s.generation_seconds if s.generation_seconds else None}
+
+
+def _run_ids(model, prompt: str, args: argparse.Namespace) -> int:
+    from moert.generate import GenerationStats, generate_ids
+    from moert.sampling import SamplingParams
+
+    try:
+        ids = [int(x) for x in prompt.replace(",", " ").split()]
+    except ValueError:
+        raise MoertError("this model has no vocabulary (tokenizer.ggml.model = 'none'): give the prompt as "
+                         "token ids, e.g. -p '1 2 3'") from None
+    kw = _sampling(args)
+    kw.pop("stop")
+    stats = GenerationStats()
+    out = generate_ids(model, ids, args.n_predict, SamplingParams(**kw), stats)
+    print(json.dumps({"prompt": ids, "tokens": out, "timings": stats_dict(stats)}) if args.json
+          else " ".join(map(str, out)))
+    if args.stats:
+        print_stats(model, stats)
+    return 0
+
+
+def cmd_chat(args: argparse.Namespace) -> int:
+    model = load_from_args(args.model, args)
+    messages = [{"role": "system", "content": args.system_prompt}] if args.system_prompt else []
+    interactive = sys.stdin.isatty()
+    while True:
+        if interactive:
+            print("> ", end="", flush=True)
+        line = sys.stdin.readline()
+        if not line or line.strip() in ("/exit", "/quit"):
+            return 0
+        if not line.strip():
+            continue
+        messages.append({"role": "user", "content": line.rstrip("\n")})
+        from moert.generate import chat_prompt
+
+        text, add_bos = chat_prompt(model, messages)
+        reply, stats = _stream_to_stdout(model, text, args, add_bos=add_bos)
+        print()
+        messages.append({"role": "assistant", "content": reply})
+        if args.stats:
+            print_stats(model, stats)
+
+
+def _demo_backend() -> str:
+    """CuPy when it sees a CUDA device, else the simulated GPU."""
+    from moert import _cuda
+
+    return "cupy" if _cuda.device_count() > 0 else "sim"
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    from moert.demo import demo_model_path
+    from moert.gguf import open as open_gguf
+    from moert.memory import estimate
+    from moert.summary import format_summary, summarize
+
+    t0 = time.perf_counter()
+    path = demo_model_path()
+    with open_gguf(path) as f:
+        print(format_summary(summarize(f), tensors=False))
+    backend = _demo_backend()
+    print(f"\n== placement: experts on the CPU (--cpu-moe), everything else on {backend}:0 "
+          f"({'a real GPU' if backend == 'cupy' else 'the simulated GPU: no CUDA device found'})\n")
+    model = load_from_args(str(path), args, cpu_moe=True, gpu_backend=backend, gpu_memory=args.gpu_mem)
+    print(model.plan.explain(only=r"^blk\.0\.|^output|^token_embd"))
+    print("\n" + estimate(model.plan, model.context_size).table())
+    prompt = "The capital of France is"
+    print(f"\n== generating {args.n_predict} tokens (random weights: expect gibberish), greedy\n")
+    args.temp = 0.0
+    text, stats = _stream_to_stdout(model, prompt, args, echo=prompt)
+    print()
+    print_stats(model, stats, file=sys.stdout)
+    print(f"\ndemo done in {time.perf_counter() - t0:.1f} s; try: moert inspect {path} --cpu-moe --gpu-backend sim")
+    return 0
+
+
+def add_commands(sub) -> None:
+    """Register run, chat and demo on the top-level subparsers."""
+    from moert.placement_cli import add_placement_args
+
+    r = sub.add_parser("run", help="generate text from a prompt, streaming tokens (like llama-cli -p)")
+    r.add_argument("model", help="path of a .gguf file")
+    r.add_argument("-p", "--prompt", default=None, help="the prompt (token ids for a model without vocabulary)")
+    r.add_argument("-f", "--file", default=None, help="read the prompt from a file")
+    r.add_argument("--no-display-prompt", action="store_true", help="do not echo the prompt")
+    r.add_argument("--json", action="store_true", help="print one JSON object (text, timings) at the end")
+    add_sampling_args(r)
+    add_placement_args(r)
+    r.set_defaults(func=cmd_run)
+
+    c = sub.add_parser("chat", help="interactive multi-turn chat with the model's chat template")
+    c.add_argument("model", help="path of a .gguf file")
+    c.add_argument("-sys", "--system-prompt", default=None, help="a system message to start with")
+    c.set_defaults(json=False)
+    add_sampling_args(c)
+    add_placement_args(c)
+    c.set_defaults(func=cmd_chat)
+
+    d = sub.add_parser("demo", help="the main job on a built-in model: inspect, place, generate, measure")
+    d.set_defaults(func=cmd_demo, json=False, no_display_prompt=False)
+    add_sampling_args(d)
+    d.set_defaults(n_predict=16)
+    d.add_argument("--gpu-mem", default=None, help="GPU memory for the demo's GPU (default: 24GiB sim)")
+    d.set_defaults(ctx=512, override_tensor=[], gpu_layers="all", cpu_moe=True, n_cpu_moe=None,
+                   n_cpu_moe_from="first", gpu_backend="auto", split="layer", strict=False)
