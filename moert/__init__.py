@@ -15,8 +15,11 @@ from __future__ import annotations
 from importlib import import_module
 
 from moert.errors import (
+    ContextOverflowError,
     DeviceOutOfMemory,
+    GenerationError,
     GGUFError,
+    InvalidTokenError,
     MoertError,
     PlacementError,
     PlacementWarning,
@@ -38,11 +41,17 @@ _LAZY = {
     "get_devices": "moert.devices",
     "load": "moert.model",
     "Model": "moert.model",
+    "ConfigError": "moert.config",
+    "DeviceMismatchError": "moert.devices",
+    "LoadCancelled": "moert.weights",
+    "TokenizerError": "moert.tokenizer",
+    "SamplingError": "moert.sampling",
+    "ChatTemplateError": "moert.chat",
 }
 
 __all__ = [
-    "DeviceOutOfMemory", "GGUFError", "MoertError", "PlacementError", "PlacementWarning",
-    "UnsupportedTypeError", *_LAZY,
+    "ContextOverflowError", "DeviceOutOfMemory", "GenerationError", "GGUFError", "InvalidTokenError", "MoertError",
+    "PlacementError", "PlacementWarning", "UnsupportedTypeError", *_LAZY,
 ]
 
 

@@ -23,6 +23,18 @@ class PlacementWarning(UserWarning):
     """A placement rule that does nothing, or a fallback the user should know about."""
 
 
+class GenerationError(MoertError, ValueError):
+    """A request the model cannot run: empty prompt, bad ids, bad max_tokens or stop strings."""
+
+
+class ContextOverflowError(GenerationError):
+    """The tokens do not fit in what is left of the context (nothing was processed)."""
+
+
+class InvalidTokenError(MoertError, ValueError):
+    """A token id outside [0, n_vocab)."""
+
+
 class DeviceOutOfMemory(MoertError, MemoryError):
     """An allocation would exceed a device's capacity."""
 

@@ -22,16 +22,8 @@ import time
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
-from moert.errors import MoertError
+from moert.errors import ContextOverflowError, GenerationError
 from moert.sampling import Sampler, SamplingParams
-
-
-class GenerationError(MoertError, ValueError):
-    """A prompt or a request the loop cannot run: empty prompt, bad ids, bad max_tokens or stop strings."""
-
-
-class ContextOverflowError(GenerationError):
-    """The prompt does not fit in the model's context."""
 
 
 @dataclass

@@ -27,7 +27,7 @@ import numpy as np
 from moert import devices as _devices
 from moert import models
 from moert.devices import CPU, Device, TransferStats
-from moert.errors import MoertError
+from moert.errors import ContextOverflowError, InvalidTokenError
 from moert.kernels.moe import QTensor, moe_ffn
 from moert.layers import rms_norm, rope_angles, swiglu
 from moert.moe import dispatch, expert_counts
@@ -36,12 +36,6 @@ PHASES = ("embed", "attention", "router", "experts", "transfers", "output")
 _CHUNK_ELEMENTS = 1 << 24  # a dense weight larger than this is dequantized and multiplied in row chunks
 
 
-class ContextOverflowError(MoertError, ValueError):
-    """The tokens do not fit in what is left of the context."""
-
-
-class InvalidTokenError(MoertError, ValueError):
-    """A token id outside [0, n_vocab)."""
 
 
 # ---------------------------------------------------------------------------------------------- stats
