@@ -359,9 +359,9 @@ def _unwrap(obj: Any, depth: int = 0) -> Any:
 
 def _wrap(obj: Any, dev: SimDevice) -> Any:
     if isinstance(obj, np.ndarray):
-        return SimArray(obj, dev)
+        return dev._adopt(obj)
     if isinstance(obj, np.generic):  # reductions give 0-d device arrays, as in CuPy
-        return SimArray(np.asarray(obj), dev)
+        return dev._adopt(np.asarray(obj))
     if isinstance(obj, tuple):
         return tuple(_wrap(o, dev) for o in obj)
     if isinstance(obj, list):
@@ -523,6 +523,15 @@ class SimDevice(Device):
             return arr._a
         return arr
 
+    def _adopt(self, a: np.ndarray, what: str = "a temporary (an operation's result)") -> SimArray:
+        """Tag a NumPy array as living here. New memory (not a view of an array already here) counts against
+        the capacity until it is garbage-collected, as a GPU allocator's would: so peak use is measurable."""
+        owner = self._buffer(a)
+        if id(owner) not in self._allocs:
+            self._reserve(owner.nbytes, what)
+            self._account(owner, owner.nbytes, what)
+        return SimArray(a, self)
+
     def _put_uncounted(self, host: np.ndarray, what: str) -> SimArray:
         self._reserve(host.nbytes, what)
         a = np.array(host, copy=True, order="C")
@@ -561,11 +570,11 @@ class SimDevice(Device):
                 raise DeviceMismatchError(f"{self.name}.xp.asarray() got an array of {obj.device.name}; "
                                           f"use moert.devices.transfer(arr, src, dst)")
             a = obj._a.astype(dtype) if dtype is not None else obj._a
-            return SimArray(np.array(a, copy=True) if copy and a is obj._a else a, self)
+            return self._adopt(np.array(a, copy=True) if copy and a is obj._a else a)
         host = np.array(obj, dtype=dtype)
         if isinstance(obj, np.ndarray) and obj.ndim > 0:  # an implicit upload, as CuPy does: counted
             self._count("h2d", host.nbytes, 0.0)
-        return SimArray(host, self)
+        return self._adopt(host)
 
 
 # ----------------------------------------------------------------------------------------- CUDA GPU

@@ -38,25 +38,49 @@ def rope(x, cos, sin, neox: bool, xp=np):
     return xp.stack([x1 * c - x2 * s, x2 * c + x1 * s], axis=-1).reshape(x.shape)
 
 
-def attention(q, k, v, k_cache, v_cache, pos0: int, xp=np):
+def attention(q, k, v, k_cache, v_cache, pos0: int, xp=np, *, scale: float | None = None,
+              window: int | None = None):
     """Causal GQA attention continuing at position pos0: writes k, v into the caches, attends over
     positions [0, pos0 + T). q (T, H, Dh), k (T, Hk, Dh), v (T, Hk, Dv); caches (n_ctx, Hk, D*).
+    scale: of the scores (default 1/sqrt(Dh)). window: sliding-window attention, the query at position
+    p sees keys at p - window < s <= p (llama.cpp's LLAMA_SWA_TYPE_STANDARD, HF's sliding_window).
     Returns (T, H * Dv)."""
     T, H, Dh = q.shape
     Hk, Dv = k.shape[1], v.shape[2]
     G, S = H // Hk, pos0 + T
     k_cache[pos0:S] = k
     v_cache[pos0:S] = v
-    K = k_cache[:S].transpose(1, 2, 0)                                   # (Hk, Dh, S)
-    V = v_cache[:S].transpose(1, 0, 2)                                   # (Hk, S, Dv)
+    s0 = 0 if window is None else max(0, pos0 - window + 1)            # no query here sees keys before s0
+    K = k_cache[s0:S].transpose(1, 2, 0)                                 # (Hk, Dh, S')  S' = S - s0
+    V = v_cache[s0:S].transpose(1, 0, 2)                                 # (Hk, S', Dv)
     # head h uses KV head h // G (HF's repeat_kv, llama.cpp's broadcast)
     qg = q.reshape(T, Hk, G, Dh).transpose(1, 2, 0, 3).reshape(Hk, G * T, Dh)
-    scores = (qg @ K).reshape(Hk, G, T, S) * np.float32(1.0 / np.sqrt(Dh))  # (Hk, G, T, S)
-    future = xp.arange(S)[None, :] > xp.arange(pos0, S)[:, None]          # (T, S) causal mask
-    scores = xp.where(future, -np.inf, scores)
-    p = softmax(scores, xp)
-    out = p.reshape(Hk, G * T, S) @ V                                    # (Hk, G*T, Dv)
+    scale = 1.0 / np.sqrt(Dh) if scale is None else scale
+    # the (Hk, G, T, S') scores are the biggest temporary of a layer: scale, mask and softmax them in place,
+    # so one copy is alive at a time (memory.py's estimate counts on it; a sim GPU checks it)
+    scores = (qg @ K).reshape(Hk, G, T, S - s0)                         # (Hk, G, T, S')
+    scores *= np.float32(scale)
+    scores += xp.where(attention_mask(pos0, T, s0, window, xp), np.float32(-np.inf), np.float32(0))  # (T, S')
+    p = softmax_(scores, xp)
+    out = p.reshape(Hk, G * T, S - s0) @ V                               # (Hk, G*T, Dv)
     return out.reshape(Hk, G, T, Dv).transpose(2, 0, 1, 3).reshape(T, H * Dv)
+
+
+def attention_mask(pos0: int, T: int, s0: int = 0, window: int | None = None, xp=np):
+    """True where query t (at position pos0 + t) must not see key position s0 + j: (T, S - s0) bool.
+    Causal, and with a window also everything `window` or more positions back."""
+    p = xp.arange(pos0, pos0 + T)[:, None]                               # (T, 1) query positions
+    s = xp.arange(s0, pos0 + T)[None, :]                                 # (1, S') key positions
+    masked = s > p
+    return masked if window is None else masked | (p - s >= window)
+
+
+def softmax_(x, xp=np):
+    """Softmax over the last axis, max-subtracted, in place (x is overwritten and returned)."""
+    x -= x.max(axis=-1, keepdims=True)
+    xp.exp(x, out=x)
+    x /= x.sum(axis=-1, keepdims=True)
+    return x
 
 
 def softmax(x, xp=np):
@@ -68,6 +92,13 @@ def softmax(x, xp=np):
 def silu(x, xp=np):
     """x * sigmoid(x), with the sigmoid written through tanh so large |x| never overflows exp."""
     return x * (np.float32(0.5) * (np.float32(1.0) + xp.tanh(np.float32(0.5) * x)))
+
+
+def gelu_tanh(x, xp=np):
+    """GELU, tanh approximation (PyTorch's gelu(approximate='tanh'), ggml_gelu):
+    0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))."""
+    c = np.float32(np.sqrt(2.0 / np.pi))
+    return np.float32(0.5) * x * (np.float32(1.0) + xp.tanh(c * (x + np.float32(0.044715) * x * x * x)))
 
 
 def swiglu(x, w_gate, w_up, w_down, xp=np):

@@ -219,3 +219,26 @@ def test_fit_margin_and_no_gpu(gg):
             r = fit(gg, context_size=0)
         assert r.success and r.context_size == N_CTX and set(r.bytes_by_device) == {"cpu"}
     assert moert.fit is fit and moert.estimate is estimate and moert.FitResult.__name__ == "FitResult"
+
+
+@pytest.mark.parametrize("kind", PLACEMENTS)
+@pytest.mark.parametrize("n_batch", [7, 64])
+def test_estimate_bounds_a_forward_pass_that_fills_the_context(model, kind, n_batch):
+    """Fill the whole context on sim GPUs whose capacity is exactly the estimate: the sim device counts every
+    array it holds, temporaries included, so the estimate's scratch term is checked against the real peak."""
+    kw = dict(gpu_backend="sim", gpu_memory="1GiB") | PLACEMENTS[kind]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", PlacementWarning)
+        est = estimate(plan(model, **kw), N_CTX, n_batch=n_batch)
+        gpus = [n for n in est.devices if n != "cpu"]
+        caps = [est.devices[n].total for n in gpus]
+        m = moert.load(model, **{**kw, "gpu_memory": caps}, context_size=N_CTX, n_batch=n_batch, progress=False)
+    tokens = np.random.default_rng(0).integers(0, 256, N_CTX)
+    m.forward(tokens[: N_CTX - 3])            # prefill, chunked by n_batch
+    for t in tokens[N_CTX - 3:]:              # then decode to the last position
+        m.forward([t])
+    assert m.position == N_CTX
+    for d in m.plan.devices:
+        e = est.devices[d.name]
+        assert d.peak <= e.total == d.capacity
+        assert d.peak > e.weights + e.kv or e.weights + e.kv == 0  # temporaries really were counted
