@@ -9,11 +9,7 @@ One small interface, three kinds. Every move between devices goes through it and
     dev.free(arr)            give an allocation back
     dev.xp                   the array namespace for compute on that device (numpy / cupy / sim)
 
-A `sim:N` device is NumPy underneath but behaves like a GPU: its arrays are `SimArray`s tagged with
-their device, an operation that mixes arrays of two devices (or a sim array with a host ndarray) raises
-`DeviceMismatchError`, `np.asarray(sim_array)` raises like CuPy's implicit-conversion error, and
-`put`/`empty` beyond its capacity raise `DeviceOutOfMemory`. So a forward pass that forgets a transfer
-fails in the test suite the way it would on a real card.
+The simulated GPU (`sim:N`, NumPy underneath, GPU rules on top) lives in moert/sim.py.
 """
 
 from __future__ import annotations
@@ -25,7 +21,6 @@ from dataclasses import asdict, dataclass, fields
 from typing import Any
 
 import numpy as np
-from numpy.lib.mixins import NDArrayOperatorsMixin
 
 from moert.errors import DeviceOutOfMemory, MoertError, PlacementError
 
@@ -261,10 +256,19 @@ class Device:
         self.stats.seconds += seconds
 
 
+def _where(x: Any) -> str:
+    """Where an array lives, for error messages."""
+    if isinstance(x, np.ndarray):
+        return "host (numpy.ndarray)"
+    dev = getattr(x, "device", None)
+    return getattr(dev, "name", None) or type(x).__name__
+
+
 def _check_host(arr: Any, dev: Device) -> np.ndarray:
     on_gpu = not isinstance(arr, np.ndarray) and hasattr(arr, "__cuda_array_interface__")
-    if isinstance(arr, SimArray) or on_gpu:
-        src = arr.device.name if isinstance(arr, SimArray) else "a GPU"
+    on_ours = isinstance(getattr(arr, "device", None), Device)  # a SimArray (moert/sim.py)
+    if on_ours or on_gpu:
+        src = _where(arr) if on_ours else "a GPU"
         raise DeviceMismatchError(
             f"{dev.name}.put() got an array that lives on {src}; use moert.devices.transfer(arr, src, dst)")
     return np.asarray(arr)
@@ -301,280 +305,6 @@ class CpuDevice(Device):
 
 
 CPU = CpuDevice()
-
-
-# ------------------------------------------------------------------------------------------ sim GPU
-
-def _where(x: Any) -> str:
-    if isinstance(x, SimArray):
-        return x.device.name
-    if isinstance(x, np.ndarray):
-        return "host (numpy.ndarray)"
-    return type(x).__name__
-
-
-def _devices_in(obj: Any, found: list, depth: int = 0) -> None:
-    """Collect the device of every array in obj (nested tuples/lists/dicts); 0-d host arrays are constants."""
-    if isinstance(obj, SimArray):
-        found.append(obj.device)
-    elif isinstance(obj, np.ndarray):
-        if obj.ndim > 0:
-            found.append(None)  # None = host
-    elif depth < 3 and isinstance(obj, (tuple, list)):
-        for o in obj:
-            _devices_in(o, found, depth + 1)
-    elif depth < 3 and isinstance(obj, dict):
-        for o in obj.values():
-            _devices_in(o, found, depth + 1)
-
-
-def _common_device(what: str, *objs: Any) -> SimDevice:
-    found: list = []
-    for o in objs:
-        _devices_in(o, found)
-    devs = {id(d): d for d in found}
-    sims = [d for d in devs.values() if d is not None]
-    if len(devs) > 1:
-        names = sorted({"host (numpy.ndarray)" if d is None else d.name for d in devs.values()})
-        if len(names) == 1:
-            names = [f"{names[0]} (two different {names[0]} device objects)"]
-        raise DeviceMismatchError(
-            f"{what} mixes arrays on {' and '.join(names)}; a GPU operation needs all its arrays on one "
-            f"device. Move one explicitly: dev.put(host_array), dev.to_host(arr) or "
-            f"moert.devices.transfer(arr, src, dst)")
-    return sims[0]
-
-
-def _unwrap(obj: Any, depth: int = 0) -> Any:
-    if isinstance(obj, SimArray):
-        return obj._a
-    if depth < 3 and isinstance(obj, tuple):
-        return tuple(_unwrap(o, depth + 1) for o in obj)
-    if depth < 3 and isinstance(obj, list):
-        return [_unwrap(o, depth + 1) for o in obj]
-    if depth < 3 and isinstance(obj, dict):
-        return {k: _unwrap(v, depth + 1) for k, v in obj.items()}
-    return obj
-
-
-def _wrap(obj: Any, dev: SimDevice) -> Any:
-    if isinstance(obj, np.ndarray):
-        return dev._adopt(obj)
-    if isinstance(obj, np.generic):  # reductions give 0-d device arrays, as in CuPy
-        return dev._adopt(np.asarray(obj))
-    if isinstance(obj, tuple):
-        return tuple(_wrap(o, dev) for o in obj)
-    if isinstance(obj, list):
-        return [_wrap(o, dev) for o in obj]
-    return obj
-
-
-class SimArray(NDArrayOperatorsMixin):
-    """A NumPy array living on a simulated GPU: operations keep the tag, mixing devices raises."""
-
-    __slots__ = ("_a", "device", "__weakref__")
-
-    def __init__(self, a: np.ndarray, device: SimDevice):
-        self._a = a
-        self.device = device
-
-    # -- NumPy protocols
-    def __array__(self, dtype=None, copy=None):
-        raise DeviceMismatchError(
-            f"implicit conversion of a {self.device.name} array to a host numpy.ndarray is not allowed "
-            f"(CuPy refuses it too); use {self.device.name}.to_host(arr) or moert.devices.transfer")
-
-    def __array_ufunc__(self, ufunc, method, *inputs, **kwargs):
-        # ufunc.at takes host index arrays like indexing does
-        checked = (inputs[0], _no_host(inputs[1]), inputs[2:]) if method == "at" else inputs
-        dev = _common_device(f"numpy.{ufunc.__name__}.{method}", checked, kwargs.get("out", ()))
-        out = kwargs.get("out")
-        result = getattr(ufunc, method)(*_unwrap(inputs), **_unwrap(kwargs))
-        if out is not None:
-            return out[0] if len(out) == 1 else out
-        return _wrap(result, dev)
-
-    def __array_function__(self, func, types, args, kwargs):
-        dev = _common_device(f"numpy.{func.__name__}", args, kwargs)
-        return _wrap(func(*_unwrap(args), **_unwrap(kwargs)), dev)
-
-    # -- indexing
-    def __getitem__(self, key):
-        _common_device("indexing", self, _no_host(key))
-        return _wrap(self._a[_unwrap(key)], self.device)
-
-    def __setitem__(self, key, value):
-        _common_device("item assignment", self, _no_host(key), value)
-        self._a[_unwrap(key)] = _unwrap(value)
-
-    # -- Python protocols (CuPy allows these on device arrays, with an implicit sync)
-    def __len__(self) -> int:
-        return len(self._a)
-
-    def __iter__(self):
-        for row in self._a:
-            yield _wrap(row, self.device)
-
-    def __bool__(self) -> bool:
-        return bool(self._a)
-
-    def __int__(self) -> int:
-        return int(self._a)
-
-    def __float__(self) -> float:
-        return float(self._a)
-
-    def __index__(self) -> int:
-        return self._a.__index__()
-
-    def __complex__(self) -> complex:
-        return complex(self._a)
-
-    def __repr__(self) -> str:
-        return f"SimArray({self.device.name}, {self._a!r})"
-
-    __hash__ = None  # type: ignore[assignment]
-
-    def __array_namespace__(self, api_version=None):
-        """The device's array namespace (Array API protocol): `dev.xp`."""
-        return self.device.xp
-
-    # -- attributes and methods of ndarray, results tagged with this device
-    def get(self, *args, **kwargs):
-        raise DeviceMismatchError(
-            f"arr.get() bypasses the transfer counters; use {self.device.name}.to_host(arr)")
-
-    def __getattr__(self, name: str):
-        if name.startswith("__"):  # no __array_interface__ & co: numpy must not see through us
-            raise AttributeError(name)
-        attr = getattr(self._a, name)
-        if not callable(attr):
-            return _wrap(attr, self.device) if isinstance(attr, np.ndarray) else attr
-        dev = self.device
-
-        def method(*args, **kwargs):
-            _common_device(f"ndarray.{name}", self, args, kwargs)
-            return _wrap(attr(*_unwrap(args), **_unwrap(kwargs)), dev)
-
-        return method
-
-
-def _no_host(key: Any) -> Any:
-    # index arrays from the host are allowed (CuPy uploads them); only other devices clash
-    if isinstance(key, tuple):
-        return tuple(k for k in key if isinstance(k, SimArray))
-    return key if isinstance(key, SimArray) else ()
-
-
-_CREATORS = {"empty", "zeros", "ones", "full", "arange", "linspace", "eye", "identity", "tri",
-             "empty_like", "zeros_like", "ones_like", "full_like", "fromiter"}
-
-
-class SimNamespace:
-    """`dev.xp` of a sim device: numpy, except that array creation makes arrays on that device."""
-
-    def __init__(self, device: SimDevice):
-        self._device = device
-        self.__name__ = f"moert.devices.sim[{device.name}]"
-
-    def __getattr__(self, name: str):
-        attr = getattr(np, name)
-        if name in _CREATORS:
-            dev = self._device
-
-            def create(*args, **kwargs):
-                return _wrap(attr(*_unwrap(args), **_unwrap(kwargs)), dev)
-
-            return create
-        return attr
-
-    def asarray(self, obj, dtype=None, **kwargs):
-        """Like cupy.asarray: device arrays pass through, host data is uploaded (and counted)."""
-        return self._device._as_device(obj, dtype, copy=False)
-
-    def array(self, obj, dtype=None, copy=True, **kwargs):
-        """Like cupy.array: a new device array; host data is uploaded (and counted)."""
-        return self._device._as_device(obj, dtype, copy=copy)
-
-    def ascontiguousarray(self, obj, dtype=None):
-        out = self._device._as_device(obj, dtype, copy=False)
-        return _wrap(np.ascontiguousarray(out._a), self._device)
-
-    def __repr__(self) -> str:
-        return f"<array namespace of {self._device.name}: numpy on a simulated GPU>"
-
-
-class SimDevice(Device):
-    """A simulated GPU: NumPy storage, GPU rules (one device per array, explicit transfers, a capacity)."""
-
-    kind = "sim"
-
-    def __init__(self, index: int, capacity: int = DEFAULT_SIM_MEMORY):
-        super().__init__(index, int(capacity))
-        self.xp = SimNamespace(self)
-
-    def owns(self, arr: Any) -> bool:
-        return isinstance(arr, SimArray) and arr.device is self
-
-    def _raw(self, arr: Any) -> Any:
-        if isinstance(arr, SimArray):
-            if arr.device is not self:
-                raise DeviceMismatchError(f"{self.name}.free() got an array of {arr.device.name}")
-            return arr._a
-        return arr
-
-    def _adopt(self, a: np.ndarray, what: str = "a temporary (an operation's result)") -> SimArray:
-        """Tag a NumPy array as living here. New memory (not a view of an array already here) counts against
-        the capacity until it is garbage-collected, as a GPU allocator's would: so peak use is measurable."""
-        owner = self._buffer(a)
-        if id(owner) not in self._allocs:
-            self._reserve(owner.nbytes, what)
-            self._account(owner, owner.nbytes, what)
-        return SimArray(a, self)
-
-    def _put_uncounted(self, host: np.ndarray, what: str) -> SimArray:
-        self._reserve(host.nbytes, what)
-        a = np.array(host, copy=True, order="C")
-        self._account(a, a.nbytes, what)
-        return SimArray(a, self)
-
-    def put(self, host: np.ndarray, what: str = "") -> SimArray:
-        host = _check_host(host, self)
-        t0 = time.perf_counter()
-        out = self._put_uncounted(host, what)
-        self._count("h2d", host.nbytes, time.perf_counter() - t0)
-        return out
-
-    def empty(self, shape, dtype=np.float32, what: str = "") -> SimArray:
-        nbytes = int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
-        self._reserve(nbytes, what)
-        a = np.empty(shape, dtype)
-        self._account(a, a.nbytes, what)
-        return SimArray(a, self)
-
-    def _to_host_uncounted(self, arr: Any) -> np.ndarray:
-        if not self.owns(arr):
-            raise DeviceMismatchError(f"{self.name}.to_host() got an array on {_where(arr)}; "
-                                      f"call to_host on the device that holds it")
-        return np.array(arr._a, copy=True)
-
-    def to_host(self, arr: SimArray) -> np.ndarray:
-        t0 = time.perf_counter()
-        out = self._to_host_uncounted(arr)
-        self._count("d2h", out.nbytes, time.perf_counter() - t0)
-        return out
-
-    def _as_device(self, obj: Any, dtype, copy: bool) -> SimArray:
-        if isinstance(obj, SimArray):
-            if obj.device is not self:
-                raise DeviceMismatchError(f"{self.name}.xp.asarray() got an array of {obj.device.name}; "
-                                          f"use moert.devices.transfer(arr, src, dst)")
-            a = obj._a.astype(dtype) if dtype is not None else obj._a
-            return self._adopt(np.array(a, copy=True) if copy and a is obj._a else a)
-        host = np.array(obj, dtype=dtype)
-        if isinstance(obj, np.ndarray) and obj.ndim > 0:  # an implicit upload, as CuPy does: counted
-            self._count("h2d", host.nbytes, 0.0)
-        return self._adopt(host)
 
 
 # ----------------------------------------------------------------------------------------- CUDA GPU
@@ -678,8 +408,9 @@ def device_of(arr: Any, devices: list[Device]) -> Device:
 
 def xp_of(arr: Any):
     """The array namespace that computes on arr's device: numpy, cupy, or a sim device's namespace."""
-    if isinstance(arr, SimArray):
-        return arr.device.xp
+    dev = getattr(arr, "device", None)
+    if isinstance(dev, Device):  # a SimArray (moert/sim.py)
+        return dev.xp
     mod = type(arr).__module__.split(".")[0]
     if mod == "cupy":
         from moert import _cuda
@@ -696,6 +427,8 @@ def get_devices(gpu_backend: str = "auto", gpu_memory: str | int | list | None =
     if backend == "none":
         return []
     if backend == "sim":
+        from moert.sim import SimDevice
+
         return [SimDevice(i, c) for i, c in enumerate(sizes or [DEFAULT_SIM_MEMORY])]
     from moert import _cuda
     n = _cuda.device_count()
@@ -711,8 +444,17 @@ def get_devices(gpu_backend: str = "auto", gpu_memory: str | int | list | None =
             for i in range(n)]
 
 
+
+def __getattr__(name: str):
+    """SimArray, SimDevice, SimNamespace live in moert/sim.py (which builds on this module)."""
+    if name in ("SimArray", "SimDevice", "SimNamespace"):
+        from moert import sim
+
+        return getattr(sim, name)
+    raise AttributeError(f"module 'moert.devices' has no attribute {name!r}")
+
+
 __all__ = [
-    "CPU", "CpuDevice", "CudaDevice", "Device", "DeviceMismatchError", "SimArray", "SimDevice",
-    "SimNamespace", "TransferStats", "device_of", "format_size", "get_devices", "parse_size", "parse_sizes",
-    "transfer", "xp_of",
+    "CPU", "CpuDevice", "CudaDevice", "Device", "DeviceMismatchError", "TransferStats", "device_of", "format_size",
+    "get_devices", "parse_size", "parse_sizes", "transfer", "xp_of",
 ]
