@@ -8,7 +8,8 @@
     models.<arch>.forward(model, tokens)        the architecture's forward, against the runtime below
 
 The Model is the runtime an architecture file calls: `w(name, dev)` a weight as float32 on `dev`,
-`to(x, dev)` an explicit, counted move, `phase(name, dev)` time attribution, `experts(...)` the shared
+`linear(x, name, dev)` x @ W.T (CPU dense weights dequantized once, not per token), `to(x, dev)` an
+explicit, counted move, `phase(name, dev)` time attribution, `experts(...)` the shared
 routed-expert execution wherever the plan put the expert tensors. Nothing moves between devices except
 through `to` (moert.devices.transfer underneath), so the sim device catches any forgotten move.
 """
@@ -32,8 +33,9 @@ from moert.kernels.moe import QTensor, moe_ffn
 from moert.layers import rms_norm, rope_angles, swiglu
 from moert.moe import dispatch, expert_counts
 
-PHASES = ("embed", "attention", "router", "experts", "transfers", "output")
+PHASES = ("embed", "attention", "router", "experts", "ffn", "transfers", "output")
 _CHUNK_ELEMENTS = 1 << 24  # a dense weight larger than this is dequantized and multiplied in row chunks
+DENSE_CACHE_BYTES = 2 << 30  # default Model.dense_cache_bytes: float32 copies of CPU dense weights kept
 
 
 
@@ -156,8 +158,11 @@ class Model:
         self.stats = ModelStats(config.n_layer, getattr(config, "n_expert", 0))
         self._call: Stats | None = None
         self._phases: list[list] = []            # the open phase timers, innermost last
-        self._rope: dict[int, tuple] = {}        # id(device) -> cos, sin of this chunk
+        self._rope: dict[tuple, tuple] = {}      # (id(device), head dim, base) -> cos, sin of this chunk
         self._n = 0                              # tokens in this chunk
+        # CPU-resident dense weights used by `linear`, dequantized once (float32) instead of every call
+        self.dense_cache_bytes = DENSE_CACHE_BYTES   # the budget; 0 turns the cache off
+        self._dense: dict[str, np.ndarray] = {}
 
     # -- the public interface
     def forward(self, tokens) -> np.ndarray:
@@ -236,6 +241,7 @@ class Model:
 
     def close(self) -> None:
         """Give the KV cache and the weights back to their devices."""
+        self._dense.clear()
         self.kv.free()
         self.weights.free()
 
@@ -318,11 +324,41 @@ class Model:
         a = self.weights[self._name(name)].dequantize()
         return a if dev is None else self.to(a, dev, name)
 
+    def linear(self, x, name: str, dev: Device | None = None):
+        """x (T, in) @ W.T for the 2-D weight `name` (out, in), on dev (default: where W lives): (T, out).
+
+        A weight used where it lives is dequantized there: on the CPU once, then kept as float32 (up to
+        `dense_cache_bytes` in all; this is where fused quantized matmul kernels plug in), elsewhere per
+        call in row chunks. A weight used on another device is dequantized at home and moved (counted)."""
+        name = self._name(name)
+        t = self.weights[name]
+        dev = t.device if dev is None else dev
+        if t.device is not dev:
+            return x @ self.w(name, dev).T
+        if dev is CPU:
+            w = self._dense.get(name)
+            if w is None and t.type == "F32":
+                w = t.data                                              # the file's own floats
+            if w is None and self._dense_bytes() + 4 * t.shape[0] * t.shape[1] <= self.dense_cache_bytes:
+                w = self._dense[name] = t.dequantize()                  # (out, in) float32, kept
+            if w is not None:
+                return x @ w.T
+        rows = max(1, _CHUNK_ELEMENTS // t.shape[1])
+        if rows >= t.shape[0]:
+            return x @ t.dequantize().T
+        parts = [x @ t.dequantize_rows(r, min(r + rows, t.shape[0])).T
+                 for r in range(0, t.shape[0], rows)]                   # (T, rows) each
+        return dev.xp.concatenate(parts, axis=1)
+
+    def _dense_bytes(self) -> int:
+        return sum(a.nbytes for a in self._dense.values())
+
     def rope(self, dev: Device, head_dim: int, base: float):
-        """cos, sin (T, Dh/2) for this chunk's positions, computed once per device."""
-        if id(dev) not in self._rope:
-            self._rope[id(dev)] = rope_angles(self.position, self._n, head_dim, base, dev.xp)
-        return self._rope[id(dev)]
+        """cos, sin (T, Dh/2) for this chunk's positions, computed once per device, head dim and base."""
+        k = (id(dev), head_dim, base)
+        if k not in self._rope:
+            self._rope[k] = rope_angles(self.position, self._n, head_dim, base, dev.xp)
+        return self._rope[k]
 
     def embed(self, name: str, tokens: np.ndarray):
         """Rows `tokens` of the embedding, dequantized on its device: (T, D) there."""
@@ -334,14 +370,11 @@ class Model:
     def output(self, norm_name: str, name: str, x) -> np.ndarray:
         """Final norm and output projection on the output weight's device; logits (T, V) on the host."""
         name = self._name(name)
-        t, dev = self.weights[name], self.plan.device(name)
+        dev = self.plan.device(name)
         x = self.to(x, dev, "hidden")
         with self.phase("output", dev):
             h = rms_norm(x, self.w(norm_name, dev), self.config.rms_eps, dev.xp)     # (T, D)
-            rows = max(1, _CHUNK_ELEMENTS // t.shape[1])
-            parts = [h @ t.dequantize_rows(r, min(r + rows, t.shape[0])).T
-                     for r in range(0, t.shape[0], rows)]               # (T, rows) each
-            logits = parts[0] if len(parts) == 1 else dev.xp.concatenate(parts, axis=1)
+            logits = self.linear(h, name, dev)                                         # (T, V)
         return self.to(logits, CPU, "logits")
 
     def experts(self, il: int, x, ids, weights, names: tuple[str, str, str]):
