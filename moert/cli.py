@@ -32,6 +32,13 @@ def cmd_inspect(args: argparse.Namespace) -> int:
         print(format_summary(s, tensors=not (args.no_tensors or placed)))
         if placed:
             print("\n" + format_placement(args.model, args))
+    if args.plot:
+        from moert.placement import plan
+        from moert.placement_cli import placement_from_args
+        from moert.plots import placement_bars
+
+        print(f"placement plot: {placement_bars(plan(args.model, **placement_from_args(args)), args.plot)}",
+              file=sys.stderr)
     return 0
 
 
@@ -46,6 +53,8 @@ def build_parser() -> argparse.ArgumentParser:
     q.add_argument("model", help="path of a .gguf file")
     q.add_argument("--json", action="store_true", help="print JSON instead of tables")
     q.add_argument("--no-tensors", action="store_true", help="omit the per-tensor table")
+    q.add_argument("--plot", default=None, metavar="PNG", help="save a bar chart of weights per device, "
+                   "split by the deciding rule (needs matplotlib: the `plot` extra)")
     q.add_argument("--plan", action="store_true", help="also print the placement plan and memory estimate "
                    "(implied by any placement flag)")
     add_placement_args(q)

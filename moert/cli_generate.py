@@ -95,6 +95,11 @@ def cmd_run(args: argparse.Namespace) -> int:
         print()
     if args.stats:
         print_stats(model, stats)
+    if args.expert_plot:
+        from moert.plots import expert_heatmap
+
+        print(f"expert selections: {expert_heatmap(model.stats.total.expert_counts, args.expert_plot)}",
+              file=sys.stderr)
     return 0
 
 
@@ -191,6 +196,8 @@ def add_commands(sub) -> None:
     r.add_argument("-f", "--file", default=None, help="read the prompt from a file")
     r.add_argument("--no-display-prompt", action="store_true", help="do not echo the prompt")
     r.add_argument("--json", action="store_true", help="print one JSON object (text, timings) at the end")
+    r.add_argument("--expert-plot", default=None, metavar="PNG", help="save a heatmap of which experts each "
+                   "layer selected (needs matplotlib: the `plot` extra)")
     add_sampling_args(r)
     add_placement_args(r)
     r.set_defaults(func=cmd_run)

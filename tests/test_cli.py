@@ -86,7 +86,7 @@ def vocab_model(tmp_path_factory):
     return write_qwen3moe(tmp_path_factory.mktemp("cli") / "v.gguf", n_layer=2, vocab=gpt2_vocab_metadata())
 
 
-def test_run_streams_the_same_text_as_the_api(vocab_model):
+def test_run_streams_the_same_text_as_the_api(vocab_model, tmp_path):
     prompt = "The capital of France is"
     r = moert("run", vocab_model, "-p", prompt, "-n", "8", "--temp", "0", "--cpu-moe", "--gpu-backend", "sim",
               "--stats")
@@ -96,7 +96,9 @@ def test_run_streams_the_same_text_as_the_api(vocab_model):
     assert r.stdout == prompt + expected + "\n"
     assert "prompt eval time" in r.stderr and "tokens per second" in r.stderr
     assert "experts" in r.stderr and "sim:0" in r.stderr  # moert's per-device breakdown
-    j = moert("run", vocab_model, "-p", prompt, "-n", "8", "--temp", "0", "--json", "--gpu-backend", "sim")
+    j = moert("run", vocab_model, "-p", prompt, "-n", "8", "--temp", "0", "--json", "--gpu-backend", "sim",
+              "--expert-plot", tmp_path / "experts.png")
+    assert (tmp_path / "experts.png").read_bytes()[:4] == b"\x89PNG"
     out = json.loads(j.stdout)
     assert out["text"] == expected and out["timings"]["prompt_tokens"] == len(m.tokenize(prompt))
 

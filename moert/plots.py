@@ -1,0 +1,67 @@
+"""Pictures for what people would rather look at than read (matplotlib, the `plot` extra, imported lazily).
+
+    expert_heatmap(counts, path)    which experts each layer selected: the raw material of placement research
+    placement_bars(plan, path)      bytes per device, split by rule: what each rule did
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+
+def _pyplot():
+    try:
+        import matplotlib
+    except ImportError:
+        raise ImportError("plots need matplotlib: pip install 'moert[plot]'") from None
+    matplotlib.use("Agg")  # files, never a window
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def expert_heatmap(counts: np.ndarray, path: str | Path, title: str = "expert selections") -> Path:
+    """A (n_layer, n_expert) table of selection counts as a heatmap PNG; returns the path."""
+    plt = _pyplot()
+    counts = np.asarray(counts)
+    if counts.ndim != 2 or counts.size == 0:
+        raise ValueError(f"expert counts must be a non-empty (n_layer, n_expert) table, got shape {counts.shape}")
+    n_layer, n_expert = counts.shape
+    fig, ax = plt.subplots(figsize=(max(7, min(16, 2 + n_expert * 0.12)), max(3, min(12, 1.5 + n_layer * 0.3))))
+    im = ax.imshow(counts, aspect="auto", interpolation="nearest", cmap="viridis")
+    ax.set_xlabel("expert")
+    ax.set_ylabel("layer (blk.N)")
+    total = int(counts.sum())
+    ax.set_title(f"{title}: {total:,} selections over {n_layer} layers x {n_expert} experts")
+    fig.colorbar(im, ax=ax, label="times selected")
+    fig.tight_layout()
+    path = Path(path)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
+def placement_bars(plan, path: str | Path) -> Path:
+    """Bytes of weights per device, stacked by the rule (or default) that put them there; returns the path."""
+    plt = _pyplot()
+    devices = plan.device_names()
+    by: dict[str, dict[str, int]] = {}
+    for e in plan:
+        key = "default" if e.rule_index is None else f"#{e.rule_index} {plan.rules[e.rule_index]}"
+        by.setdefault(key, dict.fromkeys(devices, 0))[e.device] += e.nbytes
+    fig, ax = plt.subplots(figsize=(9, 2.5 + 0.6 * len(devices)))
+    left = np.zeros(len(devices))
+    for key, per_dev in by.items():
+        widths = np.array([per_dev[d] for d in devices], dtype=float) / 2**20
+        ax.barh(devices, widths, left=left, label=key[:60])
+        left += widths
+    ax.set_xlabel("weights (MiB)")
+    ax.set_title(f"placement of {Path(str(plan.path)).name}")
+    ax.legend(fontsize="small", loc="upper center", bbox_to_anchor=(0.5, -0.25 - 0.1 * len(devices)), ncol=1)
+    fig.tight_layout()
+    path = Path(path)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
