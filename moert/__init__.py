@@ -3,6 +3,7 @@
 The pipeline, one module per stage:
     gguf.open(path)            moert/gguf.py        the file: metadata and zero-copy tensor views
     quants.dequantize(...)     moert/quants/        GGML block formats (NumPy/CuPy reference), kernels/ (Numba)
+    TensorOverride, -ot        moert/rules.py       placement rules: regex -> device (llama.cpp / LM-Kit semantics)
     plan(model, rules)         moert/placement.py   first-match regex rules -> a device per tensor
     estimate / fit             moert/memory.py      pre-flight memory per device
     load_weights(gguf, plan)   moert/weights.py     tensors onto cpu / cuda:N / sim:N (moert/devices.py)
@@ -30,8 +31,8 @@ __version__ = "0.1.0"
 
 # Public names resolved lazily, so `import moert` stays cheap (no Numba compile, no CuPy probe).
 _LAZY = {
-    "TensorOverride": "moert.placement",
-    "parse_overrides": "moert.placement",
+    "TensorOverride": "moert.rules",
+    "parse_overrides": "moert.rules",
     "plan": "moert.placement",
     "Plan": "moert.placement",
     "estimate": "moert.memory",
@@ -58,6 +59,6 @@ __all__ = [
 def __getattr__(name: str):
     if name in _LAZY:
         return getattr(import_module(_LAZY[name]), name)
-    if name in ("gguf", "quants", "kernels", "devices", "testing", "placement", "memory", "weights", "models"):
+    if name in ("gguf", "quants", "kernels", "devices", "testing", "rules", "placement", "memory", "weights", "models"):
         return import_module(f"moert.{name}")
     raise AttributeError(f"module 'moert' has no attribute {name!r}")

@@ -1,4 +1,4 @@
-"""Placement: an ordered list of regex rules gives every GGUF tensor a device; the first match wins.
+"""Placement: an ordered list of regex rules (moert/rules.py) gives every GGUF tensor a device; first match wins.
 
     rules = parse_overrides(r"\\.ffn_.*_exps=CPU")      # llama.cpp's -ot syntax, or TensorOverride.cpu(...)
     p = plan("model.gguf", rules, gpu_layers="all", gpu_backend="sim")
@@ -23,168 +23,25 @@ import json
 import re
 import warnings
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 from moert.devices import CPU, Device, format_size, get_devices
 from moert.errors import PlacementError, PlacementWarning
+from moert.rules import (  # noqa: F401  (rules are re-exported: moert.placement is their public home too)
+    EXPERT_REGEX,
+    TensorOverride,
+    expert_layer_regex,
+    format_overrides,
+    moe_rules,
+    normalize_overrides,
+    parse_overrides,
+)
 
-# common/common.h: LLM_FFN_EXPS_REGEX (the routed-expert tensors, fused gate_up and chunked variants too)
-EXPERT_REGEX = r"\.ffn_(up|down|gate|gate_up)_(ch|)exps"
 SPLIT_MODES = ("layer", "none")
-DEVICE_NAMES = "CPU, CUDA<N>, GPU<N>, cuda:N, gpu:N, sim:N"
-
-_DEVICE_RE = re.compile(r"^(cpu|cuda|gpu|sim)(?::?(\d+))?$", re.IGNORECASE)
 _LAYER_RE = re.compile(r"^blk\.(\d+)\.")
 _OUTPUT_RE = re.compile(r"^output(_norm)?\.")  # the output layer: llama.cpp's dev_output (layer n_layer)
-
-
-def expert_layer_regex(il: int) -> str:
-    """The routed-expert tensors of layer il (common/common.h: llm_ffn_exps_block_regex)."""
-    return rf"blk\.{il}{EXPERT_REGEX}"
-
-
-def _parse_device(spec: str | int) -> tuple[str, str | None]:
-    """('cpu' | 'gpu:N', backend named by the spelling or None) from CPU / CUDA0 / gpu:1 / sim:0 / -1 / 2."""
-    if isinstance(spec, int) and not isinstance(spec, bool):
-        return ("cpu", None) if spec < 0 else (f"gpu:{spec}", None)  # LM-Kit's DeviceIndex: -1 is the CPU
-    m = _DEVICE_RE.match(str(spec).strip())
-    if not m or (m.group(1).lower() == "cpu" and m.group(2) is not None):
-        raise PlacementError(f"unknown device {spec!r}; valid device names: {DEVICE_NAMES} (case-insensitive)")
-    kind, index = m.group(1).lower(), int(m.group(2) or 0)
-    if kind == "cpu":
-        return "cpu", None
-    return f"gpu:{index}", {"cuda": "cuda", "sim": "sim", "gpu": None}[kind]
-
-
-@dataclass(frozen=True)
-class TensorOverride:
-    """One rule: tensors whose name matches `pattern` (re.search) go to `device` ("cpu" or "gpu:N")."""
-
-    pattern: str
-    device: str = "cpu"
-    backend: str | None = None    # "cuda" / "sim" when the rule was spelled CUDA0 / sim:0; None = any GPU
-    source: str = "user"          # who made it: user, cpu_moe, n_cpu_moe, fit
-    # Room to grow: a later rule kind may place only experts [start, stop) of an *_exps tensor.
-    experts: tuple[int, int] | None = None
-    regex: re.Pattern = field(init=False, repr=False, compare=False)
-
-    def __post_init__(self):
-        device, backend = _parse_device(self.device)
-        object.__setattr__(self, "device", device)
-        if self.backend is None:
-            object.__setattr__(self, "backend", backend)
-        if not isinstance(self.pattern, str) or not self.pattern:
-            raise PlacementError(f"rule {self.pattern!r} -> {self.device}: the pattern must be a non-empty regex "
-                                 f"string such as r'\\.ffn_.*_exps\\.weight'")
-        try:
-            object.__setattr__(self, "regex", re.compile(self.pattern))
-        except re.error as e:
-            raise PlacementError(f"rule {self.pattern!r} -> {self.device}: the pattern is not a valid regex "
-                                 f"({e}); escape literal dots and brackets, e.g. r'blk\\.1\\.ffn_.*_exps'") from None
-
-    @classmethod
-    def cpu(cls, pattern: str) -> TensorOverride:
-        """Tensors matching `pattern` go to the CPU."""
-        return cls(pattern, "cpu")
-
-    @classmethod
-    def gpu(cls, pattern: str, index: int = 0) -> TensorOverride:
-        """Tensors matching `pattern` go to GPU `index`."""
-        if isinstance(index, bool) or not isinstance(index, int) or index < 0:
-            raise PlacementError(f"rule {pattern!r}: GPU index must be an int >= 0, got {index!r}")
-        return cls(pattern, f"gpu:{index}")
-
-    @property
-    def device_index(self) -> int:
-        """-1 for the CPU, else the GPU index (LM-Kit's DeviceIndex)."""
-        return -1 if self.device == "cpu" else int(self.device.split(":")[1])
-
-    def matches(self, name: str) -> bool:
-        return self.regex.search(name) is not None
-
-    def device_spelling(self) -> str:
-        """The device as -ot spells it: CPU, CUDA0, sim:1, GPU0."""
-        if self.device == "cpu":
-            return "CPU"
-        i = self.device_index
-        return {"cuda": f"CUDA{i}", "sim": f"sim:{i}"}.get(self.backend or "", f"GPU{i}")
-
-    def __str__(self) -> str:
-        return f"{self.pattern}={self.device_spelling()}"
-
-
-def parse_overrides(text: str | Iterable[str]) -> list[TensorOverride]:
-    """Rules from llama.cpp's -ot syntax: "pat1=CPU,pat2=CUDA0" (several strings are concatenated)."""
-    if not isinstance(text, str):
-        return [r for t in text for r in parse_overrides(t)]
-    # llama.cpp splits on every comma; a comma inside a regex ({1,2}) would break that, so a piece
-    # without '=' is glued back onto the next one.
-    items: list[str] = []
-    pending = ""
-    for piece in text.split(","):
-        pending = f"{pending},{piece}" if pending else piece
-        if "=" in piece:
-            items.append(pending)
-            pending = ""
-    if pending.strip():
-        raise PlacementError(f"-ot {text!r}: {pending!r} has no '=<device>'; write pattern=DEVICE, "
-                             f"e.g. '\\.ffn_.*_exps=CPU' (devices: {DEVICE_NAMES})")
-    rules = []
-    for k, item in enumerate(items):
-        pattern, _, device = item.rpartition("=")
-        if not pattern:
-            raise PlacementError(f"-ot item #{k} {item!r}: empty pattern; write pattern=DEVICE")
-        try:
-            rules.append(TensorOverride(pattern.strip(), device.strip()))
-        except PlacementError as e:
-            raise PlacementError(f"-ot item #{k} {item!r}: {e}") from None
-    return rules
-
-
-def format_overrides(rules: Iterable[TensorOverride]) -> str:
-    """The -ot string of a rule list (parse_overrides reads it back)."""
-    return ",".join(str(r) for r in rules)
-
-
-def normalize_overrides(overrides: Any) -> list[TensorOverride]:
-    """A rule list from None, an -ot string, or a list of TensorOverride / (pattern, device) / "pat=DEV"."""
-    if overrides is None:
-        return []
-    if isinstance(overrides, (str, TensorOverride)):
-        overrides = [overrides]
-    rules: list[TensorOverride] = []
-    for k, o in enumerate(overrides):
-        if isinstance(o, TensorOverride):
-            rules.append(o)
-        elif isinstance(o, str):
-            rules.extend(parse_overrides(o))
-        elif isinstance(o, (tuple, list)) and len(o) == 2:
-            rules.append(TensorOverride(o[0], o[1]))
-        else:
-            raise PlacementError(f"override #{k} {o!r}: expected TensorOverride, (pattern, device) or "
-                                 f"'pattern=DEVICE'")
-    return rules
-
-
-def moe_rules(cpu_moe: bool = False, n_cpu_moe: int | None = None, n_layer: int = 0,
-              n_cpu_moe_from: str = "first") -> list[TensorOverride]:
-    """llama.cpp's --cpu-moe / --n-cpu-moe rules (or the last-N variant that ik_llama.cpp found faster)."""
-    if cpu_moe and n_cpu_moe:
-        raise PlacementError("cpu_moe=True already puts every expert tensor on the CPU; drop n_cpu_moe "
-                             "(or drop cpu_moe to keep only some layers' experts on the CPU)")
-    if cpu_moe:
-        return [TensorOverride(EXPERT_REGEX, "cpu", source="cpu_moe")]
-    if not n_cpu_moe:
-        return []
-    if isinstance(n_cpu_moe, bool) or not isinstance(n_cpu_moe, int) or n_cpu_moe < 0:
-        raise PlacementError(f"n_cpu_moe must be an int >= 0, got {n_cpu_moe!r}")
-    if n_cpu_moe_from not in ("first", "last"):
-        raise PlacementError(f"n_cpu_moe_from must be 'first' or 'last', got {n_cpu_moe_from!r}")
-    n = min(n_cpu_moe, n_layer)  # -ncmoe 999 means "all layers", as in llama.cpp
-    layers = range(n) if n_cpu_moe_from == "first" else range(n_layer - n, n_layer)
-    return [TensorOverride(expert_layer_regex(i), "cpu", source="n_cpu_moe") for i in layers]
 
 
 # ------------------------------------------------------------------------------------------- the plan
