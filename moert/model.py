@@ -29,6 +29,7 @@ from moert import devices as _devices
 from moert import models
 from moert.devices import CPU, Device, TransferStats
 from moert.errors import ContextOverflowError, InvalidTokenError
+from moert.kernels import matmul as kmatmul
 from moert.kernels.moe import QTensor, moe_ffn
 from moert.layers import rms_norm, rope_angles, swiglu
 from moert.moe import dispatch, expert_counts
@@ -327,14 +328,17 @@ class Model:
     def linear(self, x, name: str, dev: Device | None = None):
         """x (T, in) @ W.T for the 2-D weight `name` (out, in), on dev (default: where W lives): (T, out).
 
-        A weight used where it lives is dequantized there: on the CPU once, then kept as float32 (up to
-        `dense_cache_bytes` in all; this is where fused quantized matmul kernels plug in), elsewhere per
-        call in row chunks. A weight used on another device is dequantized at home and moved (counted)."""
+        On the CPU a type with a fused kernel (moert.kernels.matmul: Q8_0, Q4_K, Q6_K, ...) is read straight
+        from its quantized bytes; any other type is dequantized once and kept as float32 (up to
+        `dense_cache_bytes` in all), not once per token. On a GPU a weight is dequantized per call, in row
+        chunks when big. A weight used on another device is dequantized at home and moved (counted)."""
         name = self._name(name)
         t = self.weights[name]
         dev = t.device if dev is None else dev
         if t.device is not dev:
             return x @ self.w(name, dev).T
+        if dev is CPU and t.type in kmatmul.FAST_TYPES and t.type != "F32":
+            return kmatmul.matmul(x, QTensor(t.data, t.type, tuple(t.shape)))    # (T, out)
         if dev is CPU:
             w = self._dense.get(name)
             if w is None and t.type == "F32":
