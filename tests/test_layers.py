@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -49,18 +51,21 @@ def test_rope_styles():
     assert np.allclose(y[..., 0], x[..., 0] * np.cos(p) - x[..., 8] * np.sin(p), atol=1e-5)
 
 
-def naive_attention(q, k, v):
-    """Loop over heads and queries: q (T, H, Dh), k/v (S, Hk, D) with query t at position S - T + t."""
+def naive_attention(q, k, v, scale=None, window=None):
+    """Loop over heads and queries: q (T, H, Dh), k/v (S, Hk, D) with query t at position S - T + t;
+    with a window, query position p sees keys p - window < s <= p."""
     T, H, Dh = q.shape
     S, Hk = k.shape[:2]
+    scale = 1 / np.sqrt(Dh) if scale is None else scale
     out = np.zeros((T, H, v.shape[2]))
     for h in range(H):
         kh = h // (H // Hk)
         for t in range(T):
             n = S - T + t + 1
-            s = (k[:n, kh] @ q[t, h]) / np.sqrt(Dh)
+            lo = 0 if window is None else max(0, n - window)
+            s = (k[lo:n, kh] @ q[t, h]) * scale
             p = np.exp(s - s.max())
-            out[t, h] = (p / p.sum()) @ v[:n, kh]
+            out[t, h] = (p / p.sum()) @ v[lo:n, kh]
     return out.reshape(T, -1)
 
 
@@ -74,6 +79,37 @@ def test_attention_gqa_continuing(H, Hk):
     out = layers.attention(q, k_all[past:], v_all[past:], k_cache, v_cache, past)          # continue
     assert rel(out, naive_attention(q, k_all, v_all)) < 1e-5
     assert np.array_equal(k_cache[:past + T], k_all) and not k_cache[past + T:].any()
+
+
+@pytest.mark.parametrize("window", [1, 3, 8, 100])
+@pytest.mark.parametrize("past,T", [(0, 12), (9, 1), (6, 5)])
+def test_attention_sliding_window_and_scale(window, past, T):
+    H, Hk, Dh, n_ctx = 4, 2, 8, 32
+    k_cache, v_cache = np.zeros((n_ctx, Hk, Dh), np.float32), np.zeros((n_ctx, Hk, Dh), np.float32)
+    k_all, v_all = randn(past + T, Hk, Dh), randn(past + T, Hk, Dh)
+    if past:
+        layers.attention(randn(past, H, Dh), k_all[:past], v_all[:past], k_cache, v_cache, 0, window=window)
+    q = randn(T, H, Dh)
+    out = layers.attention(q, k_all[past:], v_all[past:], k_cache, v_cache, past, scale=0.3, window=window)
+    assert rel(out, naive_attention(q, k_all, v_all, scale=0.3, window=window)) < 1e-5
+    assert np.array_equal(k_cache[:past + T], k_all)        # the cache keeps every position all the same
+
+
+def test_attention_mask():
+    m = layers.attention_mask(2, 3, 0, None)                # queries at 2, 3, 4 over keys 0..4
+    assert m.tolist() == [[0, 0, 0, 1, 1], [0, 0, 0, 0, 1], [0, 0, 0, 0, 0]]
+    m = layers.attention_mask(2, 3, 1, window=2)            # keys 1..4; each query sees itself and one back
+    assert m.tolist() == [[0, 0, 1, 1], [1, 0, 0, 1], [1, 1, 0, 0]]
+
+
+def test_gelu_tanh():
+    x = np.linspace(-12, 12, 2001).astype(np.float32)
+    x64 = x.astype(np.float64)
+    want = 0.5 * x64 * (1 + np.tanh(np.sqrt(2 / np.pi) * (x64 + 0.044715 * x64 ** 3)))
+    got = layers.gelu_tanh(x)
+    assert got.dtype == np.float32 and np.allclose(got, want, rtol=1e-6, atol=1e-6)
+    exact = 0.5 * x64 * (1 + np.vectorize(math.erf)(x64 / np.sqrt(2)))   # the tanh form approximates erf-GELU
+    assert np.abs(got - exact).max() < 1e-3
 
 
 def test_swiglu():

@@ -14,6 +14,7 @@ from types import ModuleType
 from moert.errors import GGUFError
 
 ARCHITECTURES: dict[str, str] = {
+    "gemma3": "moert.models.gemma3",
     "qwen3moe": "moert.models.qwen3moe",
 }
 
