@@ -132,15 +132,27 @@ def load(model: Any, overrides: Any = None, gpu_layers: int | str = "all", cpu_m
     arch = models.get(g.architecture)
     config = arch.Config.from_gguf(g.metadata)
     if threads:
-        import numba
-
-        numba.set_num_threads(int(threads))
+        set_threads(int(threads))
     n_ctx = min(int(context_size), config.n_ctx_train) if context_size else config.n_ctx_train
     plan = placement.plan(g, overrides, gpu_layers=gpu_layers, cpu_moe=cpu_moe, n_cpu_moe=n_cpu_moe,
                           gpu_backend=gpu_backend, gpu_memory=gpu_memory, context_size=n_ctx,
                           **plan_options)
     weights = load_weights(g, plan, progress=progress, context_size=n_ctx)
     return Model(g, arch, config, plan, weights, n_ctx, n_batch)
+
+
+def set_threads(n: int) -> int:
+    """-t / threads=: Numba's kernel threads AND the BLAS pool behind NumPy's matmul (both spin-wait, so
+    leaving BLAS at every core oversubscribes the CPU). Capped at the cores Numba saw; returns what was set."""
+    import numba
+    from threadpoolctl import threadpool_limits
+
+    if n < 1:
+        raise ValueError(f"threads must be >= 1, got {n}")
+    n = min(n, numba.config.NUMBA_NUM_THREADS)
+    numba.set_num_threads(n)
+    threadpool_limits(limits=n)
+    return n
 
 
 # --------------------------------------------------------------------------------------------- model

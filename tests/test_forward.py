@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 
+import numba
 import numpy as np
 import pytest
 
@@ -176,3 +177,20 @@ def test_model_text_interface_with_a_vocabulary(tmp_path):
     logits = m.forward(ids)
     first = int(np.argmax(logits[-1]))
     assert a.startswith(m.detokenize([first])) or first in m.eos_ids
+
+
+def test_threads_sets_numba_and_blas(tmp_path):
+    """-t 1 must mean one thread for the Numba kernels and for NumPy's BLAS too (no oversubscription)."""
+    from threadpoolctl import threadpool_info, threadpool_limits
+
+    from moert.model import set_threads
+
+    before = numba.get_num_threads()
+    with threadpool_limits(limits=None):  # restore BLAS afterwards
+        load(write_qwen3moe(tmp_path / "t.gguf", n_layer=1), threads=1, progress=False, gpu_layers=0)
+        assert numba.get_num_threads() == 1
+        assert all(p["num_threads"] == 1 for p in threadpool_info() if p["user_api"] == "blas")
+        assert set_threads(10_000) == numba.config.NUMBA_NUM_THREADS  # capped at the cores Numba saw
+        with pytest.raises(ValueError, match=">= 1"):
+            set_threads(0)
+    numba.set_num_threads(before)
