@@ -46,3 +46,11 @@ def test_cuda_matches_transformers(name, placement):
     assert rel(prefill, cpu) < 1e-4
     s = m.stats.total
     assert s.transfer_count > 0 and "cuda:0" in s.time["attention"]
+
+
+def test_cuda_gemma3_sliding_window_matches_transformers():
+    """The dense gemma3 path (sliding-window layers, GeGLU) on the GPU, against the same oracle as on sim."""
+    gemma = Path(__file__).parent / "fixtures" / "gemma3"
+    z = np.load(gemma / "tiny_swa.npz")
+    m = load(gemma / "tiny_swa.gguf", gpu_backend="cupy", progress=False)
+    assert rel(m.forward(z["tokens"]), z["hf_logits"]) < 1e-4
