@@ -22,7 +22,8 @@ import numpy as np
 
 from moert.config import Config as BaseConfig
 from moert.config import key
-from moert.layers import attention, gelu_tanh, rms_norm, rope
+from moert.layers import gelu_tanh, rms_norm
+from moert.models.blocks import qk_norm_attention
 
 ROPE_NEOX = True    # llama.cpp: LLAMA_ROPE_TYPE_NEOX for gemma3
 SWA_PERIOD = 6      # llama.cpp: hparams.set_swa_pattern(6): layers 5, 11, 17, ... attend globally
@@ -68,22 +69,12 @@ def block(m, il: int, x):
     dev = m.attention_device(il)
     xp, eps = dev.xp, c.rms_eps
     x = m.to(x, dev, "hidden")                                          # (T, D)
-    T = x.shape[0]
     swa = c.is_swa(il)
 
     with m.phase("attention", dev):
         h = rms_norm(x, m.w(b + "attn_norm.weight", dev), eps, xp)                           # (T, D)
-        q = m.linear(h, b + "attn_q.weight", dev).reshape(T, c.n_head, c.head_dim)         # (T, H, Dh)
-        k = m.linear(h, b + "attn_k.weight", dev).reshape(T, c.n_head_kv, c.head_dim)      # (T, Hk, Dh)
-        v = m.linear(h, b + "attn_v.weight", dev).reshape(T, c.n_head_kv, c.head_dim_v)    # (T, Hk, Dv)
-        q = rms_norm(q, m.w(b + "attn_q_norm.weight", dev), eps, xp)   # per head, over Dh
-        k = rms_norm(k, m.w(b + "attn_k_norm.weight", dev), eps, xp)
-        cos, sin = m.rope(dev, c.head_dim, c.rope_base_swa if swa else c.rope_base)   # (T, Dh/2) each
-        q, k = rope(q, cos, sin, ROPE_NEOX, xp), rope(k, cos, sin, ROPE_NEOX, xp)
-        k_cache, v_cache = m.kv_cache(il)
-        a = attention(q, k, v, k_cache, v_cache, m.position, xp, scale=c.attn_scale,
-                      window=c.sliding_window if swa else None)         # (T, H*Dv)
-        a = m.linear(a, b + "attn_output.weight", dev)                  # (T, D)
+        a = qk_norm_attention(m, il, h, dev, c.rope_base_swa if swa else c.rope_base, neox=ROPE_NEOX,
+                              scale=c.attn_scale, window=c.sliding_window if swa else None)  # (T, D)
         x = x + rms_norm(a, m.w(b + "post_attention_norm.weight", dev), eps, xp)
         h = rms_norm(x, m.w(b + "ffn_norm.weight", dev), eps, xp)      # (T, D)
 

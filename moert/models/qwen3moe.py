@@ -18,7 +18,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from moert.config import MoEConfig
-from moert.layers import attention, rms_norm, rope
+from moert.layers import rms_norm
+from moert.models.blocks import qk_norm_attention
 from moert.moe import softmax_topk
 
 
@@ -54,20 +55,10 @@ def block(m, il: int, x):
     dev = m.attention_device(il)
     xp = dev.xp
     x = m.to(x, dev, "hidden")                                          # (T, D)
-    T = x.shape[0]
 
     with m.phase("attention", dev):
         h = rms_norm(x, m.w(b + "attn_norm.weight", dev), c.rms_eps, xp)                     # (T, D)
-        q = (h @ m.w(b + "attn_q.weight", dev).T).reshape(T, c.n_head, c.head_dim)        # (T, H, Dh)
-        k = (h @ m.w(b + "attn_k.weight", dev).T).reshape(T, c.n_head_kv, c.head_dim)     # (T, Hk, Dh)
-        v = (h @ m.w(b + "attn_v.weight", dev).T).reshape(T, c.n_head_kv, c.head_dim_v)   # (T, Hk, Dv)
-        q = rms_norm(q, m.w(b + "attn_q_norm.weight", dev), c.rms_eps, xp)  # per head, over Dh
-        k = rms_norm(k, m.w(b + "attn_k_norm.weight", dev), c.rms_eps, xp)
-        cos, sin = m.rope(dev, c.head_dim, c.rope_base)                 # (T, Dh/2) each
-        q, k = rope(q, cos, sin, ROPE_NEOX, xp), rope(k, cos, sin, ROPE_NEOX, xp)
-        k_cache, v_cache = m.kv_cache(il)
-        a = attention(q, k, v, k_cache, v_cache, m.position, xp)       # (T, H*Dv)
-        x = x + a @ m.w(b + "attn_output.weight", dev).T                # (T, D)
+        x = x + qk_norm_attention(m, il, h, dev, c.rope_base, neox=ROPE_NEOX)              # (T, D)
 
     with m.phase("router", dev):
         h = rms_norm(x, m.w(b + "ffn_norm.weight", dev), c.rms_eps, xp)                      # (T, D)
