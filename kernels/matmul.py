@@ -16,7 +16,9 @@ How the kernels read (all float32, summed in a different order from the referenc
   - a batch: each type dequantizes one block of a row into a 256-float stack buffer (L1), and the
     shared `_block_dot` multiplies it with 4 tokens at a time (one load of the weight, 4 FMAs).
 Integers are explicit int32 everywhere: Numba widens int32 arithmetic to int64, and an int64 lane is
-half as many lanes (the issue's "about 2x"). Check with `inspect_asm()` (bench/bench_matmul.py --asm).
+half as many lanes (the issue's "about 2x"). Inner loops index slices from 0: an offset LLVM cannot
+prove non-negative keeps Numba's negative-index wraparound in every load (2x slower, measured).
+Check the loops with `inspect_asm()` (bench/bench_matmul.py --asm).
 
 Dimension legend: T tokens, R rows (output features), C columns (input features), B blocks per row.
 """
@@ -109,25 +111,27 @@ def _block_dot(buf, n, x, c0, acc):
     T = x.shape[0]
     t = 0
     while t + 4 <= T:
+        x0, x1, x2, x3 = x[t, c0:c0 + n], x[t + 1, c0:c0 + n], x[t + 2, c0:c0 + n], x[t + 3, c0:c0 + n]
         s0 = np.float32(0.0)
         s1 = np.float32(0.0)
         s2 = np.float32(0.0)
         s3 = np.float32(0.0)
         for l in range(n):
             v = buf[l]
-            s0 += v * x[t, c0 + l]
-            s1 += v * x[t + 1, c0 + l]
-            s2 += v * x[t + 2, c0 + l]
-            s3 += v * x[t + 3, c0 + l]
+            s0 += v * x0[l]
+            s1 += v * x1[l]
+            s2 += v * x2[l]
+            s3 += v * x3[l]
         acc[t] += s0
         acc[t + 1] += s1
         acc[t + 2] += s2
         acc[t + 3] += s3
         t += 4
     while t < T:
+        xt = x[t, c0:c0 + n]
         s = np.float32(0.0)
         for l in range(n):
-            s += buf[l] * x[t, c0 + l]
+            s += buf[l] * xt[l]
         acc[t] += s
         t += 1
 
@@ -137,15 +141,15 @@ def _block_dot(buf, n, x, c0, acc):
 #   sub-blocks 2p, 2p+1 (p < 4): low, high nibbles of qs[32p:32p+32]
 
 @njit(cache=True, fastmath=_FM)
-def _dot1_q4_k(w, x, xs, b0, b1, f16):
-    """w[b0:b1 blocks] . x[b0*256:b1*256] for one row w (row_bytes,) uint8, x (C,), xs (C/32,)."""
+def _dot1_q4_k(w, x, xs, nb, f16):
+    """w . x for nb blocks: w (nb*144,) uint8 one row's bytes, x (nb*256,), xs = its per-32 sums (nb*8,)."""
     acc = _stack_f32(64)
     dsc = _stack_f32(8)
     dmn = _stack_f32(8)
     for l in range(64):
         acc[l] = 0.0
     mins = np.float32(0.0)
-    for b in range(b0, b1):
+    for b in range(nb):
         o = b * 144
         _scales_k4(w, o, _half(w, o, f16), _half(w, o + 2, f16), dsc, dmn)
         for j in range(8):
@@ -183,14 +187,14 @@ def _deq_q4_k(w, b, buf, f16):
 #   sub-block j
 
 @njit(cache=True, fastmath=_FM)
-def _dot1_q5_k(w, x, xs, b0, b1, f16):
+def _dot1_q5_k(w, x, xs, nb, f16):
     acc = _stack_f32(64)
     dsc = _stack_f32(8)
     dmn = _stack_f32(8)
     for l in range(64):
         acc[l] = 0.0
     mins = np.float32(0.0)
-    for b in range(b0, b1):
+    for b in range(nb):
         o = b * 176
         _scales_k4(w, o, _half(w, o, f16), _half(w, o + 2, f16), dsc, dmn)
         for j in range(8):
@@ -241,11 +245,11 @@ def _i8(u):
 
 
 @njit(cache=True, fastmath=_FM)
-def _dot1_q6_k(w, x, xs, b0, b1, f16):
+def _dot1_q6_k(w, x, xs, nb, f16):
     acc = _stack_f32(64)
     for l in range(64):
         acc[l] = 0.0
-    for b in range(b0, b1):
+    for b in range(nb):
         o = b * 210
         d = _half(w, o + 208, f16)
         for h in range(2):
@@ -300,11 +304,11 @@ def _deq_q6_k(w, b, buf, f16):
 # | d f16 | qs[32] int8 |  w = d * q
 
 @njit(cache=True, fastmath=_FM)
-def _dot1_q8_0(w, x, xs, b0, b1, f16):
+def _dot1_q8_0(w, x, xs, nb, f16):
     acc = _stack_f32(32)
     for l in range(32):
         acc[l] = 0.0
-    for b in range(b0, b1):
+    for b in range(nb):
         o = b * 34
         d = _half(w, o, f16)
         for l in range(32):
@@ -356,26 +360,30 @@ def _deq_bf16(w, c0, n, buf):
 
 @njit(cache=True, fastmath=_FM)
 def _rows1_q4_k(w, x, xs, out, r0, r1, b0, b1, f16):
+    xv, sv = x[0, 256 * b0:256 * b1], xs[0, 8 * b0:8 * b1]
     for r in range(r0, r1):
-        out[0, r] = _dot1_q4_k(w[r], x[0], xs[0], b0, b1, f16)
+        out[0, r] = _dot1_q4_k(w[r, 144 * b0:144 * b1], xv, sv, b1 - b0, f16)
 
 
 @njit(cache=True, fastmath=_FM)
 def _rows1_q5_k(w, x, xs, out, r0, r1, b0, b1, f16):
+    xv, sv = x[0, 256 * b0:256 * b1], xs[0, 8 * b0:8 * b1]
     for r in range(r0, r1):
-        out[0, r] = _dot1_q5_k(w[r], x[0], xs[0], b0, b1, f16)
+        out[0, r] = _dot1_q5_k(w[r, 176 * b0:176 * b1], xv, sv, b1 - b0, f16)
 
 
 @njit(cache=True, fastmath=_FM)
 def _rows1_q6_k(w, x, xs, out, r0, r1, b0, b1, f16):
+    xv, sv = x[0, 256 * b0:256 * b1], xs[0]
     for r in range(r0, r1):
-        out[0, r] = _dot1_q6_k(w[r], x[0], xs[0], b0, b1, f16)
+        out[0, r] = _dot1_q6_k(w[r, 210 * b0:210 * b1], xv, sv, b1 - b0, f16)
 
 
 @njit(cache=True, fastmath=_FM)
 def _rows1_q8_0(w, x, xs, out, r0, r1, b0, b1, f16):
+    xv, sv = x[0, 32 * b0:32 * b1], xs[0]
     for r in range(r0, r1):
-        out[0, r] = _dot1_q8_0(w[r], x[0], xs[0], b0, b1, f16)
+        out[0, r] = _dot1_q8_0(w[r, 34 * b0:34 * b1], xv, sv, b1 - b0, f16)
 
 
 @njit(cache=True, fastmath=_FM)
@@ -384,9 +392,10 @@ def _rows_q4_k(w, x, out, r0, r1, b0, b1, f16):
     buf = _stack_f32(256)
     for r in range(r0, r1):
         acc[:] = 0.0
-        for b in range(b0, b1):
-            _deq_q4_k(w[r], b, buf, f16)
-            _block_dot(buf, 256, x, 256 * b, acc)
+        wr = w[r, 144 * b0:144 * b1]
+        for b in range(b1 - b0):
+            _deq_q4_k(wr, b, buf, f16)
+            _block_dot(buf, 256, x, 256 * (b0 + b), acc)
         out[:, r] = acc
 
 
@@ -396,9 +405,10 @@ def _rows_q5_k(w, x, out, r0, r1, b0, b1, f16):
     buf = _stack_f32(256)
     for r in range(r0, r1):
         acc[:] = 0.0
-        for b in range(b0, b1):
-            _deq_q5_k(w[r], b, buf, f16)
-            _block_dot(buf, 256, x, 256 * b, acc)
+        wr = w[r, 176 * b0:176 * b1]
+        for b in range(b1 - b0):
+            _deq_q5_k(wr, b, buf, f16)
+            _block_dot(buf, 256, x, 256 * (b0 + b), acc)
         out[:, r] = acc
 
 
@@ -408,9 +418,10 @@ def _rows_q6_k(w, x, out, r0, r1, b0, b1, f16):
     buf = _stack_f32(256)
     for r in range(r0, r1):
         acc[:] = 0.0
-        for b in range(b0, b1):
-            _deq_q6_k(w[r], b, buf, f16)
-            _block_dot(buf, 256, x, 256 * b, acc)
+        wr = w[r, 210 * b0:210 * b1]
+        for b in range(b1 - b0):
+            _deq_q6_k(wr, b, buf, f16)
+            _block_dot(buf, 256, x, 256 * (b0 + b), acc)
         out[:, r] = acc
 
 
@@ -420,11 +431,12 @@ def _rows_q8_0(w, x, out, r0, r1, b0, b1, f16):
     buf = _stack_f32(256)
     for r in range(r0, r1):
         acc[:] = 0.0
-        for b in range(b0, b1, 8):                     # 8 blocks (256 weights) per pass
-            n = min(8, b1 - b)
+        wr = w[r, 34 * b0:34 * b1]
+        for b in range(0, b1 - b0, 8):                 # 8 blocks (256 weights) per pass
+            n = min(8, b1 - b0 - b)
             for k in range(n):
-                _deq_q8_0(w[r], b + k, buf[32 * k:], f16)
-            _block_dot(buf, 32 * n, x, 32 * b, acc)
+                _deq_q8_0(wr, b + k, buf[32 * k:], f16)
+            _block_dot(buf, 32 * n, x, 32 * (b0 + b), acc)
         out[:, r] = acc
 
 
@@ -436,7 +448,7 @@ def _rows_f16(w, x, out, r0, r1, c0, c1, f16):
         acc[:] = 0.0
         for c in range(c0, c1, 256):
             n = min(256, c1 - c)
-            _deq_f16(w[r], c, n, buf)
+            _deq_f16(w[r, 2 * c:2 * (c + n)], 0, n, buf)
             _block_dot(buf, n, x, c, acc)
         out[:, r] = acc
 
@@ -449,7 +461,7 @@ def _rows_bf16(w, x, out, r0, r1, c0, c1, f16):
         acc[:] = 0.0
         for c in range(c0, c1, 256):
             n = min(256, c1 - c)
-            _deq_bf16(w[r], c, n, buf)
+            _deq_bf16(w[r, 2 * c:2 * (c + n)], 0, n, buf)
             _block_dot(buf, n, x, c, acc)
         out[:, r] = acc
 
@@ -459,7 +471,7 @@ def _rows_f32(w, x, out, r0, r1, c0, c1, f16):
     acc = np.empty(x.shape[0], dtype=np.float32)
     for r in range(r0, r1):
         acc[:] = 0.0
-        _f32_dot(w[r].view(np.float32), c0, c1, x, acc)
+        _block_dot(w[r].view(np.float32)[c0:c1], c1 - c0, x, c0, acc)
         out[:, r] = acc
 
 
@@ -494,35 +506,6 @@ def rows(code, w, x, xs, out, r0, r1, b0, b1, f16):
         _rows_f16(w, x, out, r0, r1, b0, b1, f16)
     else:
         _rows_bf16(w, x, out, r0, r1, b0, b1, f16)
-
-
-@njit(cache=True, fastmath=_FM, inline="always")
-def _f32_dot(wf, c0, c1, x, acc):
-    """acc[t] += wf[c0:c1] . x[t, c0:c1], 4 tokens per pass."""
-    T = x.shape[0]
-    t = 0
-    while t + 4 <= T:
-        s0 = np.float32(0.0)
-        s1 = np.float32(0.0)
-        s2 = np.float32(0.0)
-        s3 = np.float32(0.0)
-        for c in range(c0, c1):
-            v = wf[c]
-            s0 += v * x[t, c]
-            s1 += v * x[t + 1, c]
-            s2 += v * x[t + 2, c]
-            s3 += v * x[t + 3, c]
-        acc[t] += s0
-        acc[t + 1] += s1
-        acc[t + 2] += s2
-        acc[t + 3] += s3
-        t += 4
-    while t < T:
-        s = np.float32(0.0)
-        for c in range(c0, c1):
-            s += wf[c] * x[t, c]
-        acc[t] += s
-        t += 1
 
 
 # --------------------------------------------------------------------------------------- the drivers

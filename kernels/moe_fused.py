@@ -1,0 +1,184 @@
+"""The fused MoE layer: every selected expert's gate, up, SiLU(gate)*up, down and the router-weighted
+sum for a token or a batch, in ONE parallel region, straight from the experts' GGUF bytes.
+
+    moe_ffn_fused(x, ids, weights, gate, up, down)       fast: one Numba call, one parallel region
+    moe_ffn_fused_ref(x, ids, weights, gate, up, down)   reference twin: a plain loop over experts
+
+Same signature as kernels/moe.py's moe_ffn (gate/up (E, F, D), down (E, D, F) QTensors), so it drops in.
+
+How the work is cut. Tokens are grouped by expert (kernels.moe.group_by_expert), so each selected
+expert's weights stream once per call whatever the batch. The unit of work is an item (expert e,
+part p): part p of P owns expert hidden units [p F/P, (p+1) F/P) -- its rows of gate and up, and the
+same columns of down, whose product is a partial sum of e's output (down . h = sum over parts). So an
+item needs nothing from any other item: no barrier, one region. P = 1 unless there are too few experts
+to keep every thread busy (decode with many threads). Items go to threads largest-first onto the
+least-loaded thread; each item writes its own rows of Y (P, T*K, D), and the router-weighted sum of Y
+into out (T, D) runs after the region (T*K*P*D adds, serially: microseconds at decode).
+Results do not depend on the thread count: every item is summed in the same order wherever it runs.
+
+Numba's disk cache keys a function by its own file only: after editing kernels/matmul.py, delete
+kernels/__pycache__/moe_fused.* (or touch this file), or this kernel keeps the old row kernels.
+
+Dimension legend: T tokens, K experts per token, E experts, D hidden, F expert hidden, n tokens of one
+expert, P parts per expert.
+"""
+
+from __future__ import annotations
+
+import numba
+import numpy as np
+from numba import njit, prange
+
+from moert.kernels.matmul import BLOCK, TYPE_CODES, matmul_ref, rows, sums32, table
+from moert.kernels.moe import QTensor, group_by_expert
+from moert.quants.dequant import lookup, slice_expert
+
+__all__ = ["moe_ffn_fused", "moe_ffn_fused_ref", "parts_for"]
+
+
+@njit(cache=True, fastmath={"reassoc", "contract"}, inline="always")
+def _silu_mul(g, u, f0, f1):
+    """g[:, f0:f1] = silu(g) * u there (sigmoid through tanh, as moert.layers.silu)."""
+    for i in range(g.shape[0]):
+        for j in range(f0, f1):
+            v = g[i, j]
+            g[i, j] = v * (np.float32(0.5) * (np.float32(1.0) + np.tanh(np.float32(0.5) * v))) * u[i, j]
+
+
+@njit(cache=True)
+def _plan(offsets, parts, n_threads, item_bytes, macs_per_token):
+    """Items (expert, part) of the active experts, assigned largest-first to the least-loaded thread.
+    Returns order (n_items,) of item ids grouped by thread, start (n_threads + 1,) into order."""
+    E = offsets.shape[0] - 1
+    active = np.empty(E, dtype=np.int64)
+    n_act = 0
+    for e in range(E):
+        if offsets[e + 1] > offsets[e]:
+            active[n_act] = e
+            n_act += 1
+    n_items = n_act * parts
+    cost = np.empty(n_items, dtype=np.float64)
+    for i in range(n_items):
+        e = active[i // parts]
+        cost[i] = item_bytes + macs_per_token * (offsets[e + 1] - offsets[e])
+    owner = np.empty(n_items, dtype=np.int64)
+    load = np.zeros(n_threads, dtype=np.float64)
+    for i in np.argsort(-cost, kind="mergesort"):
+        th = np.argmin(load)
+        owner[i] = th
+        load[th] += cost[i]
+    start = np.zeros(n_threads + 1, dtype=np.int64)
+    for i in range(n_items):
+        start[owner[i] + 1] += 1
+    for th in range(n_threads):
+        start[th + 1] += start[th]
+    fill = start[:-1].copy()
+    order = np.empty(n_items, dtype=np.int64)
+    for i in range(n_items):
+        order[fill[owner[i]]] = active[i // parts] * parts + i % parts
+        fill[owner[i]] += 1
+    return order, start
+
+
+@njit(cache=True, parallel=True)
+def _moe_layer(x, ids, wts, g_raw, g_code, g_f16, u_raw, u_code, u_f16, d_raw, d_code, d_f16,
+               nb_in, nb_down, block_down, parts, n_threads):
+    """The whole routed-expert layer; see the module docstring. Raw tensors (E, rows, row_bytes) uint8.
+    n_threads = numba.get_num_threads(), passed in: called inside, it makes the function uncacheable."""
+    T, K = ids.shape
+    E, F = g_raw.shape[0], g_raw.shape[1]
+    D = d_raw.shape[1]
+    offsets, slots = group_by_expert(ids, E)                            # (E+1,), (T*K,) flat t*K+k
+    item_bytes = (2 * g_raw[0].size + d_raw[0].size) / parts
+    order, start = _plan(offsets, parts, n_threads, item_bytes, 3.0 * F * D / parts)
+    Y = np.zeros((parts, T * K, D), dtype=np.float32)                  # each item's partial outputs
+    Fp = nb_down // parts * block_down                                  # hidden units of a part
+    for th in prange(n_threads):
+        for j in range(start[th], start[th + 1]):
+            e, p = order[j] // parts, order[j] % parts
+            o0, n = offsets[e], offsets[e + 1] - offsets[e]
+            xe = np.empty((n, x.shape[1]), dtype=np.float32)            # (n, D) this expert's tokens
+            for i in range(n):
+                xe[i] = x[slots[o0 + i] // K]
+            xs = sums32(xe) if n == 1 else np.zeros((n, 1), dtype=np.float32)
+            f0, f1 = p * Fp, (p + 1) * Fp
+            g = np.zeros((n, F), dtype=np.float32)                      # (n, F), columns [f0, f1) used
+            u = np.zeros((n, F), dtype=np.float32)
+            rows(g_code, g_raw[e], xe, xs, g, f0, f1, 0, nb_in, g_f16)
+            rows(u_code, u_raw[e], xe, xs, u, f0, f1, 0, nb_in, u_f16)
+            _silu_mul(g, u, f0, f1)                                     # h = silu(g) * u
+            hs = sums32(g) if n == 1 else xs
+            rows(d_code, d_raw[e], g, hs, Y[p, o0:o0 + n], 0, D, f0 // block_down, f1 // block_down, d_f16)
+    out = np.zeros((T, D), dtype=np.float32)                            # (T, D)
+    w = wts.reshape(-1)
+    for q in range(T * K):                                              # grouped order: by expert
+        s = slots[q]
+        t, c = s // K, w[s]
+        for p in range(parts):
+            for i in range(D):
+                out[t, i] += c * Y[p, q, i]
+    return out
+
+
+def _raw3(t: QTensor) -> np.ndarray:
+    """A stacked expert tensor's bytes as a read-only (E, rows, row_bytes) uint8 view."""
+    raw = t.raw if t.raw.dtype == np.uint8 else np.ascontiguousarray(t.raw).reshape(-1).view(np.uint8)
+    a = np.ascontiguousarray(raw).reshape(t.shape[0], t.shape[1], -1)
+    if a.flags.writeable:
+        a = a.view()
+        a.flags.writeable = False
+    return a
+
+
+def parts_for(n_active: int, n_blocks_down: int, threads: int) -> int:
+    """Parts per expert: 1, or the smallest divisor of down's blocks per row that gives every thread
+    at least two items (decode on many threads: 8 experts, 16 threads -> 3 parts of 256 columns)."""
+    for p in range(1, n_blocks_down + 1):
+        if n_blocks_down % p == 0 and n_active * p >= 2 * threads:
+            return p
+    return n_blocks_down
+
+
+def moe_ffn_fused(x: np.ndarray, ids: np.ndarray, weights: np.ndarray,
+                  gate: QTensor, up: QTensor, down: QTensor) -> np.ndarray:
+    """Routed SwiGLU experts of one layer in one parallel region: sum_k weights[t, k] * expert(x[t]) -> (T, D).
+    x (T, D) float32, ids (T, K) int, weights (T, K) float32; gate/up (E, F, D), down (E, D, F)."""
+    for t in (gate, up, down):
+        lookup(t.type, frozenset(TYPE_CODES), "moert.kernels.moe_fused")
+    E, F, D = gate.shape
+    if up.shape != gate.shape or down.shape != (E, D, F):
+        raise ValueError(f"expert shapes do not fit: gate {gate.shape}, up {up.shape}, down {down.shape}; "
+                         f"need gate = up = (E, F, D) and down = (E, D, F)")
+    if gate.type != up.type:
+        raise ValueError(f"gate is {gate.type} but up is {up.type}; the fused kernel reads both with one "
+                         f"row kernel (use kernels.moe.moe_ffn for mixed gate/up types)")
+    x = np.ascontiguousarray(x, dtype=np.float32)
+    ids = np.ascontiguousarray(ids, dtype=np.int32)
+    if x.shape[0] == 0:
+        return np.zeros((0, D), dtype=np.float32)
+    bd = BLOCK[down.type]
+    nbd = F // bd
+    parts = parts_for(len(np.unique(ids)), nbd, numba.get_num_threads())
+    return _moe_layer(x, ids, np.ascontiguousarray(weights, dtype=np.float32),
+                      _raw3(gate), TYPE_CODES[gate.type], table(gate.type),
+                      _raw3(up), TYPE_CODES[up.type], table(up.type),
+                      _raw3(down), TYPE_CODES[down.type], table(down.type),
+                      D // BLOCK[gate.type], nbd, bd, parts, numba.get_num_threads())
+
+
+def _expert(t: QTensor, e: int) -> tuple[np.ndarray, str, tuple[int, ...]]:
+    data, shape = slice_expert(t.raw, t.type, t.shape, e)
+    return data, t.type, shape
+
+
+def moe_ffn_fused_ref(x: np.ndarray, ids: np.ndarray, weights: np.ndarray,
+                      gate: QTensor, up: QTensor, down: QTensor) -> np.ndarray:
+    """Reference twin: for each expert, its tokens through gate, up, SiLU*up, down (matmul_ref), weighted."""
+    out = np.zeros((x.shape[0], gate.shape[2]), dtype=np.float32)       # (T, D)
+    for e in np.unique(ids):
+        tok, slot = np.nonzero(ids == e)                                # (n,), (n,)
+        w = [QTensor(*_expert(t, int(e))) for t in (gate, up, down)]
+        g, u = matmul_ref(x[tok], w[0]), matmul_ref(x[tok], w[1])      # (n, F)
+        h = g * (np.float32(0.5) * (np.float32(1.0) + np.tanh(np.float32(0.5) * g))) * u
+        np.add.at(out, tok, matmul_ref(h, w[2]) * weights[tok, slot][:, None])
+    return out

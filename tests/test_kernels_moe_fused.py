@@ -1,0 +1,111 @@
+"""The fused MoE layer kernel (kernels/moe_fused.py) against its reference twin and kernels.moe.moe_ffn.
+
+Tolerance as in test_kernels_matmul.py, one level deeper: the hidden activations h carry the gate/up
+float32 reordering error (about 1e-6 relative) into the down projection, and the router-weighted sum
+adds K terms. Outputs are compared as |fast - ref| <= 1e-4 * (scale of the output), where the scale is
+the weighted sum of |down| @ |h| over the selected experts: a bound on every partial sum involved.
+"""
+
+from __future__ import annotations
+
+import numba
+import numpy as np
+import pytest
+from test_quants import random_tensor
+
+from moert.kernels import moe_fused as mf
+from moert.kernels.moe import QTensor, moe_ffn
+from moert.quants import dequantize, quantize
+
+
+def experts(gate_type: str, down_type: str, E: int, F: int, D: int, seed: int = 0):
+    """gate, up (E, F, D) and down (E, D, F) with small Gaussian weights (quantized)."""
+    rng = np.random.default_rng(seed)
+
+    def one(shape, t):
+        w = (rng.standard_normal(shape, dtype=np.float32) * 0.05).astype(np.float32)
+        return QTensor(w if t == "F32" else quantize(w, t), t, shape)
+    return one((E, F, D), gate_type), one((E, F, D), gate_type), one((E, D, F), down_type)
+
+
+def routing(T: int, E: int, K: int, seed: int = 0):
+    rng = np.random.default_rng(seed)
+    ids = np.stack([rng.choice(E, K, replace=False) for _ in range(T)]).astype(np.int32)
+    w = rng.random((T, K), dtype=np.float32)
+    return ids, w / w.sum(1, keepdims=True)
+
+
+def scale(x, ids, weights, gate, up, down) -> np.ndarray:
+    """(T, 1): sum_k w * max over D of |down_e| @ |h_e| -- a bound on the output's partial sums."""
+    out = np.zeros((x.shape[0], 1), np.float32)
+    for t in range(x.shape[0]):
+        for k, e in enumerate(ids[t]):
+            g, u, d = (dequantize(q.raw.reshape(q.shape[0], -1)[e], q.type, q.shape[1:]) for q in (gate, up, down))
+            h = np.abs(x[t] @ g.T) * np.abs(x[t] @ u.T)
+            out[t] += weights[t, k] * np.max(np.abs(d) @ h)
+    return out
+
+
+@pytest.mark.parametrize("types", [("Q4_K", "Q6_K"), ("Q5_K", "Q8_0"), ("F16", "BF16"), ("F32", "F32")])
+@pytest.mark.parametrize("T", [1, 3, 17])
+def test_fused_matches_reference(types, T):
+    E, F, D, K = 5, 512, 256, 3
+    gate, up, down = experts(*types, E, F, D, seed=T)
+    x = np.random.default_rng(T).standard_normal((T, D), dtype=np.float32)
+    ids, w = routing(T, E, K, seed=T)
+    got = mf.moe_ffn_fused(x, ids, w, gate, up, down)
+    want = mf.moe_ffn_fused_ref(x, ids, w, gate, up, down)
+    assert got.shape == (T, D) and got.dtype == np.float32
+    tol = 1e-4 * scale(x, ids, w, gate, up, down)
+    assert np.all(np.abs(got - want) <= tol)
+    assert np.all(np.abs(got - moe_ffn(x, ids, w, gate, up, down)) <= tol)  # the existing CPU path agrees
+
+
+def test_random_bytes_and_odd_sizes():
+    """Fully random Q4_K/Q6_K bytes (any quant values, finite scales), F = 768 (3 down blocks), 17 tokens."""
+    rng = np.random.default_rng(9)
+    E, F, D, K, T = 4, 768, 256, 2, 17
+    gate = QTensor(random_tensor("Q4_K", (E, F, D), rng).reshape(E, F, -1), "Q4_K", (E, F, D))
+    up = QTensor(random_tensor("Q4_K", (E, F, D), rng).reshape(E, F, -1), "Q4_K", (E, F, D))
+    down = QTensor(random_tensor("Q6_K", (E, D, F), rng).reshape(E, D, -1), "Q6_K", (E, D, F))
+    x = rng.standard_normal((T, D), dtype=np.float32) * np.float32(1e-3)
+    ids, w = routing(T, E, K, seed=3)
+    with np.errstate(over="ignore", invalid="ignore"):
+        got = mf.moe_ffn_fused(x, ids, w, gate, up, down)
+        want = mf.moe_ffn_fused_ref(x, ids, w, gate, up, down)
+        tol = 1e-4 * scale(x, ids, w, gate, up, down)
+    assert np.all(np.isfinite(want)) and np.all(np.abs(got - want) <= tol)
+
+
+def test_same_result_for_any_threads_and_parts():
+    """Items are summed the same way wherever they run; parts split the down product exactly."""
+    E, F, D, K, T = 8, 768, 256, 2, 3
+    gate, up, down = experts("Q4_K", "Q6_K", E, F, D)
+    x = np.random.default_rng(1).standard_normal((T, D), dtype=np.float32)
+    ids, w = routing(T, E, K)
+    before = numba.get_num_threads()
+    try:
+        numba.set_num_threads(1)
+        one = mf.moe_ffn_fused(x, ids, w, gate, up, down)
+        numba.set_num_threads(min(2, numba.config.NUMBA_NUM_THREADS))
+        two = mf.moe_ffn_fused(x, ids, w, gate, up, down)
+    finally:
+        numba.set_num_threads(before)
+    np.testing.assert_array_equal(one, two)
+    assert mf.parts_for(8, 3, 2) == 1 and mf.parts_for(8, 3, 16) == 3 and mf.parts_for(1, 3, 2) == 3
+    raws = [mf._raw3(t) for t in (gate, up, down)]
+    codes = [(mf.TYPE_CODES[t.type], mf.table(t.type)) for t in (gate, up, down)]
+    args = [a for r, c in zip(raws, codes) for a in (r, *c)]
+    split = mf._moe_layer(x, ids, w, *args, D // 256, 3, 256, 3, 2)    # 3 parts of 256 hidden units
+    tol = 1e-4 * scale(x, ids, w, gate, up, down)
+    assert np.all(np.abs(split - one) <= tol)
+
+
+def test_errors():
+    gate, up, down = experts("Q4_K", "Q6_K", 2, 256, 256)
+    x, (ids, w) = np.zeros((1, 256), np.float32), routing(1, 2, 1)
+    with pytest.raises(ValueError, match="expert shapes do not fit"):
+        mf.moe_ffn_fused(x, ids, w, gate, up, QTensor(down.raw, "Q6_K", (2, 256, 512)))
+    with pytest.raises(ValueError, match="gate is Q4_K but up is Q6_K"):
+        mf.moe_ffn_fused(x, ids, w, gate, QTensor(down.raw, "Q6_K", (2, 256, 256)), down)
+    assert mf.moe_ffn_fused(np.zeros((0, 256), np.float32), ids[:0], w[:0], gate, up, down).shape == (0, 256)
