@@ -1,0 +1,166 @@
+"""Fused dequantize-and-dot throughput per type: matrix x vector and matrix x batch, vs NumPy and gguf-py.
+
+    pytest bench/bench_matmul.py --benchmark-enable            # pytest-benchmark; GB/s etc. in extra_info
+    python bench/bench_matmul.py [--rows 16384 --cols 8192] [--rounds 5] [--types Q4_K,Q6_K] [--json f]
+    python bench/bench_matmul.py --asm                          # vector instructions in the hot loops
+
+GB/s counts the weight bytes the kernel streams (quantized, as stored); a matrix of 16384 x 8192 is larger
+than any last-level cache here (Q4_K: 75 MB), so matvec figures are from memory, as in decode. The
+"of 1-thread BW" column divides the 1-thread figure by this machine's measured 1-thread read bandwidth
+(bench/bandwidth.py). Baselines: "reference" is moert's NumPy dequantizer then x @ W.T (the kernels'
+twin), "gguf-py" is gguf.quants.dequantize then x @ W.T; both run once (they are slow).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+
+import numba
+import numpy as np
+import pytest
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import common  # noqa: E402
+
+from moert.kernels import matmul as mm  # noqa: E402
+from moert.kernels.moe import QTensor  # noqa: E402
+from moert.quants import quantize  # noqa: E402
+
+TYPES = ["Q4_K", "Q5_K", "Q6_K", "Q8_0", "F16", "BF16", "F32"]
+SHAPE = (16384, 8192)
+
+
+def make_weight(name: str, shape=SHAPE, seed: int = 0) -> QTensor:
+    """A (rows, cols) weight: 512 quantized Gaussian rows, tiled (the bytes, not the values, set the speed)."""
+    rng = np.random.default_rng(seed)
+    w = rng.standard_normal((min(512, shape[0]), shape[1]), dtype=np.float32)
+    raw = w if name == "F32" else quantize(w, name)
+    raw = np.ascontiguousarray(np.tile(raw, (-(-shape[0] // raw.shape[0]), 1))[:shape[0]])
+    return QTensor(raw, name, shape)
+
+
+def runner(impl: str, w: QTensor, x: np.ndarray):
+    """A no-argument callable computing x @ W.T once with `impl`."""
+    if impl == "numba":
+        out = np.empty((x.shape[0], w.shape[0]), np.float32)
+        return lambda: mm.matmul(x, w, out)
+    if impl == "reference":
+        return lambda: mm.matmul_ref(x, w)
+    import gguf
+
+    def ggufpy():
+        dense = w.raw if w.type == "F32" else gguf.quants.dequantize(w.raw, gguf.GGMLQuantizationType[w.type])
+        return x @ dense.reshape(w.shape).T
+    return ggufpy
+
+
+_weights: dict[str, QTensor] = {}
+
+
+@pytest.mark.parametrize("T", [1, 16])
+@pytest.mark.parametrize("impl", ["numba", "reference", "gguf-py"])
+@pytest.mark.parametrize("name", TYPES)
+def test_matmul_throughput(benchmark, name, impl, T):
+    w = _weights.setdefault(name, make_weight(name))
+    x = np.random.default_rng(1).standard_normal((T, w.shape[1]), dtype=np.float32)
+    fn = runner(impl, w, x)
+    fn()
+    benchmark.pedantic(fn, rounds=5 if impl == "numba" else 1, iterations=1)
+    best = benchmark.stats.stats.min
+    R, C = w.shape
+    benchmark.extra_info.update(type=name, impl=impl, T=T, threads=numba.get_num_threads(), bytes=int(w.raw.nbytes),
+                                GB_per_s=round(w.raw.nbytes / best / 1e9, 3),
+                                Gweights_per_s=round(R * C / best / 1e9, 3), GMAC_per_s=round(T * R * C / best / 1e9, 3))
+
+
+def measure(types, shape, rounds: int, threads: int, baselines: bool) -> list[dict]:
+    """Best-of-`rounds` wall time per (type, T) for the kernels on 1 and `threads` threads, baselines once."""
+    out = []
+    for name in types:
+        w = make_weight(name, shape)
+        for T in (1, 16):
+            x = np.random.default_rng(1).standard_normal((T, shape[1]), dtype=np.float32)
+            r = dict(type=name, T=T, bytes=int(w.raw.nbytes), weights=shape[0] * shape[1])
+            for n in sorted({1, threads}):
+                numba.set_num_threads(n)
+                ts = common.times(runner("numba", w, x), rounds)
+                r[f"numba_{n}t"] = min(ts)
+                r[f"numba_{n}t_median"] = float(np.median(ts))
+            numba.set_num_threads(threads)
+            if baselines:
+                for impl in ("reference", "gguf-py"):
+                    r[impl] = min(common.times(runner(impl, w, x), 1, warmup=0))
+            out.append(r)
+            print(f"  {name} T={T}: {w.raw.nbytes / r['numba_1t'] / 1e9:.2f} GB/s 1 thread", file=sys.stderr, flush=True)
+    return out
+
+
+def asm_report(types) -> str:
+    """Vector instructions in each type's one-token row kernel, compiled fresh (cached code has no asm)."""
+    import re
+
+    lines = ["| kernel | ymm FMA | ymm int->float | zero/sign-extends | vpmaddwd | instructions |", "|---|---|---|---|---|---|"]
+    for name in types:
+        w = make_weight(name, (64, 1024))
+        mm.matmul(np.ones((1, 1024), np.float32), w)
+        mm.matmul(np.ones((4, 1024), np.float32), w)
+        for fn in (getattr(mm, f"_rows1_{name.lower()}", None), getattr(mm, f"_rows_{name.lower()}")):
+            if fn is None:
+                continue
+            asm = fn.inspect_asm(fn.signatures[0])
+            body = [ln for ln in asm.splitlines() if ln.startswith("\t") and not ln.startswith("\t.")]
+            counts = [len(re.findall(p, asm)) for p in (r"vfmadd\w*ps\s.*ymm", r"vcvtdq2ps\s.*ymm", r"vpmov[sz]x",
+                                                         r"vpmaddwd")]
+            lines.append(f"| {fn.__name__} | " + " | ".join(map(str, counts)) + f" | {len(body)} |")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--rows", type=int, default=SHAPE[0])
+    ap.add_argument("--cols", type=int, default=SHAPE[1])
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--threads", "-t", type=int, default=numba.get_num_threads())
+    ap.add_argument("--types", default=",".join(TYPES))
+    ap.add_argument("--no-baselines", action="store_true")
+    ap.add_argument("--asm", action="store_true", help="count vector instructions in the hot loops and exit")
+    ap.add_argument("--json", help="write the results here")
+    args = ap.parse_args(argv)
+    types = args.types.split(",")
+    if args.asm:
+        if "NUMBA_CACHE_DIR" not in os.environ:   # inspect_asm needs a fresh compile: rerun with an empty cache
+            with tempfile.TemporaryDirectory() as d:
+                sys.exit(subprocess.call([sys.executable, *sys.argv], env={**os.environ, "NUMBA_CACHE_DIR": d}))
+        print(asm_report(types))
+        return
+    mach = common.machine(args.threads)
+    shape = (args.rows, args.cols)
+    res = measure(types, shape, args.rounds, args.threads, not args.no_baselines)
+    bw1 = mach["bw_1thread_GBps"]
+    rows = []
+    for r in res:
+        gb = lambda s: r["bytes"] / s / 1e9  # noqa: E731
+        n = args.threads
+        rows.append([r["type"], r["T"], f"{gb(r['numba_1t']):.2f}", f"{r['weights'] / r['numba_1t'] / 1e9:.2f}",
+                     f"{gb(r['numba_1t']) / bw1:.0%}", f"{gb(r[f'numba_{n}t']):.2f}",
+                     f"{r['T'] * r['weights'] / r[f'numba_{n}t'] / 1e9:.1f}",
+                     f"{gb(r['reference']):.3f}" if "reference" in r else "-",
+                     f"{gb(r['gguf-py']):.3f}" if "gguf-py" in r else "-"])
+    print(f"\n# x @ W.T from quantized bytes, W {shape[0]} x {shape[1]}; best of {args.rounds}")
+    print(f"# {common.machine_line(mach)}")
+    print(common.table(["type", "T", "GB/s 1 thread", "Gweights/s 1 thread", "of 1-thread BW",
+                        f"GB/s {args.threads} threads", f"GMAC/s {args.threads} threads",
+                        "reference GB/s", "gguf-py GB/s"], rows))
+    print(f"# command: {common.command()}")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(dict(machine=mach, shape=shape, results=res), f, indent=1)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,98 @@
+"""Shared bench helpers: the machine line every table starts with, timing under noise, markdown tables.
+
+Every figure in bench/ is the best (minimum) of several rounds, with the median beside it where a
+script keeps both: other processes share the cores, and the minimum is the least disturbed run; the
+median says how disturbed the others were.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import statistics
+import sys
+import time
+from collections.abc import Callable, Sequence
+from functools import lru_cache
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # `import bandwidth` from any cwd
+
+
+def cpu_model() -> str:
+    """The CPU's model name from /proc/cpuinfo (platform.processor() is often empty on Linux)."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+@lru_cache(maxsize=None)
+def bandwidth(threads: int | None = None, mib: int = 512, rounds: int = 5) -> dict:
+    """This machine's read bandwidth (GB/s, 1 thread and `threads`), measured once per process."""
+    import bandwidth as bw
+
+    return bw.measure(mib, rounds, threads)
+
+
+def machine(threads: int | None = None, with_bandwidth: bool = True) -> dict:
+    """CPU model, cores, threads used, versions, load average, and the measured read bandwidth."""
+    import numba
+    import numpy as np
+
+    info = dict(cpu=cpu_model(), cores=os.cpu_count(), threads=threads or numba.get_num_threads(),
+                python=platform.python_version(), numpy=np.__version__, numba=numba.__version__,
+                load_avg=round(os.getloadavg()[0], 2))
+    if with_bandwidth:
+        b = bandwidth(info["threads"])
+        info.update(bw_1thread_GBps=round(b["single"], 1), bw_GBps=round(b["multi"], 1))
+    return info
+
+
+def machine_line(m: dict) -> str:
+    """One line for a table header."""
+    s = f"{m['cpu']}, {m['cores']} cores, {m['threads']} threads; numpy {m['numpy']}, numba {m['numba']}"
+    if "bw_GBps" in m:
+        s += f"; read bandwidth {m['bw_1thread_GBps']} GB/s (1 thread), {m['bw_GBps']} GB/s ({m['threads']} threads)"
+    return s + f"; load average {m['load_avg']} at start"
+
+
+def times(fn: Callable[[], object], rounds: int, warmup: int = 1) -> list[float]:
+    """Wall seconds of `rounds` calls of fn after `warmup` untimed ones."""
+    for _ in range(warmup):
+        fn()
+    out = []
+    for _ in range(rounds):
+        t0 = time.perf_counter()
+        fn()
+        out.append(time.perf_counter() - t0)
+    return out
+
+
+def best_median(ts: Sequence[float]) -> tuple[float, float]:
+    return min(ts), statistics.median(ts)
+
+
+def spread(ts: Sequence[float]) -> float:
+    """(median - best) / best: 0 on a quiet machine."""
+    b, m = best_median(ts)
+    return (m - b) / b if b else 0.0
+
+
+def table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
+    """A markdown table."""
+    def cell(v: object) -> str:
+        if isinstance(v, float):
+            return f"{v:.3g}" if abs(v) < 100 else f"{v:.0f}"
+        return str(v)
+    lines = ["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
+    lines += ["| " + " | ".join(cell(v) for v in r) + " |" for r in rows]
+    return "\n".join(lines)
+
+
+def command() -> str:
+    """The command line that ran this script, for the table footer."""
+    return "python " + " ".join([os.path.relpath(sys.argv[0])] + sys.argv[1:])

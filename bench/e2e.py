@@ -1,0 +1,300 @@
+"""End to end: moert vs llama.cpp on one Qwen3-30B-A3B-shaped file, every expert on the CPU, same threads.
+
+    python bench/e2e.py [--layers 3] [--threads 2] [--prompt 64] [--decode 32] [--rounds 3] [--json out.json]
+    python bench/e2e.py --model any.gguf ...         # measure another GGUF instead of the built one
+    python bench/e2e.py --overhead                   # Python overhead per decoded token per layer (tiny models)
+
+The benchmark model has Qwen3-30B-A3B's layer shapes (hidden 2048, 128 experts, 8 used, expert FFN 768,
+32 query heads, 4 KV heads, head dim 128) but few layers and a 4096-token vocabulary without a
+tokenizer (token ids in, logits out), quantized like llama.cpp's Q4_K_M (Q4_K; Q6_K for attn_v and
+ffn_down) by moert's own quantizer. It is built once into moert's cache dir (`moert.demo.cache_dir()`).
+
+Each round runs prompt processing (a `--prompt`-token prompt from an empty context) then `--decode`
+single-token steps, first in moert and then in llama.cpp (llama-cpp-python, when installed), in the same
+process with the same thread count; the engines alternate every round and take turns going first, with a
+pause between them so neither's spinning worker threads steal the other's cores. Reported: best and
+median over rounds, tokens/s, effective GB/s (weight bytes a token must read / time per token) and
+moert / llama.cpp. One table at the end; --json writes everything.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import common  # noqa: E402
+
+SHAPES = dict(n_embd=2048, n_head=32, n_head_kv=4, head_dim=128, n_expert=128, n_expert_used=8, n_ff_exp=768,
+              n_vocab=4096, context_length=4096, qtype="Q4_K", types={r"attn_v|ffn_down": "Q6_K"}, seed=30)
+MODEL_VERSION = 1  # bump when SHAPES or the writer changes
+
+
+def model_path(layers: int) -> Path:
+    """The benchmark model, written on first use (about 390 MB and 30 s per layer)."""
+    from moert.demo import cache_dir
+    from moert.testing import write_qwen3moe
+
+    path = cache_dir() / f"bench-qwen3moe-a3b-shapes-L{layers}-v{MODEL_VERSION}.gguf"
+    if not path.exists():
+        print(f"building {path} ({layers} layers) ...", flush=True)
+        t0 = time.perf_counter()
+        write_qwen3moe(path, n_layer=layers, **SHAPES)
+        print(f"built in {time.perf_counter() - t0:.0f} s, {path.stat().st_size / 1e9:.2f} GB", flush=True)
+    return path
+
+
+# ------------------------------------------------------------------------------------- bytes per token
+
+def bytes_per_token(path: Path) -> dict:
+    """Weight bytes one decoded token reads: every dense tensor, K of E experts per layer, one embedding row."""
+    from moert import gguf
+    from moert.config import MoEConfig  # noqa: F401  (the keys below are MoE keys)
+
+    g = gguf.open(path)
+    arch = g.architecture
+    E = int(g.metadata[f"{arch}.expert_count"])
+    K = int(g.metadata[f"{arch}.expert_used_count"])
+    total = dense = experts = 0
+    for name, t in g.tensors.items():
+        n = int(t.nbytes)
+        total += n
+        if "_exps" in name:
+            experts += n * K // E
+        elif name == "token_embd.weight":
+            dense += n // int(t.shape[0])                 # one row
+            if "output.weight" not in g.tensors:
+                dense += n                                # tied: the output reads all of it
+        else:
+            dense += n
+    return dict(file=total, decode=dense + experts, experts_per_token=experts, dense=dense)
+
+
+# ---------------------------------------------------------------------------------------------- engines
+
+class Moert:
+    name = "moert"
+
+    def __init__(self, path: Path, threads: int, n_ctx: int, experts: str):
+        import moert
+
+        if experts != "default":
+            import moert.model as mm
+            from moert.kernels import moe as kmoe
+            from moert.kernels.moe_fused import moe_ffn_fused
+            mm.moe_ffn = {"fused": moe_ffn_fused, "grouped": kmoe.moe_ffn}[experts]  # for comparison only
+        t0 = time.perf_counter()
+        self.m = moert.load(path, gpu_layers=0, threads=threads, context_size=n_ctx, progress=False)
+        self.load_s = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        self.m.forward([1])                               # cold start: JIT cache load + first touch
+        self.first_token_s = time.perf_counter() - t0
+        self.m.reset()
+
+    def prompt(self, tokens):
+        self.m.reset()
+        return self.m.forward(np.asarray(tokens))[-1]
+
+    def step(self, token):
+        return self.m.forward(np.asarray([token]))[-1]
+
+
+class LlamaCpp:
+    name = "llama.cpp"
+
+    def __init__(self, path: Path, threads: int, n_ctx: int, n_batch: int):
+        import llama_cpp
+
+        self.lc = llama_cpp
+        t0 = time.perf_counter()
+        self.llm = llama_cpp.Llama(model_path=str(path), n_ctx=n_ctx, n_threads=threads, n_threads_batch=threads,
+                                   n_batch=n_batch, n_ubatch=n_batch, n_gpu_layers=0, use_mmap=True,
+                                   verbose=False)
+        self.load_s = time.perf_counter() - t0
+        self.first_token_s = float("nan")
+        self.info = llama_cpp.llama_print_system_info().decode().strip()
+        self.version = getattr(llama_cpp, "__version__", "?")
+
+    def _logits(self):
+        n = self.llm.n_vocab()
+        p = self.lc.llama_get_logits_ith(self.llm.ctx, -1)
+        return np.ctypeslib.as_array(p, shape=(n,)).copy()
+
+    def prompt(self, tokens):
+        self.llm.reset()                                  # eval() then drops the cache past n_tokens = 0
+        self.llm.eval(list(map(int, tokens)))
+        return self._logits()
+
+    def step(self, token):
+        self.llm.eval([int(token)])
+        return self._logits()
+
+
+def run_round(engine, prompt, n_decode: int) -> tuple[float, list[float], np.ndarray]:
+    """(prompt seconds, per-step decode seconds, logits after the prompt)."""
+    t0 = time.perf_counter()
+    logits = engine.prompt(prompt)
+    pp = time.perf_counter() - t0
+    steps, tok = [], int(np.argmax(logits))
+    for _ in range(n_decode):
+        t0 = time.perf_counter()
+        out = engine.step(tok)
+        steps.append(time.perf_counter() - t0)
+        tok = int(np.argmax(out))
+    return pp, steps, logits
+
+
+# ---------------------------------------------------------------------------------------------- profile
+
+def profile_decode(m, token: int = 7) -> dict:
+    """One decode step of moert: time per phase (moert's own stats) and the top Python functions."""
+    import cProfile
+    import io
+    import pstats
+
+    m.forward(np.asarray([token]))
+    last = m.stats.last
+    phases = {p: round(last.phase_seconds(p) * 1e3, 3) for p in ("embed", "attention", "router", "experts",
+                                                                  "transfers", "output")}
+    phases["total"] = round(last.seconds * 1e3, 3)
+    pr = cProfile.Profile()
+    pr.enable()
+    m.forward(np.asarray([token]))
+    pr.disable()
+    s = io.StringIO()
+    pstats.Stats(pr, stream=s).sort_stats("tottime").print_stats(12)
+    return dict(phases_ms=phases, cprofile_top=s.getvalue())
+
+
+def python_overhead(threads: int, steps: int = 64) -> dict:
+    """Seconds per decoded token per layer on tiny models (2 and 10 layers, 256-wide, 8 experts): the
+    slope between them is what each layer's Python costs when the kernels cost nothing."""
+    import moert
+    from moert.demo import cache_dir
+    from moert.testing import write_qwen3moe
+
+    per_token = {}
+    for L in (2, 10):
+        p = cache_dir() / f"bench-tiny-qwen3moe-L{L}-v{MODEL_VERSION + 1}.gguf"
+        if not p.exists():
+            write_qwen3moe(p, n_layer=L, n_embd=256, n_head=4, n_head_kv=2, head_dim=64, n_expert=8,
+                           n_expert_used=2, n_ff_exp=256, n_vocab=256, qtype="Q4_K", types={r"attn_v|ffn_down": "Q6_K"})
+        m = moert.load(p, gpu_layers=0, threads=threads, context_size=512, progress=False)
+        m.forward(np.arange(1, 9))
+        ts = common.times(lambda: m.forward(np.asarray([3])), rounds=steps, warmup=8)
+        per_token[L] = statistics.median(ts)
+        m.close()
+    slope = (per_token[10] - per_token[2]) / 8
+    return dict(per_token_ms={L: round(v * 1e3, 3) for L, v in per_token.items()},
+                per_layer_ms=round(slope * 1e3, 4), per_layer_ms_L10=round(per_token[10] / 10 * 1e3, 4))
+
+
+# ------------------------------------------------------------------------------------------------- main
+
+def main(argv: list[str] | None = None) -> dict:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", type=Path, help="a GGUF to measure instead of the built benchmark model")
+    ap.add_argument("--layers", type=int, default=3, help="layers of the built model (390 MB each)")
+    ap.add_argument("--threads", "-t", type=int, default=2)
+    ap.add_argument("--prompt", type=int, default=64, help="prompt tokens")
+    ap.add_argument("--decode", type=int, default=32, help="decoded tokens per round")
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--experts", choices=["default", "fused", "grouped"], default="default",
+                    help="moert's CPU expert kernel: the model's default, or force kernels.moe_fused / kernels.moe")
+    ap.add_argument("--no-llama", action="store_true", help="moert only")
+    ap.add_argument("--overhead", action="store_true", help="also measure Python overhead per token per layer")
+    ap.add_argument("--profile", action="store_true", help="also profile one moert decode step")
+    ap.add_argument("--json", type=Path, help="write all results here")
+    args = ap.parse_args(argv)
+
+    path = args.model or model_path(args.layers)
+    n_ctx = args.prompt + args.decode + 8
+    sizes = bytes_per_token(path)
+    mach = common.machine(args.threads)
+    prompt = (np.arange(args.prompt) * 7919 % 4000 + 10).tolist()
+
+    engines = [Moert(path, args.threads, n_ctx, args.experts)]
+    llama_note = ""
+    if not args.no_llama:
+        try:
+            engines.append(LlamaCpp(path, args.threads, n_ctx, n_batch=max(args.prompt, 1)))
+        except ImportError:
+            llama_note = "llama-cpp-python is not installed: moert only"
+    res: dict[str, dict] = {e.name: dict(pp=[], tg=[], load_s=e.load_s, first_token_s=e.first_token_s)
+                            for e in engines}
+    logits = {}
+    for r in range(args.rounds):
+        order = engines if r % 2 == 0 else engines[::-1]
+        for e in order:
+            time.sleep(0.3)                                   # let the other engine's threads go idle
+            pp, steps, lg = run_round(e, prompt, args.decode)
+            res[e.name]["pp"].append(pp)
+            res[e.name]["tg"].append(statistics.median(steps))
+            logits[e.name] = lg
+            print(f"round {r + 1} {e.name:9s}: pp{args.prompt} {args.prompt / pp:7.1f} tok/s, "
+                  f"decode {1 / statistics.median(steps):6.1f} tok/s", flush=True)
+
+    res["moert"]["profile"] = profile_decode(engines[0].m)
+    if args.overhead:
+        res["moert"]["python_overhead"] = python_overhead(args.threads)
+
+    rows = []
+    for name, d in res.items():
+        pp_b, pp_m = common.best_median(d["pp"])
+        tg_b, tg_m = common.best_median(d["tg"])
+        d.update(pp_tok_s=args.prompt / pp_m, pp_tok_s_best=args.prompt / pp_b, tg_tok_s=1 / tg_m,
+                 tg_tok_s_best=1 / tg_b, tg_GBps=sizes["decode"] / tg_m / 1e9,
+                 tg_bw_fraction=sizes["decode"] / tg_m / 1e9 / mach["bw_GBps"])
+        rows.append([name, f"{d['pp_tok_s']:.1f} ({d['pp_tok_s_best']:.1f})", f"{d['tg_tok_s']:.2f} ({d['tg_tok_s_best']:.2f})",
+                     f"{d['tg_GBps']:.2f}", f"{d['tg_bw_fraction']:.0%}", f"{d['load_s']:.2f}",
+                     f"{d['first_token_s']:.2f}"])
+    ratio = {}
+    if "llama.cpp" in res:
+        m, ll = res["moert"], res["llama.cpp"]
+        ratio = dict(pp=m["pp_tok_s"] / ll["pp_tok_s"], tg=m["tg_tok_s"] / ll["tg_tok_s"],
+                     pp_best=m["pp_tok_s_best"] / ll["pp_tok_s_best"], tg_best=m["tg_tok_s_best"] / ll["tg_tok_s_best"])
+        rows.append(["moert / llama.cpp", f"{ratio['pp']:.2f}x ({ratio['pp_best']:.2f}x)",
+                     f"{ratio['tg']:.2f}x ({ratio['tg_best']:.2f}x)", "", "", "", ""])
+        a, b = logits["moert"], logits["llama.cpp"]
+        ratio["logits_corr"] = float(np.corrcoef(a, b)[0, 1])
+        ratio["same_argmax"] = bool(np.argmax(a) == np.argmax(b))
+
+    print()
+    print(f"# moert vs llama.cpp, {path.name}: {sizes['file'] / 1e9:.2f} GB file, "
+          f"{sizes['decode'] / 1e6:.1f} MB read per decoded token ({sizes['experts_per_token'] / 1e6:.1f} MB experts)")
+    print(f"# {common.machine_line(mach)}")
+    print(f"# every tensor on the CPU, {args.threads} threads; moert experts: {args.experts}; "
+          f"median of {args.rounds} rounds (best in parentheses); decode = median step of {args.decode}")
+    if "llama.cpp" in res:
+        print(f"# llama-cpp-python {engines[1].version}: {engines[1].info}")
+    if llama_note:
+        print(f"# {llama_note}")
+    print(common.table(["engine", f"pp{args.prompt} tok/s", "decode tok/s", "decode GB/s", "of bandwidth",
+                        "load s", "first token s"], rows))
+    if ratio:
+        print(f"# last prompt's logits: correlation {ratio['logits_corr']:.4f}, same argmax: {ratio['same_argmax']}")
+    prof = res["moert"]["profile"]
+    print(f"# moert decode step, ms per phase: {prof['phases_ms']}")
+    if args.overhead:
+        o = res["moert"]["python_overhead"]
+        print(f"# Python overhead per decoded token per layer: {o['per_layer_ms']} ms "
+              f"(tiny models, per-token ms by layer count {o['per_token_ms']})")
+    if args.profile:
+        print(prof["cprofile_top"])
+    print(f"# command: {common.command()}")
+    out = dict(machine=mach, model=str(path), sizes=sizes, args={k: str(v) for k, v in vars(args).items()},
+               results={k: {kk: vv for kk, vv in v.items()} for k, v in res.items()}, ratio=ratio)
+    if args.json:
+        args.json.write_text(json.dumps(out, indent=1, default=str))
+    return out
+
+
+if __name__ == "__main__":
+    main()
