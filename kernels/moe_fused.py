@@ -33,7 +33,7 @@ from moert.kernels.matmul import BLOCK, TYPE_CODES, matmul_ref, rows, sums32, ta
 from moert.kernels.moe import QTensor, group_by_expert
 from moert.quants.dequant import lookup, slice_expert
 
-__all__ = ["moe_ffn_fused", "moe_ffn_fused_ref", "parts_for"]
+__all__ = ["moe_ffn_fused", "moe_ffn_fused_ref", "parts_for", "supports"]
 
 
 @njit(cache=True, fastmath={"reassoc", "contract"}, inline="always")
@@ -137,6 +137,11 @@ def parts_for(n_active: int, n_blocks_down: int, threads: int) -> int:
         if n_blocks_down % p == 0 and n_active * p >= 2 * threads:
             return p
     return n_blocks_down
+
+
+def supports(gate: QTensor, up: QTensor, down: QTensor) -> bool:
+    """Whether moe_ffn_fused takes these tensors: types with row kernels, gate and up of one type."""
+    return gate.type == up.type and gate.type in TYPE_CODES and down.type in TYPE_CODES
 
 
 def moe_ffn_fused(x: np.ndarray, ids: np.ndarray, weights: np.ndarray,
