@@ -31,6 +31,8 @@ from moert.devices import CPU, Device, TransferStats
 from moert.errors import ContextOverflowError, InvalidTokenError
 from moert.kernels import matmul as kmatmul
 from moert.kernels.moe import QTensor, moe_ffn
+from moert.kernels.moe_fused import moe_ffn_fused
+from moert.kernels.moe_fused import supports as fused_supports
 from moert.layers import rms_norm, rope_angles, swiglu
 from moert.moe import dispatch, expert_counts
 
@@ -408,7 +410,9 @@ class Model:
         ts = [self.weights[n] for n in names]
         with self.phase("experts", dev):
             if dev is CPU and len(where) == 1:      # the quantized bytes, read by the Numba kernels
-                y = moe_ffn(x, ids, weights, *(QTensor(t.data, t.type, tuple(t.shape)) for t in ts))
+                qs = [QTensor(t.data, t.type, tuple(t.shape)) for t in ts]
+                # one parallel region for the layer (kernels/moe_fused.py); kernels/moe.py for other types
+                y = (moe_ffn_fused if fused_supports(*qs) else moe_ffn)(x, ids, weights, *qs)
             else:
                 def run(e: int, xs):
                     g, u, d = (self._expert(n, t, e, dev) for n, t in zip(names, ts))
