@@ -107,7 +107,7 @@ def sums32(x):
 
 @njit(cache=True, fastmath=_FM, inline="always")
 def _block_dot(buf, n, x, c0, acc):
-    """acc[t] += buf[:n] . x[t, c0:c0+n] for every token t; 4 tokens per pass share each weight load."""
+    """acc[t] += buf[:n] . x[t, c0:c0+n] for every token t; 4 (then 2) tokens per pass share each weight load."""
     T = x.shape[0]
     t = 0
     while t + 4 <= T:
@@ -127,13 +127,23 @@ def _block_dot(buf, n, x, c0, acc):
         acc[t + 2] += s2
         acc[t + 3] += s3
         t += 4
-    while t < T:
+    if t + 2 <= T:                                      # 2 or 3 left: a pair, then maybe one
+        x0, x1 = x[t, c0:c0 + n], x[t + 1, c0:c0 + n]
+        s0 = np.float32(0.0)
+        s1 = np.float32(0.0)
+        for l in range(n):
+            v = buf[l]
+            s0 += v * x0[l]
+            s1 += v * x1[l]
+        acc[t] += s0
+        acc[t + 1] += s1
+        t += 2
+    if t < T:
         xt = x[t, c0:c0 + n]
         s = np.float32(0.0)
         for l in range(n):
             s += buf[l] * xt[l]
         acc[t] += s
-        t += 1
 
 
 # --------------------------------------------------------------------------------------------- Q4_K
