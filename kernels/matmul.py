@@ -25,6 +25,8 @@ Dimension legend: T tokens, R rows (output features), C columns (input features)
 
 from __future__ import annotations
 
+import math
+
 import numba
 import numpy as np
 from numba import njit, prange, types
@@ -536,11 +538,14 @@ def _matmul_serial(code, w, x, out, nb, f16):
 
 
 def raw_rows(w: QTensor) -> np.ndarray:
-    """The tensor's bytes as a read-only (R, row_bytes) uint8 view (one compiled variant for every caller)."""
+    """The tensor's bytes as a read-only (R, row_bytes) uint8 view (one compiled variant for every caller).
+    A file's (R, row_bytes) bytes, as moert's weight store holds them, come back as they are."""
     raw = w.raw
+    if raw.ndim == 2 and raw.dtype == np.uint8 and not raw.flags.writeable and raw.flags.c_contiguous:
+        return raw                                                      # the per-token fast path
     if raw.dtype != np.uint8:
         raw = np.ascontiguousarray(raw).reshape(-1).view(np.uint8)
-    a = np.ascontiguousarray(raw).reshape(int(np.prod(w.shape[:-1])), -1)
+    a = np.ascontiguousarray(raw).reshape(math.prod(w.shape[:-1]), -1)
     if a.flags.writeable:
         a = a.view()
         a.flags.writeable = False
@@ -563,33 +568,39 @@ def weight_bytes(w: QTensor) -> int:
 
 
 def _check(x: np.ndarray, w: QTensor) -> tuple[np.ndarray, int]:
-    t = lookup(w.type, FAST_TYPES, "moert.kernels.matmul")
+    code = TYPE_CODES.get(w.type)
+    if code is None:
+        lookup(w.type, FAST_TYPES, "moert.kernels.matmul")             # raises UnsupportedTypeError
     if len(w.shape) != 2:
         raise ValueError(f"matmul needs a 2-D weight (R, C), got shape {w.shape}; pass one expert "
                          f"(QTensor of raw[e]) of a stacked tensor")
     if x.ndim != 2 or x.shape[1] != w.shape[1]:
         raise ValueError(f"x {x.shape} does not match the weight {w.shape}: need (T, {w.shape[1]})")
-    if w.shape[1] % t.block_size:
-        raise ValueError(f"{t.name} rows of {w.shape[1]} columns are not whole blocks of {t.block_size}")
-    return np.ascontiguousarray(x, dtype=np.float32), TYPE_CODES[t.name]
+    if w.shape[1] % BLOCK[w.type]:
+        raise ValueError(f"{w.type} rows of {w.shape[1]} columns are not whole blocks of {BLOCK[w.type]}")
+    if x.dtype != np.float32 or not x.flags.c_contiguous:
+        x = np.ascontiguousarray(x, dtype=np.float32)
+    return x, code
 
 
 def matmul(x: np.ndarray, w: QTensor, out: np.ndarray | None = None) -> np.ndarray:
     """x (T, C) @ W.T -> (T, R) float32, W read from its quantized bytes (parallel over rows)."""
     x, code = _check(x, w)
     R, C = w.shape
+    T = x.shape[0]
     if out is None:
-        out = np.empty((x.shape[0], R), dtype=np.float32)
-    if x.shape[0] == 0 or R == 0:
+        out = np.empty((T, R), dtype=np.float32)
+    if T == 0 or R == 0:
         return out
     raw = raw_rows(w)
-    nb = n_blocks(w.type, C)
+    nb = C // BLOCK[w.type]
+    f16 = BF16_TO_F32 if code == 2 else F16_TO_F32
     threads = numba.get_num_threads()
-    if threads == 1 or raw.nbytes * max(1, x.shape[0] // 4) < _PARALLEL_MIN_BYTES:
-        _matmul_serial(code, raw, x, out, nb, table(w.type))
+    if threads == 1 or raw.nbytes * max(1, T // 4) < _PARALLEL_MIN_BYTES:
+        _matmul_serial(code, raw, x, out, nb, f16)
     else:
         chunk = max(1, min(64, -(-R // (4 * threads))))  # >= 4 chunks a thread, so no thread idles long
-        _matmul_parallel(code, raw, x, out, nb, table(w.type), chunk)
+        _matmul_parallel(code, raw, x, out, nb, f16, chunk)
     return out
 
 

@@ -84,11 +84,14 @@ def _plan(offsets, parts, n_threads, item_bytes, macs_per_token):
 def _moe_layer(x, ids, wts, g_raw, g_code, g_f16, u_raw, u_code, u_f16, d_raw, d_code, d_f16,
                nb_in, nb_down, block_down, parts, n_threads):
     """The whole routed-expert layer; see the module docstring. Raw tensors (E, rows, row_bytes) uint8.
-    n_threads = numba.get_num_threads(), passed in: called inside, it makes the function uncacheable."""
+    n_threads = numba.get_num_threads(), passed in: called inside, it makes the function uncacheable.
+    parts = 0 picks them with parts_for."""
     T, K = ids.shape
     E, F = g_raw.shape[0], g_raw.shape[1]
     D = d_raw.shape[1]
     offsets, slots = group_by_expert(ids, E)                            # (E+1,), (T*K,) flat t*K+k
+    if parts == 0:                                                      # auto: from the experts hit
+        parts = parts_for(np.count_nonzero(offsets[1:] - offsets[:-1]), nb_down, n_threads)
     item_bytes = (2 * g_raw[0].size + d_raw[0].size) / parts
     order, start = _plan(offsets, parts, n_threads, item_bytes, 3.0 * F * D / parts)
     Y = np.zeros((parts, T * K, D), dtype=np.float32)                  # each item's partial outputs
@@ -122,7 +125,11 @@ def _moe_layer(x, ids, wts, g_raw, g_code, g_f16, u_raw, u_code, u_f16, d_raw, d
 
 def _raw3(t: QTensor) -> np.ndarray:
     """A stacked expert tensor's bytes as a read-only (E, rows, row_bytes) uint8 view."""
-    raw = t.raw if t.raw.dtype == np.uint8 else np.ascontiguousarray(t.raw).reshape(-1).view(np.uint8)
+    raw = t.raw
+    if raw.ndim == 3 and raw.dtype == np.uint8 and not raw.flags.writeable and raw.flags.c_contiguous:
+        return raw                                                      # the weight store's layout
+    if raw.dtype != np.uint8:
+        raw = np.ascontiguousarray(raw).reshape(-1).view(np.uint8)
     a = np.ascontiguousarray(raw).reshape(t.shape[0], t.shape[1], -1)
     if a.flags.writeable:
         a = a.view()
@@ -130,7 +137,8 @@ def _raw3(t: QTensor) -> np.ndarray:
     return a
 
 
-def parts_for(n_active: int, n_blocks_down: int, threads: int) -> int:
+@njit(cache=True)
+def parts_for(n_active, n_blocks_down, threads):
     """Parts per expert: 1, or the smallest divisor of down's blocks per row that gives every thread
     at least two items (decode on many threads: 8 experts, 16 threads -> 3 parts of 256 columns)."""
     for p in range(1, n_blocks_down + 1):
@@ -149,7 +157,8 @@ def moe_ffn_fused(x: np.ndarray, ids: np.ndarray, weights: np.ndarray,
     """Routed SwiGLU experts of one layer in one parallel region: sum_k weights[t, k] * expert(x[t]) -> (T, D).
     x (T, D) float32, ids (T, K) int, weights (T, K) float32; gate/up (E, F, D), down (E, D, F)."""
     for t in (gate, up, down):
-        lookup(t.type, frozenset(TYPE_CODES), "moert.kernels.moe_fused")
+        if t.type not in TYPE_CODES:
+            lookup(t.type, frozenset(TYPE_CODES), "moert.kernels.moe_fused")   # raises UnsupportedTypeError
     E, F, D = gate.shape
     if up.shape != gate.shape or down.shape != (E, D, F):
         raise ValueError(f"expert shapes do not fit: gate {gate.shape}, up {up.shape}, down {down.shape}; "
@@ -163,12 +172,11 @@ def moe_ffn_fused(x: np.ndarray, ids: np.ndarray, weights: np.ndarray,
         return np.zeros((0, D), dtype=np.float32)
     bd = BLOCK[down.type]
     nbd = F // bd
-    parts = parts_for(len(np.unique(ids)), nbd, numba.get_num_threads())
     return _moe_layer(x, ids, np.ascontiguousarray(weights, dtype=np.float32),
                       _raw3(gate), TYPE_CODES[gate.type], table(gate.type),
                       _raw3(up), TYPE_CODES[up.type], table(up.type),
                       _raw3(down), TYPE_CODES[down.type], table(down.type),
-                      D // BLOCK[gate.type], nbd, bd, parts, numba.get_num_threads())
+                      D // BLOCK[gate.type], nbd, bd, 0, numba.get_num_threads())
 
 
 def _expert(t: QTensor, e: int) -> tuple[np.ndarray, str, tuple[int, ...]]:
