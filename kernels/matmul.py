@@ -295,23 +295,24 @@ def _dot1_q6_k(w, x, xs, nb, f16):
 def _deq_q6_k(w, b, buf, f16):
     o = b * 210
     d = _half(w, o + 208, f16)
+    sc = _stack_f32(128)                                # per-lane scales, as in _dot1_q6_k
     for h in range(2):
-        for g in range(2):
-            s = o + 192 + 8 * h + g
-            d0, d1 = d * np.float32(_i8(w[s])), d * np.float32(_i8(w[s + 2]))
-            d2, d3 = d * np.float32(_i8(w[s + 4])), d * np.float32(_i8(w[s + 6]))
-            c = 128 * h + 16 * g
-            ql, qh = o + 64 * h + 16 * g, o + 128 + 32 * h + 16 * g
-            for l in range(16):
-                qa = I32(w[ql + l])
-                qb = I32(w[ql + 32 + l])
-                hb = I32(w[qh + l])
-                buf[c + l] = d0 * np.float32(I32(I32(I32(qa & I32(15)) | I32(I32(hb & I32(3)) << I32(4))) - I32(32)))
-                buf[c + 32 + l] = d1 * np.float32(
-                    I32(I32(I32(qb & I32(15)) | I32(I32(hb & I32(12)) << I32(2))) - I32(32)))
-                buf[c + 64 + l] = d2 * np.float32(I32(I32(I32(qa >> I32(4)) | I32(hb & I32(48))) - I32(32)))
-                buf[c + 96 + l] = d3 * np.float32(
-                    I32(I32(I32(qb >> I32(4)) | I32(I32(hb & I32(192)) >> I32(2))) - I32(32)))
+        for t in range(4):
+            for g in range(2):
+                v = d * np.float32(_i8(w[o + 192 + 8 * h + 2 * t + g]))
+                for l in range(16):
+                    sc[32 * t + 16 * g + l] = v
+        c, ql, qh = 128 * h, o + 64 * h, o + 128 + 32 * h
+        for l in range(32):
+            qa = I32(w[ql + l])
+            qb = I32(w[ql + 32 + l])
+            hb = I32(w[qh + l])
+            buf[c + l] = sc[l] * np.float32(I32(I32(I32(qa & I32(15)) | I32(I32(hb & I32(3)) << I32(4))) - I32(32)))
+            buf[c + 32 + l] = sc[32 + l] * np.float32(
+                I32(I32(I32(qb & I32(15)) | I32(I32(hb & I32(12)) << I32(2))) - I32(32)))
+            buf[c + 64 + l] = sc[64 + l] * np.float32(I32(I32(I32(qa >> I32(4)) | I32(hb & I32(48))) - I32(32)))
+            buf[c + 96 + l] = sc[96 + l] * np.float32(
+                I32(I32(I32(qb >> I32(4)) | I32(I32(hb & I32(192)) >> I32(2))) - I32(32)))
 
 
 # --------------------------------------------------------------------------------------------- Q8_0
