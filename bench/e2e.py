@@ -85,11 +85,9 @@ class Moert:
     def __init__(self, path: Path, threads: int, n_ctx: int, experts: str):
         import moert
 
-        if experts != "default":
+        if experts == "grouped":                          # for comparison only: the pre-fused CPU path
             import moert.model as mm
-            from moert.kernels import moe as kmoe
-            from moert.kernels.moe_fused import moe_ffn_fused
-            mm.moe_ffn = {"fused": moe_ffn_fused, "grouped": kmoe.moe_ffn}[experts]  # for comparison only
+            mm.fused_supports = lambda *qs: False
         t0 = time.perf_counter()
         self.m = moert.load(path, gpu_layers=0, threads=threads, context_size=n_ctx, progress=False)
         self.load_s = time.perf_counter() - t0
@@ -161,6 +159,8 @@ def profile_decode(m, token: int = 7, steps: int = 8) -> dict:
     import pstats
 
     time.sleep(0.3)
+    m.reset()
+    m.forward(np.arange(1, 33))                                     # a 32-token context, as mid-conversation
     best = None
     pr = cProfile.Profile()
     for _ in range(steps):
@@ -213,8 +213,9 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--prompt", type=int, default=64, help="prompt tokens")
     ap.add_argument("--decode", type=int, default=32, help="decoded tokens per round")
     ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--experts", choices=["default", "fused", "grouped"], default="default",
-                    help="moert's CPU expert kernel: the model's default, or force kernels.moe_fused / kernels.moe")
+    ap.add_argument("--experts", choices=["default", "grouped"], default="default",
+                    help="moert's CPU expert kernel: the default (kernels/moe_fused.py) or the grouped "
+                         "per-expert path (kernels/moe.py) it replaced")
     ap.add_argument("--no-llama", action="store_true", help="moert only")
     ap.add_argument("--overhead", action="store_true", help="also measure Python overhead per token per layer")
     ap.add_argument("--profile", action="store_true", help="also profile one moert decode step")
@@ -222,7 +223,7 @@ def main(argv: list[str] | None = None) -> dict:
     args = ap.parse_args(argv)
 
     path = args.model or model_path(args.layers)
-    n_ctx = args.prompt + args.decode + 8
+    n_ctx = args.prompt + args.decode + 64                       # + room for the profiled steps
     sizes = bytes_per_token(path)
     mach = common.machine(args.threads)
     prompt = (np.arange(args.prompt) * 7919 % 4000 + 10).tolist()
