@@ -34,6 +34,7 @@ import sys
 from pathlib import Path
 
 import numpy as np
+from common import rel, versions  # tests/reference/common.py (these files run as scripts)
 
 ROOT = Path(__file__).resolve().parents[2]
 OUT = ROOT / "tests" / "fixtures" / "gemma3"
@@ -48,21 +49,6 @@ PROMPTS = {
     "french": "La recette de la tarte aux pommes est simple. D'abord,",
     "japanese": "日本の首都は",
 }
-
-
-def rel(a: np.ndarray, b: np.ndarray) -> float:
-    a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
-    return float(np.linalg.norm(a - b) / np.linalg.norm(b))
-
-
-def versions() -> dict:
-    v = {"numpy": np.__version__}
-    for mod in ("torch", "transformers", "llama_cpp", "gguf"):
-        try:
-            v[mod] = getattr(__import__(mod), "__version__", "?")
-        except ImportError:
-            pass
-    return v
 
 
 # ----------------------------------------------------------------------------------------- llama.cpp

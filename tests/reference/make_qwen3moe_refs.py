@@ -29,6 +29,7 @@ import tempfile
 from pathlib import Path
 
 import numpy as np
+from common import rel, versions  # tests/reference/common.py (these files run as scripts)
 
 ROOT = Path(__file__).resolve().parents[2]
 OUT = ROOT / "tests" / "fixtures" / "qwen3moe"
@@ -154,20 +155,6 @@ def llama_logits(path: Path, tokens: np.ndarray) -> np.ndarray:
 
 
 # ---------------------------------------------------------------------------------------------- main
-
-def versions() -> dict:
-    v = {"numpy": np.__version__}
-    for mod in ("torch", "transformers", "llama_cpp", "gguf"):
-        try:
-            v[mod] = getattr(__import__(mod), "__version__", "?")
-        except ImportError:
-            pass
-    return v
-
-
-def rel(a: np.ndarray, b: np.ndarray) -> float:
-    return float(np.linalg.norm(a - b) / np.linalg.norm(b))
-
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
