@@ -73,9 +73,10 @@ def test_matmul_throughput(benchmark, name, impl, T):
     benchmark.pedantic(fn, rounds=5 if impl == "numba" else 1, iterations=1)
     best = benchmark.stats.stats.min
     R, C = w.shape
-    benchmark.extra_info.update(type=name, impl=impl, T=T, threads=numba.get_num_threads(), bytes=int(w.raw.nbytes),
-                                GB_per_s=round(w.raw.nbytes / best / 1e9, 3),
-                                Gweights_per_s=round(R * C / best / 1e9, 3), GMAC_per_s=round(T * R * C / best / 1e9, 3))
+    benchmark.extra_info.update(type=name, impl=impl, T=T, threads=numba.get_num_threads(),
+                                bytes=int(w.raw.nbytes), GB_per_s=round(w.raw.nbytes / best / 1e9, 3),
+                                Gweights_per_s=round(R * C / best / 1e9, 3),
+                                GMAC_per_s=round(T * R * C / best / 1e9, 3))
 
 
 def measure(types, shape, rounds: int, threads: int, baselines: bool) -> list[dict]:
@@ -96,7 +97,8 @@ def measure(types, shape, rounds: int, threads: int, baselines: bool) -> list[di
                 for impl in ("reference", "gguf-py"):
                     r[impl] = min(common.times(runner(impl, w, x), 1, warmup=0))
             out.append(r)
-            print(f"  {name} T={T}: {w.raw.nbytes / r['numba_1t'] / 1e9:.2f} GB/s 1 thread", file=sys.stderr, flush=True)
+            print(f"  {name} T={T}: {w.raw.nbytes / r['numba_1t'] / 1e9:.2f} GB/s 1 thread", file=sys.stderr,
+                  flush=True)
     return out
 
 
@@ -104,7 +106,8 @@ def asm_report(types) -> str:
     """Vector instructions in each type's one-token row kernel, compiled fresh (cached code has no asm)."""
     import re
 
-    lines = ["| kernel | ymm FMA | ymm int->float | zero/sign-extends | vpmaddwd | instructions |", "|---|---|---|---|---|---|"]
+    lines = ["| kernel | ymm FMA | ymm int->float | zero/sign-extends | vpmaddwd | instructions |",
+             "|---|---|---|---|---|---|"]
     for name in types:
         w = make_weight(name, (64, 1024))
         mm.matmul(np.ones((1, 1024), np.float32), w)
@@ -144,7 +147,7 @@ def main(argv: list[str] | None = None) -> None:
     bw1 = mach["bw_1thread_GBps"]
     rows = []
     for r in res:
-        gb = lambda s: r["bytes"] / s / 1e9  # noqa: E731
+        gb = lambda s, r=r: r["bytes"] / s / 1e9  # noqa: E731
         n = args.threads
         rows.append([r["type"], r["T"], f"{gb(r['numba_1t']):.2f}", f"{r['weights'] / r['numba_1t'] / 1e9:.2f}",
                      f"{gb(r['numba_1t']) / bw1:.0%}", f"{gb(r[f'numba_{n}t']):.2f}",

@@ -112,7 +112,8 @@ def main(argv: list[str] | None = None) -> None:
             if impl in ("reference", "gguf-py") and (args.no_baselines or T > 16):
                 continue
             n = args.rounds if impl in ("fused", "grouped") else 1
-            ts = common.times(lambda fn=fn: fn(x, ids, w, gate, up, down), n, warmup=1 if n > 1 else 0)
+            run = lambda fn=fn, x=x, ids=ids, w=w: fn(x, ids, w, gate, up, down)
+            ts = common.times(run, n, warmup=1 if n > 1 else 0)
             r[impl], r[impl + "_median"] = common.best_median(ts)
             print(f"  T={T} {impl}: {r[impl] / T * 1e3:.3f} ms/token", file=sys.stderr, flush=True)
         res.append(r)

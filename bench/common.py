@@ -13,7 +13,7 @@ import statistics
 import sys
 import time
 from collections.abc import Callable, Sequence
-from functools import lru_cache
+from functools import cache
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # `import bandwidth` from any cwd
 
@@ -30,7 +30,7 @@ def cpu_model() -> str:
     return platform.processor() or platform.machine()
 
 
-@lru_cache(maxsize=None)
+@cache
 def bandwidth(threads: int | None = None, mib: int = 512, rounds: int = 5) -> dict:
     """This machine's read bandwidth (GB/s, 1 thread and `threads`), measured once per process."""
     import bandwidth as bw

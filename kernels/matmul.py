@@ -490,31 +490,38 @@ def _rows_f32(w, x, out, r0, r1, c0, c1, f16):
         out[:, r] = acc
 
 
-@njit(cache=True)
+@njit(cache=True, inline="always")
 def rows(code, w, x, xs, out, r0, r1, b0, b1, f16):
     """out[t, r] = sum over blocks [b0, b1) of row r of w times x[t] (same columns), for r in [r0, r1).
 
     w (R, row_bytes) uint8 raw rows of a type with code `code`; x (T, C) float32 (only the columns of
     blocks b0..b1 are read); xs = sums32(x) (read for Q4_K/Q5_K with T == 1); out (T, >= r1) float32.
     Serial: the parallel drivers (and the MoE kernel) call it on their share of rows.
+
+    Inlined where it is called: a caller that knows `code` at compile time (a closure over it, as
+    `kernels_for` and moe_fused's layer kernels are) keeps one branch, so it compiles one type's row
+    kernels, not all eleven (cold start: Numba re-optimizes every kernel a function links).
     """
-    if x.shape[0] == 1 and code >= 3:
-        if code == 4:
+    if code == 4:
+        if x.shape[0] == 1:
             _rows1_q4_k(w, x, xs, out, r0, r1, b0, b1, f16)
-        elif code == 6:
+        else:
+            _rows_q4_k(w, x, out, r0, r1, b0, b1, f16)
+    elif code == 6:
+        if x.shape[0] == 1:
             _rows1_q6_k(w, x, xs, out, r0, r1, b0, b1, f16)
-        elif code == 5:
+        else:
+            _rows_q6_k(w, x, out, r0, r1, b0, b1, f16)
+    elif code == 5:
+        if x.shape[0] == 1:
             _rows1_q5_k(w, x, xs, out, r0, r1, b0, b1, f16)
         else:
-            _rows1_q8_0(w, x, xs, out, r0, r1, b0, b1, f16)
-    elif code == 4:
-        _rows_q4_k(w, x, out, r0, r1, b0, b1, f16)
-    elif code == 6:
-        _rows_q6_k(w, x, out, r0, r1, b0, b1, f16)
-    elif code == 5:
-        _rows_q5_k(w, x, out, r0, r1, b0, b1, f16)
+            _rows_q5_k(w, x, out, r0, r1, b0, b1, f16)
     elif code == 3:
-        _rows_q8_0(w, x, out, r0, r1, b0, b1, f16)
+        if x.shape[0] == 1:
+            _rows1_q8_0(w, x, xs, out, r0, r1, b0, b1, f16)
+        else:
+            _rows_q8_0(w, x, out, r0, r1, b0, b1, f16)
     elif code == 0:
         _rows_f32(w, x, out, r0, r1, b0, b1, f16)
     elif code == 1:
@@ -523,21 +530,42 @@ def rows(code, w, x, xs, out, r0, r1, b0, b1, f16):
         _rows_bf16(w, x, out, r0, r1, b0, b1, f16)
 
 
-# --------------------------------------------------------------------------------------- the drivers
-
-@njit(cache=True, parallel=True)
-def _matmul_parallel(code, w, x, out, nb, f16, chunk):
-    xs = sums32(x) if code == 4 or code == 5 else np.zeros((x.shape[0], 1), dtype=np.float32)
-    R = w.shape[0]
-    n = (R + chunk - 1) // chunk
-    for i in prange(n):
-        rows(code, w, x, xs, out, i * chunk, min(R, (i + 1) * chunk), 0, nb, f16)
-
-
 @njit(cache=True)
-def _matmul_serial(code, w, x, out, nb, f16):
-    xs = sums32(x) if code == 4 or code == 5 else np.zeros((x.shape[0], 1), dtype=np.float32)
-    rows(code, w, x, xs, out, 0, w.shape[0], 0, nb, f16)
+def no_sums(x):
+    """The (T, 1) placeholder passed as `xs` for types whose kernels do not read it."""
+    return np.zeros((x.shape[0], 1), dtype=np.float32)
+
+
+# --------------------------------------------------------------------------------------- the drivers
+# One pair of drivers per type, made on first use: a closure over the type code, so each compiles only
+# its own type's row kernels (Numba caches closures over plain ints: the key includes their values).
+
+_DRIVERS: dict[int, tuple] = {}
+
+
+def kernels_for(code: int) -> tuple:
+    """(serial, parallel) drivers of one type code:
+    serial(w, x, out, r0, r1, b0, b1, f16): `rows` on the calling thread (xs computed inside);
+    parallel(w, x, out, nb, f16, chunk): all rows, `chunk` rows per task, one parallel region."""
+    if code not in _DRIVERS:
+        _DRIVERS[code] = _make_drivers(code)
+    return _DRIVERS[code]
+
+
+def _make_drivers(code: int) -> tuple:
+    @njit(cache=True)
+    def serial(w, x, out, r0, r1, b0, b1, f16):
+        rows(code, w, x, sums32(x) if code == 4 or code == 5 else no_sums(x), out, r0, r1, b0, b1, f16)
+
+    @njit(cache=True, parallel=True)
+    def parallel(w, x, out, nb, f16, chunk):
+        xs = sums32(x) if code == 4 or code == 5 else no_sums(x)
+        R = w.shape[0]
+        n = (R + chunk - 1) // chunk
+        for i in prange(n):
+            rows(code, w, x, xs, out, i * chunk, min(R, (i + 1) * chunk), 0, nb, f16)
+
+    return serial, parallel
 
 
 def raw_rows(w: QTensor) -> np.ndarray:
@@ -599,11 +627,12 @@ def matmul(x: np.ndarray, w: QTensor, out: np.ndarray | None = None) -> np.ndarr
     nb = C // BLOCK[w.type]
     f16 = BF16_TO_F32 if code == 2 else F16_TO_F32
     threads = numba.get_num_threads()
+    serial, parallel = kernels_for(code)
     if threads == 1 or raw.nbytes * max(1, T // 4) < _PARALLEL_MIN_BYTES:
-        _matmul_serial(code, raw, x, out, nb, f16)
+        serial(raw, x, out, 0, R, 0, nb, f16)
     else:
         chunk = max(1, min(64, -(-R // (4 * threads))))  # >= 4 chunks a thread, so no thread idles long
-        _matmul_parallel(code, raw, x, out, nb, f16, chunk)
+        parallel(raw, x, out, nb, f16, chunk)
     return out
 
 

@@ -16,8 +16,10 @@ least-loaded thread; each item writes its own rows of Y (P, T*K, D), and the rou
 into out (T, D) runs after the region (T*K*P*D adds, serially: microseconds at decode).
 Results do not depend on the thread count: every item is summed in the same order wherever it runs.
 
-Numba's disk cache keys a function by its own file only: after editing kernels/matmul.py, delete
-kernels/__pycache__/moe_fused.* (or touch this file), or this kernel keeps the old row kernels.
+Compiled per (gate/up type, down type) on first use (`layer_kernel`): a closure over the two type codes,
+so a Q4_K/Q6_K model compiles the Q4_K and Q6_K row kernels only. Numba's disk cache keys a function by
+its own file, and this kernel links code from kernels/matmul.py and kernels/moe.py: the closure also holds
+a hash of those two files' source, so editing them recompiles it instead of loading stale code.
 
 Dimension legend: T tokens, K experts per token, E experts, D hidden, F expert hidden, n tokens of one
 expert, P parts per expert.
@@ -25,15 +27,22 @@ expert, P parts per expert.
 
 from __future__ import annotations
 
+import hashlib
+from pathlib import Path
+
 import numba
 import numpy as np
 from numba import njit, prange
 
-from moert.kernels.matmul import BLOCK, TYPE_CODES, matmul_ref, rows, sums32, table
+from moert.kernels.matmul import BLOCK, TYPE_CODES, matmul_ref, no_sums, rows, sums32, table
 from moert.kernels.moe import QTensor, group_by_expert
 from moert.quants.dequant import lookup, slice_expert
 
-__all__ = ["moe_ffn_fused", "moe_ffn_fused_ref", "parts_for", "supports"]
+__all__ = ["layer_kernel", "moe_ffn_fused", "moe_ffn_fused_ref", "parts_for", "supports"]
+
+# what the compiled layer kernels link from other files: part of their cache key (see the docstring)
+_LINKED_SOURCE = int(hashlib.sha1(b"".join((Path(__file__).parent / f).read_bytes()
+                                          for f in ("matmul.py", "moe.py"))).hexdigest()[:15], 16)
 
 
 @njit(cache=True, fastmath={"reassoc", "contract"}, inline="always")
@@ -61,9 +70,16 @@ def _plan(offsets, parts, n_threads, item_bytes, macs_per_token):
     for i in range(n_items):
         e = active[i // parts]
         cost[i] = item_bytes + macs_per_token * (offsets[e + 1] - offsets[e])
+    by_cost = np.arange(n_items)                                        # stable insertion sort, largest first
+    for i in range(1, n_items):
+        j, v = i, by_cost[i]
+        while j > 0 and cost[by_cost[j - 1]] < cost[v]:
+            by_cost[j] = by_cost[j - 1]
+            j -= 1
+        by_cost[j] = v
     owner = np.empty(n_items, dtype=np.int64)
     load = np.zeros(n_threads, dtype=np.float64)
-    for i in np.argsort(-cost, kind="mergesort"):
+    for i in by_cost:
         th = np.argmin(load)
         owner[i] = th
         load[th] += cost[i]
@@ -80,47 +96,63 @@ def _plan(offsets, parts, n_threads, item_bytes, macs_per_token):
     return order, start
 
 
-@njit(cache=True, parallel=True)
-def _moe_layer(x, ids, wts, g_raw, g_code, g_f16, u_raw, u_code, u_f16, d_raw, d_code, d_f16,
-               nb_in, nb_down, block_down, parts, n_threads):
-    """The whole routed-expert layer; see the module docstring. Raw tensors (E, rows, row_bytes) uint8.
-    n_threads = numba.get_num_threads(), passed in: called inside, it makes the function uncacheable.
-    parts = 0 picks them with parts_for."""
-    T, K = ids.shape
-    E, F = g_raw.shape[0], g_raw.shape[1]
-    D = d_raw.shape[1]
-    offsets, slots = group_by_expert(ids, E)                            # (E+1,), (T*K,) flat t*K+k
-    if parts == 0:                                                      # auto: from the experts hit
-        parts = parts_for(np.count_nonzero(offsets[1:] - offsets[:-1]), nb_down, n_threads)
-    item_bytes = (2 * g_raw[0].size + d_raw[0].size) / parts
-    order, start = _plan(offsets, parts, n_threads, item_bytes, 3.0 * F * D / parts)
-    Y = np.zeros((parts, T * K, D), dtype=np.float32)                  # each item's partial outputs
-    Fp = nb_down // parts * block_down                                  # hidden units of a part
-    for th in prange(n_threads):
-        for j in range(start[th], start[th + 1]):
-            e, p = order[j] // parts, order[j] % parts
-            o0, n = offsets[e], offsets[e + 1] - offsets[e]
-            xe = np.empty((n, x.shape[1]), dtype=np.float32)            # (n, D) this expert's tokens
-            for i in range(n):
-                xe[i] = x[slots[o0 + i] // K]
-            xs = sums32(xe) if n == 1 else np.zeros((n, 1), dtype=np.float32)
-            f0, f1 = p * Fp, (p + 1) * Fp
-            g = np.zeros((n, F), dtype=np.float32)                      # (n, F), columns [f0, f1) used
-            u = np.zeros((n, F), dtype=np.float32)
-            rows(g_code, g_raw[e], xe, xs, g, f0, f1, 0, nb_in, g_f16)
-            rows(u_code, u_raw[e], xe, xs, u, f0, f1, 0, nb_in, u_f16)
-            _silu_mul(g, u, f0, f1)                                     # h = silu(g) * u
-            hs = sums32(g) if n == 1 else xs
-            rows(d_code, d_raw[e], g, hs, Y[p, o0:o0 + n], 0, D, f0 // block_down, f1 // block_down, d_f16)
-    out = np.zeros((T, D), dtype=np.float32)                            # (T, D)
-    w = wts.reshape(-1)
-    for q in range(T * K):                                              # grouped order: by expert
-        s = slots[q]
-        t, c = s // K, w[s]
-        for p in range(parts):
-            for i in range(D):
-                out[t, i] += c * Y[p, q, i]
-    return out
+_LAYERS: dict[tuple[int, int], object] = {}
+
+
+def layer_kernel(g_code: int, d_code: int):
+    """The compiled layer kernel for gate/up of type code g_code and down of d_code (made on first use):
+    kernel(x, ids, wts, g_raw, g_f16, u_raw, u_f16, d_raw, d_f16, nb_in, nb_down, block_down, parts,
+    n_threads) -> (T, D). n_threads = numba.get_num_threads(), passed in: called inside, it makes the
+    function uncacheable. parts = 0 picks them with parts_for."""
+    key = (g_code, d_code)
+    if key not in _LAYERS:
+        _LAYERS[key] = _make_layer(g_code, d_code, _LINKED_SOURCE)
+    return _LAYERS[key]
+
+
+def _make_layer(g_code: int, d_code: int, linked_source: int):
+    @njit(cache=True, parallel=True)
+    def moe_layer(x, ids, wts, g_raw, g_f16, u_raw, u_f16, d_raw, d_f16, nb_in, nb_down, block_down, parts,
+                  n_threads):
+        """The whole routed-expert layer; see the module docstring. Raw tensors (E, rows, row_bytes) uint8."""
+        assert linked_source != 0                                       # in the cache key; see above
+        T, K = ids.shape
+        E, F = g_raw.shape[0], g_raw.shape[1]
+        D = d_raw.shape[1]
+        offsets, slots = group_by_expert(ids, E)                        # (E+1,), (T*K,) flat t*K+k
+        if parts == 0:                                                  # auto: from the experts hit
+            parts = parts_for(np.count_nonzero(offsets[1:] - offsets[:-1]), nb_down, n_threads)
+        item_bytes = (2 * g_raw[0].size + d_raw[0].size) / parts
+        order, start = _plan(offsets, parts, n_threads, item_bytes, 3.0 * F * D / parts)
+        Y = np.zeros((parts, T * K, D), dtype=np.float32)              # each item's partial outputs
+        Fp = nb_down // parts * block_down                              # hidden units of a part
+        for th in prange(n_threads):
+            for j in range(start[th], start[th + 1]):
+                e, p = order[j] // parts, order[j] % parts
+                o0, n = offsets[e], offsets[e + 1] - offsets[e]
+                xe = np.empty((n, x.shape[1]), dtype=np.float32)        # (n, D) this expert's tokens
+                for i in range(n):
+                    xe[i] = x[slots[o0 + i] // K]
+                xs = sums32(xe) if g_code == 4 or g_code == 5 else no_sums(xe)
+                f0, f1 = p * Fp, (p + 1) * Fp
+                g = np.zeros((n, F), dtype=np.float32)                  # (n, F), columns [f0, f1) used
+                u = np.zeros((n, F), dtype=np.float32)
+                rows(g_code, g_raw[e], xe, xs, g, f0, f1, 0, nb_in, g_f16)
+                rows(g_code, u_raw[e], xe, xs, u, f0, f1, 0, nb_in, u_f16)
+                _silu_mul(g, u, f0, f1)                                 # h = silu(g) * u
+                hs = sums32(g) if d_code == 4 or d_code == 5 else no_sums(g)
+                rows(d_code, d_raw[e], g, hs, Y[p, o0:o0 + n], 0, D, f0 // block_down, f1 // block_down, d_f16)
+        out = np.zeros((T, D), dtype=np.float32)                        # (T, D)
+        w = wts.reshape(-1)
+        for q in range(T * K):                                          # grouped order: by expert
+            s = slots[q]
+            t, c = s // K, w[s]
+            for p in range(parts):
+                for i in range(D):
+                    out[t, i] += c * Y[p, q, i]
+        return out
+
+    return moe_layer
 
 
 def _raw3(t: QTensor) -> np.ndarray:
@@ -172,11 +204,10 @@ def moe_ffn_fused(x: np.ndarray, ids: np.ndarray, weights: np.ndarray,
         return np.zeros((0, D), dtype=np.float32)
     bd = BLOCK[down.type]
     nbd = F // bd
-    return _moe_layer(x, ids, np.ascontiguousarray(weights, dtype=np.float32),
-                      _raw3(gate), TYPE_CODES[gate.type], table(gate.type),
-                      _raw3(up), TYPE_CODES[up.type], table(up.type),
-                      _raw3(down), TYPE_CODES[down.type], table(down.type),
-                      D // BLOCK[gate.type], nbd, bd, 0, numba.get_num_threads())
+    kernel = layer_kernel(TYPE_CODES[gate.type], TYPE_CODES[down.type])
+    return kernel(x, ids, np.ascontiguousarray(weights, dtype=np.float32), _raw3(gate), table(gate.type),
+                  _raw3(up), table(up.type), _raw3(down), table(down.type), D // BLOCK[gate.type], nbd, bd, 0,
+                  numba.get_num_threads())
 
 
 def _expert(t: QTensor, e: int) -> tuple[np.ndarray, str, tuple[int, ...]]:

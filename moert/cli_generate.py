@@ -27,6 +27,8 @@ def add_sampling_args(p: argparse.ArgumentParser) -> None:
                    help="stop when this text is generated (repeatable)")
     g.add_argument("-t", "--threads", type=int, default=None, help="CPU threads for the kernels")
     g.add_argument("-b", "--batch-size", type=int, default=512, help="prompt tokens per forward chunk")
+    g.add_argument("--no-warmup", dest="warmup", action="store_false", help="skip the one-token warm-up run at "
+                   "load (then the first token pays for compiling the CPU kernels on a first run)")
     g.add_argument("--stats", action="store_true", help="print llama.cpp-style timings and moert's per-device "
                    "time and transfer breakdown")
 
@@ -46,7 +48,8 @@ def load_from_args(model: str, args: argparse.Namespace, **overrides):
     kw.pop("strict", None)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        m = load(model, context_size=args.ctx or 4096, threads=args.threads, n_batch=args.batch_size, **kw)
+        m = load(model, context_size=args.ctx or 4096, threads=args.threads, n_batch=args.batch_size,
+                 warmup=getattr(args, "warmup", True), **kw)
     for w in caught:
         print(f"warning: {w.message}", file=sys.stderr)
     return m
@@ -173,7 +176,10 @@ def cmd_demo(args: argparse.Namespace) -> int:
     backend = _demo_backend()
     print(f"\n== placement: experts on the CPU (--cpu-moe), everything else on {backend}:0 "
           f"({'a real GPU' if backend == 'cupy' else 'the simulated GPU: no CUDA device found'})\n")
+    t1 = time.perf_counter()
     model = load_from_args(str(path), args, cpu_moe=True, gpu_backend=backend, gpu_memory=args.gpu_mem)
+    print(f"loaded in {time.perf_counter() - t1:.1f} s, of which {model.warmup_seconds or 0:.1f} s warming up (a "
+          f"first run compiles the CPU kernels; later runs load them from Numba's cache)\n")
     print(model.plan.explain(only=r"^blk\.0\.|^output|^token_embd"))
     print("\n" + estimate(model.plan, model.context_size).table())
     prompt = "The capital of France is"

@@ -102,6 +102,11 @@ class TransferStats:
         for f in fields(self):
             setattr(self, f.name, type(getattr(self, f.name))())
 
+    def reset_to(self, snapshot: TransferStats) -> None:
+        """Set every counter back to a snapshot's (`copy()`)."""
+        for f in fields(self):
+            setattr(self, f.name, getattr(snapshot, f.name))
+
     def copy(self) -> TransferStats:
         """A snapshot (subtract two snapshots for the transfers of one call)."""
         return TransferStats(**asdict(self))

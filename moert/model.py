@@ -16,6 +16,7 @@ through `to` (moert.devices.transfer underneath), so the sim device catches any 
 
 from __future__ import annotations
 
+import copy
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -125,8 +126,10 @@ class ModelStats:
 def load(model: Any, overrides: Any = None, gpu_layers: int | str = "all", cpu_moe: bool = False,
          n_cpu_moe: int | None = None, gpu_backend: str = "auto", gpu_memory: Any = None,
          context_size: int = 4096, threads: int | None = None, progress: Any = None, *,
-         n_batch: int = 512, **plan_options: Any) -> Model:
-    """Open a GGUF model, place its tensors, load them onto their devices, allocate the KV cache."""
+         n_batch: int = 512, warmup: bool = True, **plan_options: Any) -> Model:
+    """Open a GGUF model, place its tensors, load them onto their devices, allocate the KV cache, and
+    (warmup=True, llama.cpp's default too) run one token through it so the first real token does not
+    pay for compiling the kernels (`Model.warmup`)."""
     from moert import gguf, placement
     from moert.weights import load_weights
 
@@ -140,7 +143,14 @@ def load(model: Any, overrides: Any = None, gpu_layers: int | str = "all", cpu_m
                           gpu_backend=gpu_backend, gpu_memory=gpu_memory, context_size=n_ctx,
                           **plan_options)
     weights = load_weights(g, plan, progress=progress, context_size=n_ctx)
-    return Model(g, arch, config, plan, weights, n_ctx, n_batch)
+    m = Model(g, arch, config, plan, weights, n_ctx, n_batch)
+    if warmup:
+        try:
+            m.warmup(progress=progress is not False)
+        except BaseException:
+            m.close()
+            raise
+    return m
 
 
 def set_threads(n: int) -> int:
@@ -178,6 +188,7 @@ class Model:
         # CPU-resident dense weights used by `linear`, dequantized once (float32) instead of every call
         self.dense_cache_bytes = DENSE_CACHE_BYTES   # the budget; 0 turns the cache off
         self._dense: dict[str, np.ndarray] = {}
+        self.warmup_seconds: float | None = None  # what `warmup` took (None: it has not run)
 
     # -- the public interface
     def forward(self, tokens) -> np.ndarray:
@@ -210,6 +221,28 @@ class Model:
     def reset(self) -> None:
         """Empty the context (the KV cache is overwritten as new tokens arrive)."""
         self.position = 0
+
+    def warmup(self, progress: bool = True) -> float:
+        """Run one token through the model and forget it: the context, `stats` and the devices' transfer
+        counters are as before (it needs one free position in the context). The CPU kernels compile here,
+        on first use of a weight type on this machine (seconds; later runs load them from Numba's cache
+        in kernels/__pycache__). Returns the seconds it took. A bar shows if it takes longer than 1 s."""
+        from tqdm import tqdm
+
+        t0, position = time.perf_counter(), self.position
+        last, total = self.stats.last, copy.deepcopy(self.stats.total)
+        counters = {d.name: d.stats.copy() for d in self.plan.devices}
+        with tqdm(total=1, desc="warming up (compiles the CPU kernels on a first run)", unit="step",
+                  delay=1.0, disable=not progress, leave=False) as bar:
+            try:                # at the next free position: a cache entry the next token overwrites anyway
+                self.forward(np.zeros(1, dtype=np.int64))
+            finally:
+                self.position, self.stats.last, self.stats.total = position, last, total
+                for d in self.plan.devices:
+                    d.stats.reset_to(counters[d.name])
+            bar.update(1)
+        self.warmup_seconds = time.perf_counter() - t0
+        return self.warmup_seconds
 
     # -- text: the vocabulary from the GGUF, and the generation loop (moert/generate.py)
     @cached_property

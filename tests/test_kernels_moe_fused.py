@@ -93,10 +93,9 @@ def test_same_result_for_any_threads_and_parts():
         numba.set_num_threads(before)
     np.testing.assert_array_equal(one, two)
     assert mf.parts_for(8, 3, 2) == 1 and mf.parts_for(8, 3, 16) == 3 and mf.parts_for(1, 3, 2) == 3
-    raws = [mf._raw3(t) for t in (gate, up, down)]
-    codes = [(mf.TYPE_CODES[t.type], mf.table(t.type)) for t in (gate, up, down)]
-    args = [a for r, c in zip(raws, codes) for a in (r, *c)]
-    split = mf._moe_layer(x, ids, w, *args, D // 256, 3, 256, 3, 2)    # 3 parts of 256 hidden units
+    args = [a for t in (gate, up, down) for a in (mf._raw3(t), mf.table(t.type))]
+    kernel = mf.layer_kernel(mf.TYPE_CODES[gate.type], mf.TYPE_CODES[down.type])
+    split = kernel(x, ids, w, *args, D // 256, 3, 256, 3, 2)           # 3 parts of 256 hidden units
     tol = 1e-4 * scale(x, ids, w, gate, up, down)
     assert np.all(np.abs(split - one) <= tol)
 

@@ -8,10 +8,10 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from moert.kernels import moe as kmoe
 
 from moert import layers, moe
 from moert.config import ConfigError, MoEConfig
+from moert.kernels import moe as kmoe
 from moert.quants import quantize
 
 rng = np.random.default_rng(0)
