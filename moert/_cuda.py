@@ -46,3 +46,9 @@ def free_memory(index: int) -> int:
     with cp.cuda.Device(index):
         free, _total = cp.cuda.runtime.memGetInfo()
     return int(free)
+
+
+def device_name(index: int) -> str:
+    """CUDA device `index`'s product name, e.g. 'NVIDIA H100 80GB HBM3'."""
+    name = cupy().cuda.runtime.getDeviceProperties(index)["name"]
+    return name.decode() if isinstance(name, bytes) else str(name)

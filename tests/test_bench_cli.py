@@ -1,0 +1,123 @@
+"""`moert bench`: llama-bench's pp/tg table and JSON on a tiny synthetic model, its errors, and bytes_per_token."""
+
+from __future__ import annotations
+
+import json
+import re
+import statistics
+
+import gguf as gguf_py
+import pytest
+
+from moert.bench import bytes_per_token
+from moert.cli import main
+from moert.testing import write_qwen3moe
+
+E, K, V = 4, 2, 256  # experts, experts used, vocabulary of the test model
+
+
+@pytest.fixture(scope="module")
+def model(tmp_path_factory):
+    return write_qwen3moe(tmp_path_factory.mktemp("bench") / "m.gguf", n_layer=2, n_expert=E, n_expert_used=K,
+                          n_vocab=V, context_length=512)
+
+
+def bench(capsys, *args: str) -> tuple[int, str, str]:
+    rc = main(["bench", *map(str, args)])
+    out = capsys.readouterr()
+    return rc, out.out, out.err
+
+
+def rows(table: str) -> dict[str, list[str]]:
+    """The markdown rows under the header: test name -> the other cells."""
+    cells = [[c.strip() for c in ln.strip("|").split("|")] for ln in table.splitlines()
+             if ln.startswith("| ") and not set(ln) <= set("|-: ")]
+    assert cells[0] == ["test", "t/s", "best t/s", "ms/token", "GB/s"]
+    return {c[0]: c[1:] for c in cells[1:]}
+
+
+def test_table_has_pp_and_tg_rows_with_positive_numbers(model, capsys):
+    rc, out, err = bench(capsys, model, "-p", 8, "-n", 4, "-r", 2, "--cpu-moe", "--gpu-backend", "sim")
+    assert rc == 0, err
+    assert "m.gguf: qwen3moe" in out and "cores" in out
+    assert re.search(r"placement: cpu [\d.]+ KiB, sim:0 [\d.]+ KiB; GPUs: sim:0 \(simulated", out)
+    r = rows(out)
+    assert list(r) == ["pp8", "tg4 @ d8"]
+    for name, (ts, best, ms, gbps) in r.items():
+        mean, std = (float(x) for x in ts.split(" ± "))
+        assert mean > 0 and std >= 0 and float(best) >= mean and float(ms) > 0
+        assert (gbps == "-") == name.startswith("pp")
+    assert float(r["tg4 @ d8"][3]) > 0
+
+
+def test_json_has_machine_model_settings_and_every_sample(model, capsys):
+    rc, out, err = bench(capsys, model, "-p", 6, "-n", 3, "-r", 3, "-ngl", 0, "--json")
+    assert rc == 0, err
+    d = json.loads(out)
+    assert {"cpu", "cores", "threads", "numpy", "numba"} <= set(d["machine"])
+    r = gguf_py.GGUFReader(model)
+    assert d["model"]["params"] == sum(int(t.n_elements) for t in r.tensors)
+    assert d["model"]["size"] == sum(int(t.n_bytes) for t in r.tensors)
+    assert d["model"]["architecture"] == "qwen3moe" and d["model"]["n_ctx_train"] == 512
+    s = d["settings"]
+    assert (s["n_prompt"], s["n_gen"], s["repetitions"], s["context_size"]) == (6, 3, 3, 9)
+    assert s["bytes_by_device"] == {"cpu": d["model"]["size"]}
+    pp, tg = d["tests"]
+    assert (pp["test"], pp["n_prompt"], pp["n_gen"]) == ("pp6", 6, 0)
+    assert (tg["test"], tg["n_gen"], tg["n_depth"]) == ("tg3 @ d6", 3, 6)
+    for t, n in ((pp, 6), (tg, 3)):
+        assert len(t["samples_ns"]) == len(t["samples_ts"]) == 3
+        assert t["samples_ts"] == pytest.approx([n / (ns / 1e9) for ns in t["samples_ns"]], rel=1e-6)
+        assert t["avg_ts"] == pytest.approx(statistics.fmean(t["samples_ts"]))
+        assert t["best_ts"] == max(t["samples_ts"])
+        assert t["ms_per_token"] == pytest.approx(statistics.fmean(t["samples_ns"]) / 1e6 / n, rel=1e-6)
+    assert pp["GBps"] is None
+    assert tg["bytes_per_token"] == bytes_per_token(model)["decode"]
+    assert tg["GBps"] == pytest.approx(tg["bytes_per_token"] / (tg["ms_per_token"] / 1e3) / 1e9)
+
+
+def test_zero_skips_a_test(model, capsys):
+    rc, out, err = bench(capsys, model, "-p", 0, "-n", 3, "-r", 1, "-ngl", 0)
+    assert rc == 0, err
+    assert list(rows(out)) == ["tg3"]                     # from an empty context: no depth
+    rc, out, err = bench(capsys, model, "-p", 5, "-n", 0, "-r", 1, "-ngl", 0, "--json")
+    assert rc == 0, err
+    assert [t["test"] for t in json.loads(out)["tests"]] == ["pp5"]
+
+
+def test_context_overflow_and_bad_counts_are_clean_errors(model, capsys):
+    rc, out, err = bench(capsys, model, "-p", 8, "-n", 4, "-c", 10, "-ngl", 0)
+    assert rc == 1 and out == ""
+    assert "moert bench: error:" in err and "12 tokens do not fit" in err and "-c) of 12" in err
+    rc, out, err = bench(capsys, model, "-p", 500, "-n", 100, "-ngl", 0)     # past the trained 512
+    assert rc == 1 and "trained for 512" in err and "Traceback" not in err
+    rc, out, err = bench(capsys, model, "-p", 0, "-n", 0, "-ngl", 0)
+    assert rc == 1 and "nothing to measure" in err
+    for flag, value in (("-p", "-1"), ("-n", "-5"), ("-r", "0"), ("-t", "0")):
+        with pytest.raises(SystemExit) as e:
+            main(["bench", str(model), flag, value])
+        assert e.value.code == 2 and value in capsys.readouterr().err
+
+
+def test_bytes_per_token_from_the_tensor_list(model):
+    """Dense tensors whole, K of E experts, one row of the embedding, counted with gguf-py's reader."""
+    r = gguf_py.GGUFReader(model)
+    nbytes = {t.name: int(t.n_bytes) for t in r.tensors}
+    experts = sum(n for name, n in nbytes.items() if name.endswith("_exps.weight"))
+    embd = nbytes["token_embd.weight"]
+    dense = sum(nbytes.values()) - experts - embd
+    assert "output.weight" in nbytes and experts > 0 and embd % V == 0
+    expected = dense + experts * K // E + embd // V
+    b = bytes_per_token(model)
+    assert b == dict(file=sum(nbytes.values()), decode=expected, experts_per_token=experts * K // E,
+                     dense=dense + embd // V)
+
+
+def test_bytes_per_token_tied_output_reads_the_whole_embedding(tmp_path):
+    p = write_qwen3moe(tmp_path / "tied.gguf", n_layer=1, n_expert=E, n_expert_used=K, n_vocab=V, tied_output=True)
+    nbytes = {t.name: int(t.n_bytes) for t in gguf_py.GGUFReader(p).tensors}
+    assert "output.weight" not in nbytes
+    embd = nbytes["token_embd.weight"]
+    experts = sum(n for name, n in nbytes.items() if name.endswith("_exps.weight"))
+    assert bytes_per_token(p)["decode"] == sum(nbytes.values()) - experts + experts * K // E + embd // V
+    assert bytes_per_token(p)["dense"] == sum(nbytes.values()) - experts + embd // V
