@@ -8,26 +8,15 @@ median says how disturbed the others were.
 from __future__ import annotations
 
 import os
-import platform
 import statistics
 import sys
 import time
 from collections.abc import Callable, Sequence
 from functools import cache
 
+from moert.bench import machine_info
+
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # `import bandwidth` from any cwd
-
-
-def cpu_model() -> str:
-    """The CPU's model name from /proc/cpuinfo (platform.processor() is often empty on Linux)."""
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
 
 
 @cache
@@ -39,13 +28,9 @@ def bandwidth(threads: int | None = None, mib: int = 512, rounds: int = 5) -> di
 
 
 def machine(threads: int | None = None, with_bandwidth: bool = True) -> dict:
-    """CPU model, cores, threads used, versions, load average, and the measured read bandwidth."""
-    import numba
-    import numpy as np
-
-    info = dict(cpu=cpu_model(), cores=os.cpu_count(), threads=threads or numba.get_num_threads(),
-                python=platform.python_version(), numpy=np.__version__, numba=numba.__version__,
-                load_avg=round(os.getloadavg()[0], 2))
+    """CPU model, cores, threads used, versions, load average (moert.bench.machine_info), and the measured
+    read bandwidth."""
+    info = machine_info(threads)
     if with_bandwidth:
         b = bandwidth(info["threads"])
         info.update(bw_1thread_GBps=round(b["single"], 1), bw_GBps=round(b["multi"], 1))

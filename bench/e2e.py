@@ -29,6 +29,8 @@ from pathlib import Path
 
 import numpy as np
 
+from moert.bench import bytes_per_token  # weight bytes one decoded token reads (shared with `moert bench`)
+
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import common  # noqa: E402
 
@@ -49,32 +51,6 @@ def model_path(layers: int) -> Path:
         write_qwen3moe(path, n_layer=layers, **SHAPES)
         print(f"built in {time.perf_counter() - t0:.0f} s, {path.stat().st_size / 1e9:.2f} GB", flush=True)
     return path
-
-
-# ------------------------------------------------------------------------------------- bytes per token
-
-def bytes_per_token(path: Path) -> dict:
-    """Weight bytes one decoded token reads: every dense tensor, K of E experts per layer, one embedding row."""
-    from moert import gguf
-    from moert.config import MoEConfig  # noqa: F401  (the keys below are MoE keys)
-
-    g = gguf.open(path)
-    arch = g.architecture
-    E = int(g.metadata[f"{arch}.expert_count"])
-    K = int(g.metadata[f"{arch}.expert_used_count"])
-    total = dense = experts = 0
-    for name, t in g.tensors.items():
-        n = int(t.nbytes)
-        total += n
-        if "_exps" in name:
-            experts += n * K // E
-        elif name == "token_embd.weight":
-            dense += n // int(t.shape[0])                 # one row
-            if "output.weight" not in g.tensors:
-                dense += n                                # tied: the output reads all of it
-        else:
-            dense += n
-    return dict(file=total, decode=dense + experts, experts_per_token=experts, dense=dense)
 
 
 # ---------------------------------------------------------------------------------------------- engines
@@ -195,7 +171,7 @@ def python_overhead(threads: int, steps: int = 64) -> dict:
                            n_expert_used=2, n_ff_exp=64, n_vocab=256, qtype="Q8_0")
         m = moert.load(p, gpu_layers=0, threads=threads, context_size=512, progress=False)
         m.forward(np.arange(1, 9))
-        ts = common.times(lambda: m.forward(np.asarray([3])), rounds=steps, warmup=8)
+        ts = common.times(lambda m=m: m.forward(np.asarray([3])), rounds=steps, warmup=8)
         per_token[L] = statistics.median(ts)
         m.close()
     slope = (per_token[10] - per_token[2]) / 8
@@ -226,9 +202,10 @@ def main(argv: list[str] | None = None) -> dict:
     n_ctx = args.prompt + args.decode + 64                       # + room for the profiled steps
     sizes = bytes_per_token(path)
     mach = common.machine(args.threads)
-    prompt = (np.arange(args.prompt) * 7919 % 4000 + 10).tolist()
 
     engines = [Moert(path, args.threads, n_ctx, args.experts)]
+    n_ids = max(min(4000, engines[0].m.n_vocab - 10), 1)       # --model: a smaller vocabulary than the built one
+    prompt = (np.arange(args.prompt) * 7919 % n_ids + 10).tolist()
     llama_note = ""
     if not args.no_llama:
         try:
@@ -260,7 +237,8 @@ def main(argv: list[str] | None = None) -> dict:
         d.update(pp_tok_s=args.prompt / pp_m, pp_tok_s_best=args.prompt / pp_b, tg_tok_s=1 / tg_m,
                  tg_tok_s_best=1 / tg_b, tg_GBps=sizes["decode"] / tg_m / 1e9,
                  tg_bw_fraction=sizes["decode"] / tg_m / 1e9 / mach["bw_GBps"])
-        rows.append([name, f"{d['pp_tok_s']:.1f} ({d['pp_tok_s_best']:.1f})", f"{d['tg_tok_s']:.2f} ({d['tg_tok_s_best']:.2f})",
+        rows.append([name, f"{d['pp_tok_s']:.1f} ({d['pp_tok_s_best']:.1f})",
+                     f"{d['tg_tok_s']:.2f} ({d['tg_tok_s_best']:.2f})",
                      f"{d['tg_GBps']:.2f}", f"{d['tg_bw_fraction']:.0%}", f"{d['load_s']:.2f}",
                      f"{d['first_token_s']:.2f}"])
     ratio = {}
