@@ -244,14 +244,14 @@ def format_table(machine: dict, model: dict, settings: dict, results: list[TestR
     out = [f"model:     {model['file']}: {model['architecture']}, {format_size(model['size'])}, "
            f"{_count(model['params'])} params ({types})",
            f"           a decoded token reads {format_size(bpt['decode'])} of weights{experts}",
-           f"machine:   {machine['cpu']}, {machine['cores']} cores, {machine['threads']} threads; python "
+           f"machine:   {machine['cpu']}, {machine['cores']} cores, {machine['threads']} "
+           f"thread{'s' if machine['threads'] > 1 else ''}; python "
            f"{machine['python']}, numpy {machine['numpy']}, numba {machine['numba']}; load average "
            f"{machine['load_avg']}",
            f"placement: {where}" + (f"; GPUs: {', '.join(settings['gpus'])}" if settings["gpus"] else "")
            + (f"; -ot {settings['overrides']}" if settings["overrides"] else ""),
            f"settings:  context {settings['context_size']}, batch {settings['n_batch']}, "
-           f"{settings['repetitions']} repetitions, {'warm-up' if settings['warmup'] else 'no warm-up'}; t/s: mean "
-           f"± std over repetitions; GB/s: weights read per decoded token x t/s",
+           f"{settings['repetitions']} repetitions, {'warm-up' if settings['warmup'] else 'no warm-up'}",
            ""]
     rows = [[r.name, f"{r.avg_ts:.2f} ± {r.stddev_ts:.2f}", f"{r.best_ts:.2f}", f"{r.ms_per_token:.2f}",
              "-" if r.GBps is None else f"{r.GBps:.2f}"] for r in results]
@@ -261,6 +261,7 @@ def format_table(machine: dict, model: dict, settings: dict, results: list[TestR
     out.append("| " + " | ".join("-" * w[0] if i == 0 else "-" * (w[i] - 1) + ":" for i in range(len(w))) + " |")
     out += ["| " + " | ".join(c.ljust(w[i]) if i == 0 else c.rjust(w[i]) for i, c in enumerate(r)) + " |"
             for r in rows]
+    out.append("\nt/s: mean ± std over repetitions; GB/s: weight bytes a decoded token reads x t/s")
     return "\n".join(out)
 
 
