@@ -38,7 +38,7 @@ from moert.kernels.moe import QTensor
 from moert.quants.dequant import dequantize as _ref_dequantize
 from moert.quants.dequant import lookup
 
-__all__ = ["FAST_TYPES", "TYPE_CODES", "matmul", "matmul_ref", "matvec", "matvec_ref", "weight_bytes"]
+__all__ = ["FAST_TYPES", "TYPE_CODES", "Prepared", "matmul", "matmul_ref", "matvec", "matvec_ref", "weight_bytes"]
 
 # Kernel table: GGML type -> (code used inside Numba, block size). The code picks the row kernel.
 TYPE_CODES = {"F32": 0, "F16": 1, "BF16": 2, "Q8_0": 3, "Q4_K": 4, "Q5_K": 5, "Q6_K": 6}
@@ -614,26 +614,60 @@ def _check(x: np.ndarray, w: QTensor) -> tuple[np.ndarray, int]:
     return x, code
 
 
+def threads() -> int:
+    """numba.get_num_threads(), without its per-call thread-pool check once the pool is up (~3 us a call)."""
+    global _num_threads
+    if _num_threads is None:
+        numba.get_num_threads()                                         # starts the pool
+        try:
+            from numba.np.ufunc.parallel import _get_num_threads as _num_threads
+        except ImportError:                                             # a Numba without it: the public one
+            _num_threads = numba.get_num_threads
+    return _num_threads()
+
+
+_num_threads = None
+
+
+class Prepared:
+    """A weight made ready for repeated matmuls (a model keeps one per CPU weight): its raw rows, type code,
+    table and drivers looked up once, so a call costs one Numba dispatch plus a few checks."""
+
+    __slots__ = ("shape", "type", "raw", "code", "nb", "f16", "serial", "parallel")
+
+    def __init__(self, w: QTensor):
+        _check(np.zeros((1, w.shape[-1]), np.float32), w)
+        self.shape, self.type, self.raw = tuple(w.shape), w.type, raw_rows(w)
+        self.code = TYPE_CODES[w.type]
+        self.nb = w.shape[1] // BLOCK[w.type]
+        self.f16 = BF16_TO_F32 if self.code == 2 else F16_TO_F32
+        self.serial, self.parallel = kernels_for(self.code)
+
+    def __call__(self, x: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+        """x (T, C) @ W.T -> (T, R) float32."""
+        R, C = self.shape
+        if x.ndim != 2 or x.shape[1] != C:
+            raise ValueError(f"x {x.shape} does not match the weight {self.shape}: need (T, {C})")
+        if x.dtype != np.float32 or not x.flags.c_contiguous:
+            x = np.ascontiguousarray(x, dtype=np.float32)
+        T = x.shape[0]
+        if out is None:
+            out = np.empty((T, R), dtype=np.float32)
+        if T == 0 or R == 0:
+            return out
+        n = threads()
+        if n == 1 or self.raw.nbytes * max(1, T // 4) < _PARALLEL_MIN_BYTES:
+            self.serial(self.raw, x, out, 0, R, 0, self.nb, self.f16)
+        else:
+            chunk = max(1, min(64, -(-R // (4 * n))))  # >= 4 chunks a thread, so no thread idles long
+            self.parallel(self.raw, x, out, self.nb, self.f16, chunk)
+        return out
+
+
 def matmul(x: np.ndarray, w: QTensor, out: np.ndarray | None = None) -> np.ndarray:
     """x (T, C) @ W.T -> (T, R) float32, W read from its quantized bytes (parallel over rows)."""
-    x, code = _check(x, w)
-    R, C = w.shape
-    T = x.shape[0]
-    if out is None:
-        out = np.empty((T, R), dtype=np.float32)
-    if T == 0 or R == 0:
-        return out
-    raw = raw_rows(w)
-    nb = C // BLOCK[w.type]
-    f16 = BF16_TO_F32 if code == 2 else F16_TO_F32
-    threads = numba.get_num_threads()
-    serial, parallel = kernels_for(code)
-    if threads == 1 or raw.nbytes * max(1, T // 4) < _PARALLEL_MIN_BYTES:
-        serial(raw, x, out, 0, R, 0, nb, f16)
-    else:
-        chunk = max(1, min(64, -(-R // (4 * threads))))  # >= 4 chunks a thread, so no thread idles long
-        parallel(raw, x, out, nb, f16, chunk)
-    return out
+    x, _ = _check(x, w)
+    return Prepared(w)(x, out)
 
 
 def matvec(x: np.ndarray, w: QTensor, out: np.ndarray | None = None) -> np.ndarray:

@@ -30,15 +30,14 @@ from __future__ import annotations
 import hashlib
 from pathlib import Path
 
-import numba
 import numpy as np
 from numba import njit, prange
 
-from moert.kernels.matmul import BLOCK, TYPE_CODES, matmul_ref, no_sums, rows, sums32, table
+from moert.kernels.matmul import BLOCK, TYPE_CODES, matmul_ref, no_sums, rows, sums32, table, threads
 from moert.kernels.moe import QTensor, group_by_expert
 from moert.quants.dequant import lookup, slice_expert
 
-__all__ = ["layer_kernel", "moe_ffn_fused", "moe_ffn_fused_ref", "parts_for", "supports"]
+__all__ = ["PreparedExperts", "layer_kernel", "moe_ffn_fused", "moe_ffn_fused_ref", "parts_for", "supports"]
 
 # what the compiled layer kernels link from other files: part of their cache key (see the docstring)
 _LINKED_SOURCE = int(hashlib.sha1(b"".join((Path(__file__).parent / f).read_bytes()
@@ -102,7 +101,7 @@ _LAYERS: dict[tuple[int, int], object] = {}
 def layer_kernel(g_code: int, d_code: int):
     """The compiled layer kernel for gate/up of type code g_code and down of d_code (made on first use):
     kernel(x, ids, wts, g_raw, g_f16, u_raw, u_f16, d_raw, d_f16, nb_in, nb_down, block_down, parts,
-    n_threads) -> (T, D). n_threads = numba.get_num_threads(), passed in: called inside, it makes the
+    n_threads) -> (T, D). n_threads = matmul.threads(), passed in: called inside, it makes the
     function uncacheable. parts = 0 picks them with parts_for."""
     key = (g_code, d_code)
     if key not in _LAYERS:
@@ -184,30 +183,47 @@ def supports(gate: QTensor, up: QTensor, down: QTensor) -> bool:
     return gate.type == up.type and gate.type in TYPE_CODES and down.type in TYPE_CODES
 
 
+class PreparedExperts:
+    """One layer's gate/up/down made ready for repeated calls (a model keeps one per CPU expert layer): the
+    checks, raw views, tables and the compiled kernel looked up once."""
+
+    __slots__ = ("shape", "args", "kernel")
+
+    def __init__(self, gate: QTensor, up: QTensor, down: QTensor):
+        for t in (gate, up, down):
+            if t.type not in TYPE_CODES:
+                lookup(t.type, frozenset(TYPE_CODES), "moert.kernels.moe_fused")   # raises UnsupportedTypeError
+        E, F, D = gate.shape
+        if up.shape != gate.shape or down.shape != (E, D, F):
+            raise ValueError(f"expert shapes do not fit: gate {gate.shape}, up {up.shape}, down {down.shape}; "
+                             f"need gate = up = (E, F, D) and down = (E, D, F)")
+        if gate.type != up.type:
+            raise ValueError(f"gate is {gate.type} but up is {up.type}; the fused kernel reads both with one "
+                             f"row kernel (use kernels.moe.moe_ffn for mixed gate/up types)")
+        bd = BLOCK[down.type]
+        self.shape = (E, F, D)
+        self.args = (_raw3(gate), table(gate.type), _raw3(up), table(up.type), _raw3(down), table(down.type),
+                     D // BLOCK[gate.type], F // bd, bd, 0)
+        self.kernel = layer_kernel(TYPE_CODES[gate.type], TYPE_CODES[down.type])
+
+    def __call__(self, x: np.ndarray, ids: np.ndarray, weights: np.ndarray) -> np.ndarray:
+        """sum_k weights[t, k] * expert_{ids[t, k]}(x[t]) -> (T, D) float32."""
+        if x.dtype != np.float32 or not x.flags.c_contiguous:
+            x = np.ascontiguousarray(x, dtype=np.float32)
+        if ids.dtype != np.int32 or not ids.flags.c_contiguous:
+            ids = np.ascontiguousarray(ids, dtype=np.int32)
+        if weights.dtype != np.float32 or not weights.flags.c_contiguous:
+            weights = np.ascontiguousarray(weights, dtype=np.float32)
+        if x.shape[0] == 0:
+            return np.zeros((0, self.shape[2]), dtype=np.float32)
+        return self.kernel(x, ids, weights, *self.args, threads())
+
+
 def moe_ffn_fused(x: np.ndarray, ids: np.ndarray, weights: np.ndarray,
                   gate: QTensor, up: QTensor, down: QTensor) -> np.ndarray:
     """Routed SwiGLU experts of one layer in one parallel region: sum_k weights[t, k] * expert(x[t]) -> (T, D).
     x (T, D) float32, ids (T, K) int, weights (T, K) float32; gate/up (E, F, D), down (E, D, F)."""
-    for t in (gate, up, down):
-        if t.type not in TYPE_CODES:
-            lookup(t.type, frozenset(TYPE_CODES), "moert.kernels.moe_fused")   # raises UnsupportedTypeError
-    E, F, D = gate.shape
-    if up.shape != gate.shape or down.shape != (E, D, F):
-        raise ValueError(f"expert shapes do not fit: gate {gate.shape}, up {up.shape}, down {down.shape}; "
-                         f"need gate = up = (E, F, D) and down = (E, D, F)")
-    if gate.type != up.type:
-        raise ValueError(f"gate is {gate.type} but up is {up.type}; the fused kernel reads both with one "
-                         f"row kernel (use kernels.moe.moe_ffn for mixed gate/up types)")
-    x = np.ascontiguousarray(x, dtype=np.float32)
-    ids = np.ascontiguousarray(ids, dtype=np.int32)
-    if x.shape[0] == 0:
-        return np.zeros((0, D), dtype=np.float32)
-    bd = BLOCK[down.type]
-    nbd = F // bd
-    kernel = layer_kernel(TYPE_CODES[gate.type], TYPE_CODES[down.type])
-    return kernel(x, ids, np.ascontiguousarray(weights, dtype=np.float32), _raw3(gate), table(gate.type),
-                  _raw3(up), table(up.type), _raw3(down), table(down.type), D // BLOCK[gate.type], nbd, bd, 0,
-                  numba.get_num_threads())
+    return PreparedExperts(gate, up, down)(np.asarray(x), np.asarray(ids), np.asarray(weights))
 
 
 def _expert(t: QTensor, e: int) -> tuple[np.ndarray, str, tuple[int, ...]]:

@@ -3,6 +3,10 @@
 Every function takes its arrays on one device and returns arrays on that device; none of them moves
 data. All arithmetic is float32 except RoPE angles (float64, then cast, as positions grow large).
 
+On the CPU (xp is numpy, float32 arrays) rms_norm, rope and one-token attention hand over to Numba
+kernels in kernels/layers.py, for Python overhead: these functions are their reference twins
+(`fast=False` runs the twin).
+
 Dimension legend: T tokens in this call, S positions in the cache (past + T), D hidden, H query heads,
 Hk key/value heads, G = H / Hk heads per KV group, Dh head dim, F feed-forward hidden.
 """
@@ -11,9 +15,33 @@ from __future__ import annotations
 
 import numpy as np
 
+_fast = None    # moert.kernels.layers, imported on first use (it imports Numba)
 
-def rms_norm(x, w, eps: float, xp=np):
+
+def _kernels():
+    global _fast
+    if _fast is None:
+        from moert.kernels import layers
+
+        _fast = layers
+    return _fast
+
+
+def cpu_arrays(xp, *arrays) -> bool:
+    """Whether the CPU kernels (kernels/layers.py) take these: xp is numpy and they are C-contiguous
+    float32 NumPy arrays."""
+    if xp is not np:
+        return False
+    for a in arrays:
+        if type(a) is not np.ndarray or a.dtype != np.float32 or not a.flags.c_contiguous:
+            return False
+    return True
+
+
+def rms_norm(x, w, eps: float, xp=np, fast: bool = True):
     """RMSNorm over the last axis: x / sqrt(mean(x^2) + eps) * w."""
+    if fast and cpu_arrays(xp, x, w) and w.shape == x.shape[-1:]:
+        return _kernels().rms_norm(x, w, eps)
     ms = xp.mean(x * x, axis=-1, keepdims=True)                          # (..., 1)
     return x * (1.0 / xp.sqrt(ms + np.float32(eps))) * w
 
@@ -26,9 +54,11 @@ def rope_angles(pos0: int, n: int, head_dim: int, base: float, xp=np):
     return xp.cos(ang).astype(xp.float32), xp.sin(ang).astype(xp.float32)
 
 
-def rope(x, cos, sin, neox: bool, xp=np):
+def rope(x, cos, sin, neox: bool, xp=np, fast: bool = True):
     """Rotate x (T, heads, Dh) by position. NEOX pairs dim i with i + Dh/2 (Qwen, GPT-NeoX); the
     normal style pairs adjacent dims 2i, 2i+1 (LLaMA as llama.cpp stores it)."""
+    if fast and cpu_arrays(xp, x, cos, sin) and x.ndim == 3:
+        return _kernels().rope(x, cos, sin, neox)
     c, s = cos[:, None, :], sin[:, None, :]                              # (T, 1, Dh/2)
     if neox:
         half = x.shape[-1] // 2
@@ -39,7 +69,7 @@ def rope(x, cos, sin, neox: bool, xp=np):
 
 
 def attention(q, k, v, k_cache, v_cache, pos0: int, xp=np, *, scale: float | None = None,
-              window: int | None = None):
+              window: int | None = None, fast: bool = True):
     """Causal GQA attention continuing at position pos0: writes k, v into the caches, attends over
     positions [0, pos0 + T). q (T, H, Dh), k (T, Hk, Dh), v (T, Hk, Dv); caches (n_ctx, Hk, D*).
     scale: of the scores (default 1/sqrt(Dh)). window: sliding-window attention, the query at position
@@ -48,6 +78,10 @@ def attention(q, k, v, k_cache, v_cache, pos0: int, xp=np, *, scale: float | Non
     T, H, Dh = q.shape
     Hk, Dv = k.shape[1], v.shape[2]
     G, S = H // Hk, pos0 + T
+    scale = 1.0 / np.sqrt(Dh) if scale is None else scale
+    if fast and T == 1 and cpu_arrays(xp, q, k, v, k_cache, v_cache):
+        # decode; a prompt's batched matmuls below are BLAS-fast
+        return _kernels().attention_decode(q, k, v, k_cache, v_cache, pos0, scale, window)
     k_cache[pos0:S] = k
     v_cache[pos0:S] = v
     s0 = 0 if window is None else max(0, pos0 - window + 1)            # no query here sees keys before s0
@@ -55,7 +89,6 @@ def attention(q, k, v, k_cache, v_cache, pos0: int, xp=np, *, scale: float | Non
     V = v_cache[s0:S].transpose(1, 0, 2)                                 # (Hk, S', Dv)
     # head h uses KV head h // G (HF's repeat_kv, llama.cpp's broadcast)
     qg = q.reshape(T, Hk, G, Dh).transpose(1, 2, 0, 3).reshape(Hk, G * T, Dh)
-    scale = 1.0 / np.sqrt(Dh) if scale is None else scale
     # the (Hk, G, T, S') scores are the biggest temporary of a layer: scale, mask and softmax them in place,
     # so one copy is alive at a time (memory.py's estimate counts on it; a sim GPU checks it)
     scores = (qg @ K).reshape(Hk, G, T, S - s0)                         # (Hk, G, T, S')

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import copy
 import time
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
@@ -32,7 +31,7 @@ from moert.devices import CPU, Device, TransferStats
 from moert.errors import ContextOverflowError, InvalidTokenError
 from moert.kernels import matmul as kmatmul
 from moert.kernels.moe import QTensor, moe_ffn
-from moert.kernels.moe_fused import moe_ffn_fused
+from moert.kernels.moe_fused import PreparedExperts
 from moert.kernels.moe_fused import supports as fused_supports
 from moert.layers import rms_norm, rope_angles, swiglu
 from moert.moe import dispatch, expert_counts
@@ -167,6 +166,32 @@ def set_threads(n: int) -> int:
     return n
 
 
+class _Phase:
+    """Model.phase's context manager (a class: a generator-based one costs microseconds per layer)."""
+
+    __slots__ = ("m", "name", "dev")
+
+    def __init__(self, m: Model, name: str, dev: Device | str):
+        self.m, self.name, self.dev = m, name, dev
+
+    def __enter__(self) -> None:
+        m, now = self.m, time.perf_counter()
+        if m._phases:
+            outer = m._phases[-1]
+            m._add_time(outer[0], outer[1], now - outer[2])
+        m._phases.append([self.name, self.dev if isinstance(self.dev, str) else self.dev.name, now])
+
+    def __exit__(self, *exc) -> None:
+        m = self.m
+        if not isinstance(self.dev, str):
+            self.dev.synchronize()
+        now = time.perf_counter()
+        p = m._phases.pop()
+        m._add_time(p[0], p[1], now - p[2])
+        if m._phases:
+            m._phases[-1][2] = now
+
+
 # --------------------------------------------------------------------------------------------- model
 
 class Model:
@@ -189,6 +214,10 @@ class Model:
         self.dense_cache_bytes = DENSE_CACHE_BYTES   # the budget; 0 turns the cache off
         self._dense: dict[str, np.ndarray] = {}
         self.warmup_seconds: float | None = None  # what `warmup` took (None: it has not run)
+        # per-call lookups done once: small float32 weights, CPU matmul and expert-layer kernels ready to call
+        self._small: dict[tuple, Any] = {}
+        self._prepared: dict[Any, Any] = {}
+        self._expert_home: dict[tuple, Any] = {}
 
     # -- the public interface
     def forward(self, tokens) -> np.ndarray:
@@ -290,6 +319,9 @@ class Model:
     def close(self) -> None:
         """Give the KV cache and the weights back to their devices."""
         self._dense.clear()
+        self._small.clear()
+        self._prepared.clear()
+        self._expert_home.clear()
         self.kv.free()
         self.weights.free()
 
@@ -336,25 +368,10 @@ class Model:
         with self.phase("transfers", f"{src.name}->{dev.name}"):
             return _devices.transfer(x, src, dev, what)
 
-    @contextmanager
-    def phase(self, name: str, dev: Device | str):
-        """Attribute the time inside to (phase, device); nested phases pause the outer one."""
-        dev_name = dev if isinstance(dev, str) else dev.name
-        now = time.perf_counter()
-        if self._phases:
-            outer = self._phases[-1]
-            self._add_time(outer[0], outer[1], now - outer[2])
-        self._phases.append([name, dev_name, now])
-        try:
-            yield
-        finally:
-            if not isinstance(dev, str):
-                dev.synchronize()
-            now = time.perf_counter()
-            p = self._phases.pop()
-            self._add_time(p[0], p[1], now - p[2])
-            if self._phases:
-                self._phases[-1][2] = now
+    def phase(self, name: str, dev: Device | str) -> _Phase:
+        """`with m.phase(name, dev):` attributes the time inside to (phase, device); nested phases pause
+        the outer one."""
+        return _Phase(self, name, dev)
 
     def _add_time(self, phase: str, dev: str, s: float) -> None:
         if self._call is not None:
@@ -368,9 +385,18 @@ class Model:
         return name
 
     def w(self, name: str, dev: Device | None = None):
-        """Weight `name` as float32 on dev (default: where it lives), dequantized on its own device."""
-        a = self.weights[self._name(name)].dequantize()
-        return a if dev is None else self.to(a, dev, name)
+        """Weight `name` as float32 on dev (default: where it lives), dequantized on its own device. 1-D
+        weights (norms, biases: kilobytes) are kept as float32 on the device that asked, not redone per call."""
+        key = (name, dev)
+        a = self._small.get(key)
+        if a is not None:
+            return a
+        t = self.weights[self._name(name)]
+        a = t.dequantize()
+        a = a if dev is None else self.to(a, dev, name)
+        if len(t.shape) == 1:
+            self._small[key] = a
+        return a
 
     def linear(self, x, name: str, dev: Device | None = None):
         """x (T, in) @ W.T for the 2-D weight `name` (out, in), on dev (default: where W lives): (T, out).
@@ -385,7 +411,10 @@ class Model:
         if t.device is not dev:
             return x @ self.w(name, dev).T
         if dev is CPU and t.type in kmatmul.FAST_TYPES and t.type != "F32":
-            return kmatmul.matmul(x, QTensor(t.data, t.type, tuple(t.shape)))    # (T, out)
+            mm = self._prepared.get(name)
+            if mm is None:
+                mm = self._prepared[name] = kmatmul.Prepared(QTensor(t.data, t.type, tuple(t.shape)))
+            return mm(x)                                                # (T, out)
         if dev is CPU:
             w = self._dense.get(name)
             if w is None and t.type == "F32":
@@ -432,26 +461,44 @@ class Model:
         """Routed SwiGLU experts of layer il: x (T, D), ids/weights (T, K) on the attention device;
         runs where the plan put the expert tensors and returns (T, D) on the attention device."""
         src = _devices.device_of(x, self.plan.devices)
-        where = {self.plan.device(n).name: self.plan.device(n) for n in names}
-        dev = next(iter(where.values())) if len(where) == 1 else src   # split tensors: compute at src
-        ids, weights, x = self.to(ids, dev, "expert ids"), self.to(weights, dev, "expert weights"), \
-            self.to(x, dev, "hidden")
-        counts = expert_counts(ids, self.config.n_expert, dev.xp)
-        counts = counts if dev is CPU else self.to(counts, CPU, "expert counts")
+        home = self._expert_home.get(names)
+        if home is None:   # the one device all three live on, or None when the plan split them
+            where = {self.plan.device(n).name: self.plan.device(n) for n in names}
+            home = self._expert_home[names] = next(iter(where.values())) if len(where) == 1 else False
+        dev = home or src                                               # split tensors: compute at src
+        if src is not dev:
+            ids, weights, x = self.to(ids, dev, "expert ids"), self.to(weights, dev, "expert weights"), \
+                self.to(x, dev, "hidden")
+        if dev is CPU:
+            counts = np.bincount(ids.reshape(-1), minlength=self.config.n_expert)
+        else:
+            counts = self.to(expert_counts(ids, self.config.n_expert, dev.xp), CPU, "expert counts")
         if self._call is not None:
             self._call.expert_counts[il] += counts
         ts = [self.weights[n] for n in names]
         with self.phase("experts", dev):
-            if dev is CPU and len(where) == 1:      # the quantized bytes, read by the Numba kernels
-                qs = [QTensor(t.data, t.type, tuple(t.shape)) for t in ts]
-                # one parallel region for the layer (kernels/moe_fused.py); kernels/moe.py for other types
-                y = (moe_ffn_fused if fused_supports(*qs) else moe_ffn)(x, ids, weights, *qs)
+            if dev is CPU and home:                 # the quantized bytes, read by the Numba kernels
+                y = self._cpu_experts(names, ts)(x, ids, weights)
             else:
                 def run(e: int, xs):
                     g, u, d = (self._expert(n, t, e, dev) for n, t in zip(names, ts))
                     return swiglu(xs, g, u, d, dev.xp)
                 y = dispatch(x, ids, weights, counts, run, dev.xp)
         return self.to(y, src, "expert output")
+
+    def _cpu_experts(self, names: tuple[str, str, str], ts: list):
+        """f(x, ids, weights) for a CPU expert layer: one parallel region for the layer
+        (kernels/moe_fused.py), or kernels/moe.py for types the fused kernel does not take."""
+        f = self._prepared.get(names)
+        if f is None:
+            qs = [QTensor(t.data, t.type, tuple(t.shape)) for t in ts]
+            if fused_supports(*qs):
+                f = PreparedExperts(*qs)
+            else:
+                def f(x, ids, weights, qs=qs):
+                    return moe_ffn(x, ids, weights, *qs)
+            self._prepared[names] = f
+        return f
 
     def _expert(self, name: str, t, e: int, dev: Device):
         """Expert e of a stacked expert tensor, float32 on dev (dequantized where it lives, then moved)."""

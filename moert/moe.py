@@ -25,8 +25,13 @@ def _topk(scores, k: int, xp=np):
     return ids.astype(xp.int32), xp.take_along_axis(scores, ids, axis=-1)
 
 
-def softmax_topk(logits, k: int, xp=np, renorm: bool = True):
-    """Softmax over all E experts, keep the top k, optionally renormalize them to sum to 1 (Qwen3-MoE)."""
+def softmax_topk(logits, k: int, xp=np, renorm: bool = True, fast: bool = True):
+    """Softmax over all E experts, keep the top k, optionally renormalize them to sum to 1 (Qwen3-MoE).
+    On the CPU a Numba kernel (kernels/layers.py; this is its twin, `fast=False`)."""
+    if fast and xp is np and type(logits) is np.ndarray and logits.dtype == np.float32 and logits.ndim == 2:
+        from moert.kernels import layers
+
+        return layers.softmax_topk(logits, k, renorm)
     ids, w = _topk(softmax(logits, xp), k, xp)                          # (T, K), (T, K)
     if renorm:
         w = w / xp.sum(w, axis=-1, keepdims=True)

@@ -5,7 +5,9 @@ Dimension legend: T tokens, D hidden, H query heads, Hk KV heads, Dh head dim, D
 
 from __future__ import annotations
 
-from moert.layers import attention, rms_norm, rope
+import numpy as np
+
+from moert.layers import attention, cpu_arrays, rms_norm, rope
 
 
 def qk_norm_attention(m, il: int, h, dev, rope_base: float, *, neox: bool = True, scale: float | None = None,
@@ -17,10 +19,18 @@ def qk_norm_attention(m, il: int, h, dev, rope_base: float, *, neox: bool = True
     q = m.linear(h, b + "attn_q.weight", dev).reshape(T, c.n_head, c.head_dim)          # (T, H, Dh)
     k = m.linear(h, b + "attn_k.weight", dev).reshape(T, c.n_head_kv, c.head_dim)       # (T, Hk, Dh)
     v = m.linear(h, b + "attn_v.weight", dev).reshape(T, c.n_head_kv, c.head_dim_v)     # (T, Hk, Dv)
-    q = rms_norm(q, m.w(b + "attn_q_norm.weight", dev), c.rms_eps, xp)                  # per head, over Dh
-    k = rms_norm(k, m.w(b + "attn_k_norm.weight", dev), c.rms_eps, xp)
+    qn, kn = m.w(b + "attn_q_norm.weight", dev), m.w(b + "attn_k_norm.weight", dev)    # (Dh,) each
     cos, sin = m.rope(dev, c.head_dim, rope_base)                                        # (T, Dh/2) each
-    q, k = rope(q, cos, sin, neox, xp), rope(k, cos, sin, neox, xp)
     k_cache, v_cache = m.kv_cache(il)
+    if T == 1 and cpu_arrays(xp, q, k, v, qn, kn, cos, sin, k_cache, v_cache):       # decode on the CPU:
+        from moert.kernels.layers import qk_norm_rope_attention  # the lines below, fused
+
+        scale = 1.0 / np.sqrt(c.head_dim) if scale is None else scale
+        a = qk_norm_rope_attention(q, k, v, qn, kn, c.rms_eps, cos, sin, neox, k_cache, v_cache, m.position,
+                                   scale, window)                                        # (1, H*Dv)
+        return m.linear(a, b + "attn_output.weight", dev)
+    q = rms_norm(q, qn, c.rms_eps, xp)                                                   # per head, over Dh
+    k = rms_norm(k, kn, c.rms_eps, xp)
+    q, k = rope(q, cos, sin, neox, xp), rope(k, cos, sin, neox, xp)
     a = attention(q, k, v, k_cache, v_cache, m.position, xp, scale=scale, window=window)  # (T, H*Dv)
     return m.linear(a, b + "attn_output.weight", dev)                                     # (T, D)

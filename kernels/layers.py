@@ -1,0 +1,208 @@
+"""CPU fast paths for the per-token glue of a layer: RMSNorm, RoPE, one-token attention, softmax top-k.
+
+    rms_norm(x, w, eps)                               (N, D) rows, float64 sum of squares
+    rope(x, cos, sin, neox)                           (T, heads, Dh), new array
+    attention_decode(q, k, v, k_cache, v_cache, pos0, scale, window)   one query token, GQA
+    qk_norm_rope_attention(q, k, v, q_norm, k_norm, eps, cos, sin, neox, k_cache, v_cache, pos0, scale,
+                           window)            the three above in one for one token (Qwen3, Gemma 3)
+    softmax_topk(logits, k, renorm)                   (T, E) -> ids (T, K) int32, weights (T, K) float32
+
+Their reference twins are moert/layers.py's and moert/moe.py's xp functions, which call these when the
+arrays are NumPy arrays on the CPU (and the shapes are ones the kernels take). They exist for Python
+overhead, not FLOPs: at decode a layer's NumPy glue is ~100 tiny array operations at ~1-3 us each,
+while one Numba call costs ~1-3 us (bench/e2e.py --overhead). Same results up to float32 rounding;
+tests/test_kernels_layers.py compares them with the twins on random inputs.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit, prange
+
+__all__ = ["attention_decode", "qk_norm_rope_attention", "rms_norm", "rope", "softmax_topk"]
+
+_FM = {"reassoc", "contract"}
+_PARALLEL_MIN_WORK = 1 << 18   # attention: below this many cache elements read, one thread
+
+
+@njit(cache=True, fastmath=_FM)
+def _rms_norm(x, w, eps, out):
+    N, D = x.shape
+    for i in range(N):
+        s = 0.0
+        for j in range(D):
+            s += np.float64(x[i, j]) * np.float64(x[i, j])
+        r = np.float32(1.0 / np.sqrt(s / D + eps))
+        for j in range(D):
+            out[i, j] = x[i, j] * r * w[j]
+
+
+def rms_norm(x: np.ndarray, w: np.ndarray, eps: float) -> np.ndarray:
+    """x / sqrt(mean(x^2) + eps) * w over the last axis; x (..., D) float32, w (D,) float32."""
+    D = x.shape[-1]
+    x2 = np.ascontiguousarray(x, dtype=np.float32).reshape(-1, D)
+    out = np.empty_like(x2)
+    _rms_norm(x2, np.ascontiguousarray(w, dtype=np.float32), float(eps), out)
+    return out.reshape(x.shape)
+
+
+@njit(cache=True, fastmath=_FM)
+def _rope(x, cos, sin, neox, out):
+    T, h, Dh = x.shape
+    half = Dh // 2
+    for t in range(T):
+        for j in range(h):
+            for i in range(half):
+                c, s = cos[t, i], sin[t, i]
+                if neox:
+                    a, b = x[t, j, i], x[t, j, i + half]
+                    out[t, j, i] = a * c - b * s
+                    out[t, j, i + half] = b * c + a * s
+                else:
+                    a, b = x[t, j, 2 * i], x[t, j, 2 * i + 1]
+                    out[t, j, 2 * i] = a * c - b * s
+                    out[t, j, 2 * i + 1] = b * c + a * s
+
+
+def rope(x: np.ndarray, cos: np.ndarray, sin: np.ndarray, neox: bool) -> np.ndarray:
+    """x (T, heads, Dh) rotated by cos, sin (T, Dh/2): NEOX pairs i, i + Dh/2; normal pairs 2i, 2i+1."""
+    x = np.ascontiguousarray(x, dtype=np.float32)
+    out = np.empty_like(x)
+    _rope(x, np.ascontiguousarray(cos, dtype=np.float32), np.ascontiguousarray(sin, dtype=np.float32),
+          bool(neox), out)
+    return out
+
+
+@njit(cache=True, fastmath=_FM, inline="always")
+def _head(q, k_cache, v_cache, s0, S, kh, scale, p, out):
+    """out = softmax(scale * K q) V over cache positions [s0, S) of KV head kh; p is (S,) scratch."""
+    Dh, Dv = q.shape[0], out.shape[0]
+    m = -np.inf
+    for s in range(s0, S):
+        a = np.float32(0.0)
+        for d in range(Dh):
+            a += q[d] * k_cache[s, kh, d]
+        a *= scale
+        p[s] = a
+        m = max(m, a)
+    tot = np.float32(0.0)
+    for s in range(s0, S):
+        e = np.exp(p[s] - m)
+        p[s] = e
+        tot += e
+    for d in range(Dv):
+        out[d] = 0.0
+    for s in range(s0, S):
+        c = p[s] / tot
+        for d in range(Dv):
+            out[d] += c * v_cache[s, kh, d]
+
+
+@njit(cache=True, fastmath=_FM)
+def _attention1(q, k_cache, v_cache, s0, S, scale, out):
+    H, Hk = q.shape[0], k_cache.shape[1]
+    G = H // Hk
+    p = np.empty(S, dtype=np.float32)
+    for h in range(H):
+        _head(q[h], k_cache, v_cache, s0, S, h // G, scale, p, out[h])
+
+
+@njit(cache=True, fastmath=_FM, parallel=True)
+def _attention1_parallel(q, k_cache, v_cache, s0, S, scale, out):
+    H, Hk = q.shape[0], k_cache.shape[1]
+    G = H // Hk
+    for h in prange(H):
+        p = np.empty(S, dtype=np.float32)
+        _head(q[h], k_cache, v_cache, s0, S, h // G, scale, p, out[h])
+
+
+@njit(cache=True, fastmath=_FM)
+def _norm_rope1(x, w, eps, cos, sin, neox, out):
+    """out[j] = rope(rmsnorm(x[j]) * w) for each head j of one token: x, out (heads, Dh); cos, sin (Dh/2,)."""
+    h, Dh = x.shape
+    half = Dh // 2
+    for j in range(h):
+        s = 0.0
+        for d in range(Dh):
+            s += np.float64(x[j, d]) * np.float64(x[j, d])
+        r = np.float32(1.0 / np.sqrt(s / Dh + eps))
+        for i in range(half):
+            if neox:
+                i0, i1 = i, i + half
+            else:
+                i0, i1 = 2 * i, 2 * i + 1
+            a, b = x[j, i0] * r * w[i0], x[j, i1] * r * w[i1]
+            out[j, i0] = a * cos[i] - b * sin[i]
+            out[j, i1] = b * cos[i] + a * sin[i]
+
+
+def qk_norm_rope_attention(q, k, v, q_norm, k_norm, eps: float, cos, sin, neox: bool, k_cache, v_cache,
+                           pos0: int, scale: float, window: int | None) -> np.ndarray:
+    """For ONE token: per-head RMSNorm of q and k, RoPE, k and v into the caches at pos0, attention.
+    q (1, H, Dh), k (1, Hk, Dh), v (1, Hk, Dv); norms (Dh,); cos, sin (1, Dh/2). Returns (1, H * Dv).
+    Twin: moert.layers.rms_norm, rope and attention in a row (moert/models/blocks.py)."""
+    c, s_ = cos[0], sin[0]
+    qr = np.empty(q.shape[1:], dtype=np.float32)
+    _norm_rope1(q[0], q_norm, float(eps), c, s_, bool(neox), qr)
+    _norm_rope1(k[0], k_norm, float(eps), c, s_, bool(neox), k_cache[pos0])
+    v_cache[pos0] = v[0]
+    return _attend1(qr, k_cache, v_cache, pos0, scale, window)
+
+
+def _attend1(q1, k_cache, v_cache, pos0, scale, window):
+    H, Dv = q1.shape[0], v_cache.shape[2]
+    S = pos0 + 1
+    s0 = 0 if window is None else max(0, pos0 - window + 1)
+    out = np.empty((H, Dv), dtype=np.float32)
+    work = (S - s0) * k_cache.shape[1] * (k_cache.shape[2] + Dv)
+    fn = _attention1_parallel if work >= _PARALLEL_MIN_WORK else _attention1
+    fn(q1, k_cache, v_cache, s0, S, np.float32(scale), out)
+    return out.reshape(1, H * Dv)
+
+
+def attention_decode(q, k, v, k_cache, v_cache, pos0: int, scale: float, window: int | None) -> np.ndarray:
+    """moert.layers.attention for ONE query token (T = 1): writes k, v at pos0, returns (1, H * Dv)."""
+    k_cache[pos0] = k[0]
+    v_cache[pos0] = v[0]
+    return _attend1(np.ascontiguousarray(q[0], dtype=np.float32), k_cache, v_cache, pos0, scale, window)
+
+
+@njit(cache=True)
+def _softmax_topk(logits, k, renorm, ids, w):
+    T, E = logits.shape
+    p = np.empty(E, dtype=np.float32)
+    taken = np.zeros(E, dtype=np.bool_)
+    for t in range(T):
+        m = logits[t, 0]
+        for e in range(1, E):
+            m = max(m, logits[t, e])
+        tot = np.float32(0.0)
+        for e in range(E):
+            p[e] = np.exp(logits[t, e] - m)
+            tot += p[e]
+        for e in range(E):
+            p[e] = p[e] / tot
+            taken[e] = False
+        sel = np.float32(0.0)
+        for j in range(k):                      # the largest untaken; ties: the lowest index (stable)
+            best = -1
+            for e in range(E):
+                if not taken[e] and (best < 0 or p[e] > p[best]):
+                    best = e
+            taken[best] = True
+            ids[t, j] = best
+            w[t, j] = p[best]
+            sel += p[best]
+        if renorm:
+            for j in range(k):
+                w[t, j] = w[t, j] / sel
+
+
+def softmax_topk(logits: np.ndarray, k: int, renorm: bool = True) -> tuple[np.ndarray, np.ndarray]:
+    """moert.moe.softmax_topk on the CPU: ids (T, K) int32 largest first, weights (T, K) float32."""
+    logits = np.ascontiguousarray(logits, dtype=np.float32)
+    T = logits.shape[0]
+    ids = np.empty((T, k), dtype=np.int32)
+    w = np.empty((T, k), dtype=np.float32)
+    _softmax_topk(logits, int(k), bool(renorm), ids, w)
+    return ids, w

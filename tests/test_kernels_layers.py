@@ -1,0 +1,78 @@
+"""The CPU glue kernels (kernels/layers.py) against their reference twins (moert/layers.py, moert/moe.py with
+fast=False) on random inputs of odd sizes."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from moert import layers, moe
+from moert.kernels import layers as kl
+
+rng = np.random.default_rng(11)
+
+
+def rand(*shape, scale=1.0):
+    return (rng.standard_normal(shape) * scale).astype(np.float32)
+
+
+@pytest.mark.parametrize("shape", [(1, 7), (5, 96), (3, 4, 33)])
+def test_rms_norm(shape):
+    x, w = rand(*shape, scale=3.0), rand(shape[-1])
+    want = layers.rms_norm(x, w, 1e-6, fast=False)
+    got = kl.rms_norm(x, w, 1e-6)
+    assert got.shape == want.shape and got.dtype == np.float32
+    np.testing.assert_allclose(got, want, rtol=2e-6, atol=2e-6 * np.abs(want).max())
+    assert np.array_equal(layers.rms_norm(x, w, 1e-6), got)               # the xp function takes the kernel
+
+
+@pytest.mark.parametrize("neox", [True, False])
+@pytest.mark.parametrize("T,h,Dh", [(1, 3, 8), (6, 2, 34)])
+def test_rope(neox, T, h, Dh):
+    x = rand(T, h, Dh)
+    cos, sin = layers.rope_angles(17, T, Dh, 10000.0)
+    want = layers.rope(x, cos, sin, neox, fast=False)
+    np.testing.assert_allclose(kl.rope(x, cos, sin, neox), want, rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("window", [None, 5])
+@pytest.mark.parametrize("H,Hk,Dh,pos0", [(4, 2, 16, 0), (6, 3, 24, 40), (8, 1, 64, 9000)])
+def test_attention_decode(window, H, Hk, Dh, pos0):
+    """One query token against a cache of pos0 earlier positions; big caches take the parallel kernel."""
+    n_ctx = pos0 + 3
+    kc, vc = rand(n_ctx, Hk, Dh), rand(n_ctx, Hk, Dh)
+    q, k, v = rand(1, H, Dh, scale=2.0), rand(1, Hk, Dh), rand(1, Hk, Dh)
+    kc2, vc2 = kc.copy(), vc.copy()
+    want = layers.attention(q, k, v, kc, vc, pos0, window=window, fast=False)
+    got = kl.attention_decode(q, k, v, kc2, vc2, pos0, 1 / np.sqrt(Dh), window)
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+    assert np.array_equal(kc2, kc) and np.array_equal(vc2, vc)          # both wrote k, v at pos0 and only there
+
+
+@pytest.mark.parametrize("neox", [True, False])
+def test_qk_norm_rope_attention_is_the_three_in_a_row(neox):
+    H, Hk, Dh, pos0 = 6, 2, 16, 12
+    kc, vc = rand(20, Hk, Dh), rand(20, Hk, Dh)
+    kc2, vc2 = kc.copy(), vc.copy()
+    q, k, v = rand(1, H, Dh, scale=4.0), rand(1, Hk, Dh, scale=4.0), rand(1, Hk, Dh)
+    qn, kn = rand(Dh), rand(Dh)
+    cos, sin = layers.rope_angles(pos0, 1, Dh, 1e6)
+    qr = layers.rope(layers.rms_norm(q, qn, 1e-6, fast=False), cos, sin, neox, fast=False)
+    kr = layers.rope(layers.rms_norm(k, kn, 1e-6, fast=False), cos, sin, neox, fast=False)
+    want = layers.attention(qr, kr, v, kc, vc, pos0, scale=0.3, window=4, fast=False)
+    got = kl.qk_norm_rope_attention(q, k, v, qn, kn, 1e-6, cos, sin, neox, kc2, vc2, pos0, 0.3, 4)
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(kc2, kc, rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("renorm", [True, False])
+@pytest.mark.parametrize("T,E,K", [(1, 8, 2), (7, 128, 8), (3, 5, 5)])
+def test_softmax_topk(renorm, T, E, K):
+    logits = rand(T, E, scale=3.0)
+    logits[0, 1] = logits[0, 3] = logits[0].max() + 1                     # a tie: the lower index goes first
+    want_ids, want_w = moe.softmax_topk(logits, K, renorm=renorm, fast=False)
+    ids, w = kl.softmax_topk(logits, K, renorm)
+    assert ids.dtype == np.int32 and w.dtype == np.float32
+    np.testing.assert_array_equal(ids, want_ids)
+    assert ids[0, 0] == 1 and ids[0, 1] == 3
+    np.testing.assert_allclose(w, want_w, rtol=1e-6, atol=1e-7)
