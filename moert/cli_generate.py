@@ -45,7 +45,6 @@ def load_from_args(model: str, args: argparse.Namespace, **overrides):
     from moert.placement_cli import placement_from_args
 
     kw = {**placement_from_args(args), **overrides}
-    kw.pop("strict", None)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         m = load(model, context_size=args.ctx or 4096, threads=args.threads, n_batch=args.batch_size,

@@ -8,6 +8,7 @@ with experts on the CPU and everything else on the GPU (`sim` when there is no C
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 
 # Qwen3-30B-A3B's layout, scaled down: Q4_K with Q6_K for attn_v and ffn_down, as llama.cpp's Q4_K_M.
@@ -29,7 +30,7 @@ def demo_model_path() -> Path:
 
     path = cache_dir() / f"demo-qwen3moe-v{DEMO_VERSION}.gguf"
     if not path.exists():
-        print(f"writing the demo model to {path} ...", flush=True)
+        print(f"writing the demo model to {path} ...", file=sys.stderr, flush=True)
         from moert.testing import gpt2_vocab_metadata
 
         write_qwen3moe(path, vocab=gpt2_vocab_metadata(n_vocab=1024), **DEMO_MODEL)

@@ -49,7 +49,8 @@ def add_placement_args(parser: argparse.ArgumentParser) -> argparse.ArgumentPars
     g.add_argument("-sm", "--split-mode", dest="split", choices=("layer", "none"), default="layer",
                    help="spread GPU layers over the GPUs in proportion to memory (layer) or use GPU 0 (none)")
     g.add_argument("-c", "--ctx", "--ctx-size", dest="ctx", type=int, default=None, metavar="N",
-                   help="context size for the memory estimate (fit: 0 = the largest that fits)")
+                   help="context size: the KV cache (run, chat, bench) and the memory estimate (inspect; fit: 0 = the "
+                        "largest that fits)")
     g.add_argument("--strict", action="store_true", help="a rule that matches nothing or never decides is an error")
     return parser
 

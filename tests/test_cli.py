@@ -130,6 +130,6 @@ def test_chat_reads_turns_from_stdin(vocab_model):
 def test_demo_runs_from_scratch(tmp_path):
     r = moert("demo", env={"MOERT_CACHE": str(tmp_path)})
     assert r.returncode == 0, r.stderr
-    assert "writing the demo model" in r.stdout and "rule #0" in r.stdout
-    assert "prompt eval time" in r.stdout and "sim:0" in r.stdout
+    assert "writing the demo model" in r.stderr and "rule #0" in r.stdout
+    assert "prompt eval time" in r.stdout and "sim:0" in r.stdout and "warming up" in r.stdout
     assert list(tmp_path.glob("demo-qwen3moe-*.gguf"))
