@@ -119,6 +119,8 @@ def test_run_bad_requests_are_clean_errors(vocab_model):
     assert r.returncode == 1 and "Traceback" not in r.stderr and "temperature" in r.stderr
     r = moert("run", vocab_model, "-p", "word " * 300, "-c", "64", "-n", "4")
     assert r.returncode == 1 and "Traceback" not in r.stderr and "context" in r.stderr
+    r = moert("run", vocab_model, "-p", "hi", "-n", "2", "-ot", r"no_such_tensor=CPU", "--strict")
+    assert r.returncode == 1 and "strict placement" in r.stderr and "Traceback" not in r.stderr
 
 
 def test_chat_reads_turns_from_stdin(vocab_model):
