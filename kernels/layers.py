@@ -25,14 +25,20 @@ _FM = {"reassoc", "contract"}
 _PARALLEL_MIN_WORK = 1 << 18   # attention: below this many cache elements read, one thread
 
 
+@njit(cache=True, fastmath=_FM, inline="always")
+def _inv_rms(x, eps):
+    """1 / sqrt(mean(x^2) + eps) of a row, the sum of squares in float64."""
+    s = 0.0
+    for j in range(x.shape[0]):
+        s += np.float64(x[j]) * np.float64(x[j])
+    return np.float32(1.0 / np.sqrt(s / x.shape[0] + eps))
+
+
 @njit(cache=True, fastmath=_FM)
 def _rms_norm(x, w, eps, out):
     N, D = x.shape
     for i in range(N):
-        s = 0.0
-        for j in range(D):
-            s += np.float64(x[i, j]) * np.float64(x[i, j])
-        r = np.float32(1.0 / np.sqrt(s / D + eps))
+        r = _inv_rms(x[i], eps)
         for j in range(D):
             out[i, j] = x[i, j] * r * w[j]
 
@@ -127,10 +133,7 @@ def _norm_rope1(x, w, eps, cos, sin, neox, out):
     h, Dh = x.shape
     half = Dh // 2
     for j in range(h):
-        s = 0.0
-        for d in range(Dh):
-            s += np.float64(x[j, d]) * np.float64(x[j, d])
-        r = np.float32(1.0 / np.sqrt(s / Dh + eps))
+        r = _inv_rms(x[j], eps)
         for i in range(half):
             if neox:
                 i0, i1 = i, i + half
