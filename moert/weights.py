@@ -115,7 +115,8 @@ def _host_view(g: Any, src: str, typ: str, shape: tuple[int, ...]) -> np.ndarray
 def _progress_bar(total: int) -> Callable[[float], bool]:
     from tqdm import tqdm
 
-    bar = tqdm(total=total, unit="B", unit_scale=True, unit_divisor=1024, desc="loading weights", leave=False)
+    bar = tqdm(total=total, unit="B", unit_scale=True, unit_divisor=1024, desc="loading weights", leave=False,
+               delay=0.5)   # a load that maps the file takes milliseconds: no bar at all
 
     def update(fraction: float) -> bool:
         bar.update(int(fraction * total) - bar.n)
