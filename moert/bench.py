@@ -255,7 +255,7 @@ def format_table(machine: dict, model: dict, settings: dict, results: list[TestR
            f"{'warm-up' if settings['warmup'] else 'no warm-up'}",
            ""]
     rows = [[r.name, f"{r.avg_ts:.2f} ± {r.stddev_ts:.2f}", f"{r.best_ts:.2f}", f"{r.ms_per_token:.2f}",
-             "-" if r.GBps is None else f"{r.GBps:.2f}"] for r in results]
+             "-" if r.GBps is None else f"{r.GBps:.3g}"] for r in results]
     head = ["test", "t/s", "best t/s", "ms/token", "GB/s"]
     w = [max(len(x) for x in col) for col in zip(head, *rows)]
     out.append("| " + " | ".join(h.ljust(w[i]) if i == 0 else h.rjust(w[i]) for i, h in enumerate(head)) + " |")

@@ -11,8 +11,10 @@ It works with any model object that has these (moert's Model has them; tests use
     model.eos_ids: set[int]                                          ids that end generation (EOS, EOT, ...)
     model.tokenizer (only for chat())                                a moert Tokenizer: its chat_template, BOS/EOS text
 
-Every call starts from an empty cache (model.reset()), and if anything goes wrong mid-way (an error,
-Ctrl-C, a consumer that stops early) the model is reset again, so the next call finds it usable.
+A call keeps the longest prefix of its prompt that is already in the KV cache (a model with
+`context_tokens`, as moert's Model has: chat turns, a prompt that extends the last one) and runs only the
+rest; other models start from an empty cache (model.reset()). If anything goes wrong mid-way (an error,
+Ctrl-C, a consumer that stops early) the model is reset, so the next call finds it usable.
 Timings come back in GenerationStats (stream(...).stats), printed the way llama.cpp prints them.
 """
 
@@ -30,7 +32,8 @@ from moert.sampling import Sampler, SamplingParams
 class GenerationStats:
     """Counts and wall-clock times of one generation; `report()` prints them as llama.cpp does."""
 
-    prompt_tokens: int = 0
+    prompt_tokens: int = 0  # prompt tokens run through the model (not counting the cached ones)
+    cached_tokens: int = 0  # prompt tokens whose KV entries were still in the cache from the last call
     prompt_seconds: float = 0.0  # the forward pass over the prompt
     generated_tokens: int = 0  # tokens sampled (an end-of-generation token included)
     generation_seconds: float = 0.0  # from the prompt's logits to the last sampled token
@@ -76,8 +79,12 @@ def prompt_ids(model, prompt: str | Sequence[int], add_bos: bool | None = None, 
 
 def _tokens(model, ids: list[int], max_tokens: int | None, sampler: Sampler, stats: GenerationStats) -> Iterator[int]:
     """Sampled token ids, one at a time; resets the model if it does not finish normally."""
-    stats.prompt_tokens = len(ids)
-    model.reset()
+    keep = _cached_prefix(model, ids)
+    stats.prompt_tokens, stats.cached_tokens = len(ids) - keep, keep
+    if keep:
+        model.position = keep           # the KV entries past it are overwritten as the rest arrives
+    else:
+        model.reset()
     finished = False
     try:
         if max_tokens == 0:
@@ -85,7 +92,7 @@ def _tokens(model, ids: list[int], max_tokens: int | None, sampler: Sampler, sta
             finished = True
             return
         t0 = time.perf_counter()
-        logits = model.forward(ids)  # (T, V)
+        logits = model.forward(ids[keep:])  # (T - keep, V)
         t1 = time.perf_counter()
         stats.prompt_seconds = t1 - t0
         history = list(ids)
@@ -112,6 +119,19 @@ def _tokens(model, ids: list[int], max_tokens: int | None, sampler: Sampler, sta
     finally:
         if not finished:
             model.reset()
+
+
+def _cached_prefix(model, ids: list[int]) -> int:
+    """How many leading prompt ids are already in the model's KV cache, leaving at least one to run (its
+    logits start the generation). 0 for a model that does not say what is in its cache."""
+    cached = getattr(model, "context_tokens", None)
+    if not cached:
+        return 0
+    n = min(len(cached), len(ids) - 1)
+    keep = 0
+    while keep < n and cached[keep] == ids[keep]:
+        keep += 1
+    return keep
 
 
 class _IncrementalText:

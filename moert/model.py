@@ -204,6 +204,7 @@ class Model:
         self.context_size = int(context_size)   # KV cache length, capped at the trained context
         self.n_batch = int(n_batch)              # a prompt is processed in chunks of at most this many tokens
         self.position = 0                        # tokens in the context so far
+        self._ids = np.zeros(self.context_size, dtype=np.int64)   # the token ids in the KV cache, [:position]
         self.kv = allocate_kv_cache(plan, self.context_size, np.float32, config)
         self.stats = ModelStats(config.n_layer, getattr(config, "n_expert", 0))
         self._call: Stats | None = None
@@ -233,6 +234,7 @@ class Model:
                 chunk = tokens[s:s + self.n_batch]
                 self._n, self._rope = len(chunk), {}
                 out.append(self.arch.forward(self, chunk))
+                self._ids[self.position:self.position + len(chunk)] = chunk
                 self.position += len(chunk)
         except BaseException:
             self.position = start   # all or nothing: KV entries past `position` are simply overwritten later
@@ -250,6 +252,12 @@ class Model:
     def reset(self) -> None:
         """Empty the context (the KV cache is overwritten as new tokens arrive)."""
         self.position = 0
+
+    @property
+    def context_tokens(self) -> list[int]:
+        """The token ids in the context, in order (len == position). Setting `position` lower keeps the first
+        `position` of them: generate() does that to reuse a prompt's cached prefix, as llama.cpp does."""
+        return self._ids[:self.position].tolist()
 
     def warmup(self, progress: bool = True) -> float:
         """Run one token through the model and forget it: the context, `stats` and the devices' transfer

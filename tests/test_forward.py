@@ -171,7 +171,9 @@ def test_model_text_interface_with_a_vocabulary(tmp_path):
     assert m.detokenize(ids) == "The capital of France is" and m.n_vocab == 1024
     a = m.generate("The capital of France is", max_tokens=6, temperature=0)
     s = m.stream("The capital of France is", max_tokens=6, temperature=0)
-    assert "".join(s) == a and s.stats.prompt_tokens == len(ids) and s.stats.generated_tokens >= 1
+    assert "".join(s) == a and s.stats.generated_tokens >= 1
+    # the same prompt again: all but its last token are still in the KV cache
+    assert s.stats.cached_tokens == len(ids) - 1 and s.stats.prompt_tokens == 1
     # greedy = the argmax of the forward pass, token by token
     m.reset()
     logits = m.forward(ids)
@@ -194,3 +196,33 @@ def test_threads_sets_numba_and_blas(tmp_path):
         with pytest.raises(ValueError, match=">= 1"):
             set_threads(0)
     numba.set_num_threads(before)
+
+
+def test_generation_reuses_the_cached_prefix(tmp_path):
+    """A prompt that extends the last one runs only its new tokens, and generates what a fresh model does."""
+    from moert.testing import gpt2_vocab_metadata
+
+    p = write_qwen3moe(tmp_path / "v.gguf", vocab=gpt2_vocab_metadata(), n_layer=2, seed=4)
+
+    def fresh():
+        return load(p, gpu_layers=0, context_size=96, progress=False)
+
+    m = fresh()
+    first = "The capital of France is"
+    reply = m.generate(first, max_tokens=5, temperature=0)
+    second = first + reply + " and the capital of Spain is"
+    s = m.stream(second, max_tokens=5, temperature=0)
+    text = "".join(s)
+    want = fresh().stream(second, max_tokens=5, temperature=0)
+    assert text == "".join(want)
+    n = len(m.tokenize(second))
+    assert s.stats.cached_tokens >= len(m.tokenize(first)) and s.stats.prompt_tokens + s.stats.cached_tokens == n
+    assert want.stats.cached_tokens == 0 and want.stats.prompt_tokens == n
+    assert m.context_tokens[:n] == m.tokenize(second)
+    # an unrelated prompt gives the fresh model's text
+    assert m.generate("Hello there", 4, temperature=0) == fresh().generate("Hello there", 4, temperature=0)
+    # a stream stopped early resets the model: nothing is reused afterwards
+    it = iter(m.stream(second, max_tokens=5, temperature=0))
+    next(it)
+    it.close()
+    assert m.position == 0 and m.context_tokens == []
