@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import copy
 import time
-from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
 from typing import Any
@@ -27,7 +26,7 @@ import numpy as np
 
 from moert import devices as _devices
 from moert import models
-from moert.devices import CPU, Device, TransferStats
+from moert.devices import CPU, Device
 from moert.errors import ContextOverflowError, InvalidTokenError
 from moert.kernels import matmul as kmatmul
 from moert.kernels.moe import QTensor, moe_ffn
@@ -35,89 +34,12 @@ from moert.kernels.moe_fused import PreparedExperts
 from moert.kernels.moe_fused import supports as fused_supports
 from moert.layers import rms_norm, rope_angles, swiglu
 from moert.moe import dispatch, expert_counts
+from moert.stats import PHASES, ModelStats, Phase, Stats  # noqa: F401  (PHASES, Stats: re-exported)
 
-PHASES = ("embed", "attention", "router", "experts", "ffn", "transfers", "output")
 _CHUNK_ELEMENTS = 1 << 24  # a dense weight larger than this is dequantized and multiplied in row chunks
 DENSE_CACHE_BYTES = 2 << 30  # default Model.dense_cache_bytes: float32 copies of CPU dense weights kept
 
 
-
-
-# ---------------------------------------------------------------------------------------------- stats
-
-@dataclass
-class Stats:
-    """Counters of one forward call, or of all of them (`Model.stats.total`)."""
-
-    n_layer: int
-    n_expert: int
-    calls: int = 0
-    tokens: int = 0
-    seconds: float = 0.0
-    time: dict[str, dict[str, float]] = field(default_factory=dict)    # phase -> device -> seconds
-    transfers: dict[str, TransferStats] = field(default_factory=dict)  # device -> its counted transfers
-    expert_counts: np.ndarray = None    # (n_layer, n_expert) int64: how often each expert was selected
-
-    def __post_init__(self):
-        if self.expert_counts is None:
-            self.expert_counts = np.zeros((self.n_layer, self.n_expert), dtype=np.int64)
-
-    def add_time(self, phase: str, device: str, seconds: float) -> None:
-        d = self.time.setdefault(phase, {})
-        d[device] = d.get(device, 0.0) + seconds
-
-    def __iadd__(self, other: Stats) -> Stats:
-        self.calls += other.calls
-        self.tokens += other.tokens
-        self.seconds += other.seconds
-        for phase, per_dev in other.time.items():
-            for dev, s in per_dev.items():
-                self.add_time(phase, dev, s)
-        for dev, t in other.transfers.items():
-            self.transfers[dev] = self.transfers.get(dev, TransferStats()) + t
-        self.expert_counts += other.expert_counts
-        return self
-
-    @property
-    def transfer_bytes(self) -> int:
-        return sum(t.bytes for t in self.transfers.values())
-
-    @property
-    def transfer_count(self) -> int:
-        return sum(t.count for t in self.transfers.values())
-
-    def phase_seconds(self, phase: str) -> float:
-        return sum(self.time.get(phase, {}).values())
-
-    def __str__(self) -> str:
-        tps = self.tokens / self.seconds if self.seconds else 0.0
-        lines = [f"{self.calls} call(s), {self.tokens} tokens, {self.seconds * 1e3:.1f} ms ({tps:.1f} tok/s)",
-                 f"{'phase':<10} {'device':<14} {'ms':>10}"]
-        for phase in PHASES:
-            for dev, s in sorted(self.time.get(phase, {}).items()):
-                lines.append(f"{phase:<10} {dev:<14} {s * 1e3:>10.2f}")
-        lines.append(f"{'device':<8} {'h2d n':>6} {'h2d bytes':>12} {'d2h n':>6} {'d2h bytes':>12} "
-                     f"{'d2d n':>6} {'d2d bytes':>12}")
-        for dev, t in sorted(self.transfers.items()):
-            lines.append(f"{dev:<8} {t.h2d_count:>6} {t.h2d_bytes:>12,} {t.d2h_count:>6} {t.d2h_bytes:>12,} "
-                         f"{t.d2d_count:>6} {t.d2d_bytes:>12,}")
-        return "\n".join(lines)
-
-
-class ModelStats:
-    """`last`: the latest forward call; `total`: every call since load (or `reset()`)."""
-
-    def __init__(self, n_layer: int, n_expert: int):
-        self._shape = (n_layer, n_expert)
-        self.last = Stats(*self._shape)
-        self.total = Stats(*self._shape)
-
-    def reset(self) -> None:
-        """Zero both."""
-        self.last, self.total = Stats(*self._shape), Stats(*self._shape)
-
-    def __str__(self) -> str:
-        return f"last call:\n{self.last}\n\ncumulative:\n{self.total}"
 
 
 # ---------------------------------------------------------------------------------------------- load
@@ -164,32 +86,6 @@ def set_threads(n: int) -> int:
     numba.set_num_threads(n)
     threadpool_limits(limits=n)
     return n
-
-
-class _Phase:
-    """Model.phase's context manager (a class: a generator-based one costs microseconds per layer)."""
-
-    __slots__ = ("m", "name", "dev")
-
-    def __init__(self, m: Model, name: str, dev: Device | str):
-        self.m, self.name, self.dev = m, name, dev
-
-    def __enter__(self) -> None:
-        m, now = self.m, time.perf_counter()
-        if m._phases:
-            outer = m._phases[-1]
-            m._add_time(outer[0], outer[1], now - outer[2])
-        m._phases.append([self.name, self.dev if isinstance(self.dev, str) else self.dev.name, now])
-
-    def __exit__(self, *exc) -> None:
-        m = self.m
-        if not isinstance(self.dev, str):
-            self.dev.synchronize()
-        now = time.perf_counter()
-        p = m._phases.pop()
-        m._add_time(p[0], p[1], now - p[2])
-        if m._phases:
-            m._phases[-1][2] = now
 
 
 # --------------------------------------------------------------------------------------------- model
@@ -376,10 +272,10 @@ class Model:
         with self.phase("transfers", f"{src.name}->{dev.name}"):
             return _devices.transfer(x, src, dev, what)
 
-    def phase(self, name: str, dev: Device | str) -> _Phase:
+    def phase(self, name: str, dev: Device | str) -> Phase:
         """`with m.phase(name, dev):` attributes the time inside to (phase, device); nested phases pause
         the outer one."""
-        return _Phase(self, name, dev)
+        return Phase(self, name, dev)
 
     def _add_time(self, phase: str, dev: str, s: float) -> None:
         if self._call is not None:
