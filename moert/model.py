@@ -156,24 +156,27 @@ class Model:
         return self._ids[:self.position].tolist()
 
     def warmup(self, progress: bool = True) -> float:
-        """Run one token through the model and forget it: the context, `stats` and the devices' transfer
-        counters are as before (it needs one free position in the context). The CPU kernels compile here,
-        on first use of a weight type on this machine (seconds; later runs load them from Numba's cache
-        in kernels/__pycache__). Returns the seconds it took. A bar shows if it takes longer than 1 s."""
+        """Run a 2-token prompt and a 1-token step through the model and forget them: the context, `stats`
+        and the devices' transfer counters are as before. They run at the next free positions (entries the
+        next tokens overwrite anyway); with fewer than 3 free, just one token. The CPU kernels compile here
+        (prompt and decode paths), on first use of a weight type on this machine: seconds, then Numba's
+        cache in kernels/__pycache__ has them. Returns the seconds it took. A bar shows after 1 s."""
         from tqdm import tqdm
 
         t0, position = time.perf_counter(), self.position
         last, total = self.stats.last, copy.deepcopy(self.stats.total)
         counters = {d.name: d.stats.copy() for d in self.plan.devices}
-        with tqdm(total=1, desc="warming up (compiles the CPU kernels on a first run)", unit="step",
+        steps = [2, 1] if self.context_size - position >= 3 else [1]
+        with tqdm(total=len(steps), desc="warming up (compiles the CPU kernels on a first run)", unit="step",
                   delay=1.0, disable=not progress, leave=False) as bar:
-            try:                # at the next free position: a cache entry the next token overwrites anyway
-                self.forward(np.zeros(1, dtype=np.int64))
+            try:
+                for n in steps:
+                    self.forward(np.zeros(n, dtype=np.int64))
+                    bar.update(1)
             finally:
                 self.position, self.stats.last, self.stats.total = position, last, total
                 for d in self.plan.devices:
                     d.stats.reset_to(counters[d.name])
-            bar.update(1)
         self.warmup_seconds = time.perf_counter() - t0
         return self.warmup_seconds
 

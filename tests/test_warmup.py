@@ -67,3 +67,18 @@ def test_a_type_compiles_only_its_own_row_kernels(tmp_path):
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stderr
     assert out.stdout.split("\n")[-2] == "['_rows1_q8_0', '_rows_q8_0']"
+
+
+def test_warmup_near_a_full_context(path):
+    m = load(path, progress=False, gpu_layers=0, context_size=12)
+    m.forward(TOKENS[:9])
+    m.warmup(progress=False)                              # 3 free positions: the 2-token prompt, then 1 token
+    m.forward(TOKENS[:2])
+    m.warmup(progress=False)                              # 1 free: one token
+    assert m.position == 11 and m.context_tokens == [*TOKENS[:9], *TOKENS[:2]]
+    m.forward(TOKENS[:1])
+    from moert.errors import ContextOverflowError
+
+    with pytest.raises(ContextOverflowError):
+        m.warmup(progress=False)                          # nothing free: the usual error, nothing changed
+    assert m.position == 12 and m.stats.total.calls == 3
