@@ -598,20 +598,17 @@ def weight_bytes(w: QTensor) -> int:
     return int(w.raw.nbytes)
 
 
-def _check(x: np.ndarray, w: QTensor) -> tuple[np.ndarray, int]:
+def _check_weight(w: QTensor) -> int:
+    """The weight's type code, after checking it is a 2-D tensor of whole blocks of a type with kernels."""
     code = TYPE_CODES.get(w.type)
     if code is None:
         lookup(w.type, FAST_TYPES, "moert.kernels.matmul")             # raises UnsupportedTypeError
     if len(w.shape) != 2:
         raise ValueError(f"matmul needs a 2-D weight (R, C), got shape {w.shape}; pass one expert "
                          f"(QTensor of raw[e]) of a stacked tensor")
-    if x.ndim != 2 or x.shape[1] != w.shape[1]:
-        raise ValueError(f"x {x.shape} does not match the weight {w.shape}: need (T, {w.shape[1]})")
     if w.shape[1] % BLOCK[w.type]:
         raise ValueError(f"{w.type} rows of {w.shape[1]} columns are not whole blocks of {BLOCK[w.type]}")
-    if x.dtype != np.float32 or not x.flags.c_contiguous:
-        x = np.ascontiguousarray(x, dtype=np.float32)
-    return x, code
+    return code
 
 
 def threads() -> int:
@@ -636,9 +633,8 @@ class Prepared:
     __slots__ = ("shape", "type", "raw", "code", "nb", "f16", "serial", "parallel")
 
     def __init__(self, w: QTensor):
-        _check(np.zeros((1, w.shape[-1]), np.float32), w)
+        self.code = _check_weight(w)
         self.shape, self.type, self.raw = tuple(w.shape), w.type, raw_rows(w)
-        self.code = TYPE_CODES[w.type]
         self.nb = w.shape[1] // BLOCK[w.type]
         self.f16 = BF16_TO_F32 if self.code == 2 else F16_TO_F32
         self.serial, self.parallel = kernels_for(self.code)
@@ -666,8 +662,7 @@ class Prepared:
 
 def matmul(x: np.ndarray, w: QTensor, out: np.ndarray | None = None) -> np.ndarray:
     """x (T, C) @ W.T -> (T, R) float32, W read from its quantized bytes (parallel over rows)."""
-    x, _ = _check(x, w)
-    return Prepared(w)(x, out)
+    return Prepared(w)(np.asarray(x), out)
 
 
 def matvec(x: np.ndarray, w: QTensor, out: np.ndarray | None = None) -> np.ndarray:
