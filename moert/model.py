@@ -49,8 +49,8 @@ def load(model: Any, overrides: Any = None, gpu_layers: int | str = "all", cpu_m
          context_size: int = 4096, threads: int | None = None, progress: Any = None, *,
          n_batch: int = 512, warmup: bool = True, **plan_options: Any) -> Model:
     """Open a GGUF model, place its tensors, load them onto their devices, allocate the KV cache, and
-    (warmup=True, llama.cpp's default too) run one token through it so the first real token does not
-    pay for compiling the kernels (`Model.warmup`)."""
+    (warmup=True, llama.cpp's default too) run a few tokens through it and forget them, so the first real
+    ones do not pay for compiling the kernels (`Model.warmup`)."""
     from moert import gguf, placement
     from moert.weights import load_weights
 
