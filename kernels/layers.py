@@ -144,17 +144,41 @@ def _norm_rope1(x, w, eps, cos, sin, neox, out):
             out[j, i1] = b * cos[i] + a * sin[i]
 
 
+@njit(cache=True, fastmath=_FM, inline="always")
+def _qk_into_cache(q, k, v, qn, kn, eps, cos, sin, neox, k_cache, v_cache, pos0):
+    """Normed, rotated q (H, Dh) returned; normed, rotated k and v written into the caches at pos0."""
+    qr = np.empty_like(q)
+    _norm_rope1(q, qn, eps, cos, sin, neox, qr)
+    _norm_rope1(k, kn, eps, cos, sin, neox, k_cache[pos0])
+    v_cache[pos0] = v
+    return qr
+
+
+@njit(cache=True, fastmath=_FM)
+def _qk_attention1(q, k, v, qn, kn, eps, cos, sin, neox, k_cache, v_cache, pos0, s0, scale, out):
+    qr = _qk_into_cache(q, k, v, qn, kn, eps, cos, sin, neox, k_cache, v_cache, pos0)
+    _attention1(qr, k_cache, v_cache, s0, pos0 + 1, scale, out)
+
+
+@njit(cache=True, fastmath=_FM)
+def _qk_attention1_parallel(q, k, v, qn, kn, eps, cos, sin, neox, k_cache, v_cache, pos0, s0, scale, out):
+    qr = _qk_into_cache(q, k, v, qn, kn, eps, cos, sin, neox, k_cache, v_cache, pos0)
+    _attention1_parallel(qr, k_cache, v_cache, s0, pos0 + 1, scale, out)
+
+
 def qk_norm_rope_attention(q, k, v, q_norm, k_norm, eps: float, cos, sin, neox: bool, k_cache, v_cache,
                            pos0: int, scale: float, window: int | None) -> np.ndarray:
-    """For ONE token: per-head RMSNorm of q and k, RoPE, k and v into the caches at pos0, attention.
-    q (1, H, Dh), k (1, Hk, Dh), v (1, Hk, Dv); norms (Dh,); cos, sin (1, Dh/2). Returns (1, H * Dv).
-    Twin: moert.layers.rms_norm, rope and attention in a row (moert/models/blocks.py)."""
-    c, s_ = cos[0], sin[0]
-    qr = np.empty(q.shape[1:], dtype=np.float32)
-    _norm_rope1(q[0], q_norm, float(eps), c, s_, bool(neox), qr)
-    _norm_rope1(k[0], k_norm, float(eps), c, s_, bool(neox), k_cache[pos0])
-    v_cache[pos0] = v[0]
-    return _attend1(qr, k_cache, v_cache, pos0, scale, window)
+    """For ONE token: per-head RMSNorm of q and k, RoPE, k and v into the caches at pos0, attention, in one
+    Numba call. q (1, H, Dh), k (1, Hk, Dh), v (1, Hk, Dv); norms (Dh,); cos, sin (1, Dh/2). Returns
+    (1, H * Dv). Twin: moert.layers.rms_norm, rope and attention in a row (moert/models/blocks.py)."""
+    H, Dv = q.shape[1], v.shape[2]
+    s0 = 0 if window is None else max(0, pos0 - window + 1)
+    out = np.empty((H, Dv), dtype=np.float32)
+    work = (pos0 + 1 - s0) * k_cache.shape[1] * (k_cache.shape[2] + Dv)
+    fn = _qk_attention1_parallel if work >= _PARALLEL_MIN_WORK else _qk_attention1
+    fn(q[0], k[0], v[0], q_norm, k_norm, float(eps), cos[0], sin[0], bool(neox), k_cache, v_cache, pos0, s0,
+       np.float32(scale), out)
+    return out.reshape(1, H * Dv)
 
 
 def _attend1(q1, k_cache, v_cache, pos0, scale, window):

@@ -312,15 +312,16 @@ class Model:
         from its quantized bytes; any other type is dequantized once and kept as float32 (up to
         `dense_cache_bytes` in all), not once per token. On a GPU a weight is dequantized per call, in row
         chunks when big. A weight used on another device is dequantized at home and moved (counted)."""
-        name = self._name(name)
+        mm = self._prepared.get(name)                                   # the per-token path: a CPU kernel
+        if mm is not None and (dev is None or dev is CPU):
+            return mm(x)                                                # (T, out)
+        asked, name = name, self._name(name)
         t = self.weights[name]
         dev = t.device if dev is None else dev
         if t.device is not dev:
             return x @ self.w(name, dev).T
         if dev is CPU and t.type in kmatmul.FAST_TYPES and t.type != "F32":
-            mm = self._prepared.get(name)
-            if mm is None:
-                mm = self._prepared[name] = kmatmul.Prepared(QTensor(t.data, t.type, tuple(t.shape)))
+            mm = self._prepared[asked] = kmatmul.Prepared(QTensor(t.data, t.type, tuple(t.shape)))
             return mm(x)                                                # (T, out)
         if dev is CPU:
             w = self._dense.get(name)

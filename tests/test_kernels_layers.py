@@ -50,17 +50,18 @@ def test_attention_decode(window, H, Hk, Dh, pos0):
 
 
 @pytest.mark.parametrize("neox", [True, False])
-def test_qk_norm_rope_attention_is_the_three_in_a_row(neox):
-    H, Hk, Dh, pos0 = 6, 2, 16, 12
-    kc, vc = rand(20, Hk, Dh), rand(20, Hk, Dh)
+@pytest.mark.parametrize("H,Hk,Dh,pos0,window", [(6, 2, 16, 12, 4), (8, 2, 64, 1100, None)])   # serial, parallel
+def test_qk_norm_rope_attention_is_the_three_in_a_row(neox, H, Hk, Dh, pos0, window):
+    assert ((pos0 + 1) * Hk * 2 * Dh >= kl._PARALLEL_MIN_WORK) == (pos0 > 1000)
+    kc, vc = rand(pos0 + 8, Hk, Dh), rand(pos0 + 8, Hk, Dh)
     kc2, vc2 = kc.copy(), vc.copy()
     q, k, v = rand(1, H, Dh, scale=4.0), rand(1, Hk, Dh, scale=4.0), rand(1, Hk, Dh)
     qn, kn = rand(Dh), rand(Dh)
     cos, sin = layers.rope_angles(pos0, 1, Dh, 1e6)
     qr = layers.rope(layers.rms_norm(q, qn, 1e-6, fast=False), cos, sin, neox, fast=False)
     kr = layers.rope(layers.rms_norm(k, kn, 1e-6, fast=False), cos, sin, neox, fast=False)
-    want = layers.attention(qr, kr, v, kc, vc, pos0, scale=0.3, window=4, fast=False)
-    got = kl.qk_norm_rope_attention(q, k, v, qn, kn, 1e-6, cos, sin, neox, kc2, vc2, pos0, 0.3, 4)
+    want = layers.attention(qr, kr, v, kc, vc, pos0, scale=0.3, window=window, fast=False)
+    got = kl.qk_norm_rope_attention(q, k, v, qn, kn, 1e-6, cos, sin, neox, kc2, vc2, pos0, 0.3, window)
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
     np.testing.assert_allclose(kc2, kc, rtol=1e-6, atol=1e-6)
 
