@@ -383,23 +383,24 @@ class Model:
             counts = self.to(expert_counts(ids, self.config.n_expert, dev.xp), CPU, "expert counts")
         if self._call is not None:
             self._call.expert_counts[il] += counts
-        ts = [self.weights[n] for n in names]
         with self.phase("experts", dev):
             if dev is CPU and home:                 # the quantized bytes, read by the Numba kernels
-                y = self._cpu_experts(names, ts)(x, ids, weights)
+                y = self._cpu_experts(names)(x, ids, weights)
             else:
+                ts = [self.weights[n] for n in names]
+
                 def run(e: int, xs):
                     g, u, d = (self._expert(n, t, e, dev) for n, t in zip(names, ts))
                     return swiglu(xs, g, u, d, dev.xp)
                 y = dispatch(x, ids, weights, counts, run, dev.xp)
-        return self.to(y, src, "expert output")
+        return y if src is dev else self.to(y, src, "expert output")
 
-    def _cpu_experts(self, names: tuple[str, str, str], ts: list):
+    def _cpu_experts(self, names: tuple[str, str, str]):
         """f(x, ids, weights) for a CPU expert layer: one parallel region for the layer
         (kernels/moe_fused.py), or kernels/moe.py for types the fused kernel does not take."""
         f = self._prepared.get(names)
         if f is None:
-            qs = [QTensor(t.data, t.type, tuple(t.shape)) for t in ts]
+            qs = [QTensor(t.data, t.type, tuple(t.shape)) for t in (self.weights[n] for n in names)]
             if fused_supports(*qs):
                 f = PreparedExperts(*qs)
             else:
