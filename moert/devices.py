@@ -143,7 +143,7 @@ class Device:
         self.used = 0                  # bytes of live accounted allocations (put / empty / zeros)
         self.peak = 0                  # high-water mark of `used`
         self.stats = TransferStats()
-        self._allocs: dict[int, list] = {}  # id(buffer) -> [nbytes, what, finalizer]
+        self._allocs: dict[int, list] = {}  # id(buffer) -> [nbytes, what, weakref to it]
 
     # -- identity
     @property
@@ -189,19 +189,23 @@ class Device:
     def _account(self, buf: Any, nbytes: int, what: str) -> None:
         key = id(buf)
         try:  # released when the buffer is garbage-collected, like CuPy's pool, or by free()
-            fin = weakref.finalize(buf, self._release, key)
+            ref = weakref.ref(buf, lambda r, key=key: self._collected(key, r))   # (finalize: 10x the cost)
         except TypeError:
-            fin = None
-        self._allocs[key] = [nbytes, what, fin]
+            ref = None
+        self._allocs[key] = [nbytes, what, ref]
         self.used += nbytes
         self.peak = max(self.peak, self.used)
+
+    def _collected(self, key: int, ref: Any) -> None:
+        """A buffer died: release its record, unless free() did already and the id now names another."""
+        rec = self._allocs.get(key)
+        if rec is not None and rec[2] is ref:
+            self._release(key)
 
     def _release(self, key: int) -> None:
         rec = self._allocs.pop(key, None)
         if rec is not None:
             self.used -= rec[0]
-            if rec[2] is not None:
-                rec[2].detach()
 
     def _buffer(self, arr: Any) -> Any:
         """The array that owns arr's memory (the key allocations are recorded under)."""

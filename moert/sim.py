@@ -91,6 +91,20 @@ class SimArray(NDArrayOperatorsMixin):
             f"(CuPy refuses it too); use {self.device.name}.to_host(arr) or moert.devices.transfer")
 
     def __array_ufunc__(self, ufunc, method, *inputs, **kwargs):
+        if method == "__call__" and not kwargs:     # the common case, checked inline: a x b, exp(a), a + 1.0
+            dev = self.device
+            raw = []
+            for x in inputs:
+                if type(x) is SimArray:
+                    if x.device is not dev:
+                        break
+                    raw.append(x._a)
+                elif isinstance(x, (np.ndarray, SimArray)):
+                    break                                # host or mismatched arrays: the checks below say so
+                else:
+                    raw.append(x)
+            else:
+                return _wrap(ufunc(*raw), dev)
         # ufunc.at takes host index arrays like indexing does
         checked = (inputs[0], _no_host(inputs[1]), inputs[2:]) if method == "at" else inputs
         dev = _common_device(f"numpy.{ufunc.__name__}.{method}", checked, kwargs.get("out", ()))
@@ -159,10 +173,22 @@ class SimArray(NDArrayOperatorsMixin):
         dev = self.device
 
         def method(*args, **kwargs):
+            if _plain(args) and _plain(kwargs.values()):   # x.reshape(T, -1), x.sum(axis=-1): nothing to check
+                return _wrap(attr(*args, **kwargs), dev)
             _common_device(f"ndarray.{name}", self, args, kwargs)
             return _wrap(attr(*_unwrap(args), **_unwrap(kwargs)), dev)
 
         return method
+
+
+def _plain(values: Any) -> bool:
+    """No arrays among these values, nor in tuples or lists among them."""
+    for v in values:
+        if isinstance(v, (np.ndarray, SimArray)):
+            return False
+        if isinstance(v, (tuple, list)) and not _plain(v):
+            return False
+    return True
 
 
 def _no_host(key: Any) -> Any:
