@@ -148,6 +148,70 @@ def _block_dot(buf, n, x, c0, acc):
         acc[t] += s
 
 
+@njit(cache=True, fastmath=_FM, inline="always")
+def _block_dot2(u, v, n, x, c0, acc0, acc1):
+    """acc0[t] += u[:n] . x[t, c0:c0+n] and acc1[t] += v[:n] . x[t, ...]: two rows' dequantized blocks at once,
+    so each load of x feeds two FMAs (the batch kernels were bound by reloading x from L2 for every row:
+    1.2-1.4x measured on Q4_K). 4 tokens per pass, then 2, then 1."""
+    T = x.shape[0]
+    t = 0
+    while t + 4 <= T:
+        x0, x1, x2, x3 = x[t, c0:c0 + n], x[t + 1, c0:c0 + n], x[t + 2, c0:c0 + n], x[t + 3, c0:c0 + n]
+        a0 = np.float32(0.0)
+        a1 = np.float32(0.0)
+        a2 = np.float32(0.0)
+        a3 = np.float32(0.0)
+        b0 = np.float32(0.0)
+        b1 = np.float32(0.0)
+        b2 = np.float32(0.0)
+        b3 = np.float32(0.0)
+        for l in range(n):
+            p, q = u[l], v[l]
+            a0 += p * x0[l]
+            a1 += p * x1[l]
+            a2 += p * x2[l]
+            a3 += p * x3[l]
+            b0 += q * x0[l]
+            b1 += q * x1[l]
+            b2 += q * x2[l]
+            b3 += q * x3[l]
+        acc0[t] += a0
+        acc0[t + 1] += a1
+        acc0[t + 2] += a2
+        acc0[t + 3] += a3
+        acc1[t] += b0
+        acc1[t + 1] += b1
+        acc1[t + 2] += b2
+        acc1[t + 3] += b3
+        t += 4
+    if t + 2 <= T:
+        x0, x1 = x[t, c0:c0 + n], x[t + 1, c0:c0 + n]
+        a0 = np.float32(0.0)
+        a1 = np.float32(0.0)
+        b0 = np.float32(0.0)
+        b1 = np.float32(0.0)
+        for l in range(n):
+            p, q = u[l], v[l]
+            a0 += p * x0[l]
+            a1 += p * x1[l]
+            b0 += q * x0[l]
+            b1 += q * x1[l]
+        acc0[t] += a0
+        acc0[t + 1] += a1
+        acc1[t] += b0
+        acc1[t + 1] += b1
+        t += 2
+    if t < T:
+        xt = x[t, c0:c0 + n]
+        a0 = np.float32(0.0)
+        b0 = np.float32(0.0)
+        for l in range(n):
+            a0 += u[l] * xt[l]
+            b0 += v[l] * xt[l]
+        acc0[t] += a0
+        acc1[t] += b0
+
+
 # --------------------------------------------------------------------------------------------- Q4_K
 # | d f16 | dmin f16 | scales[12] | qs[128] |  w = d*sc_j * q - dmin*m_j, 8 sub-blocks j of 32
 #   sub-blocks 2p, 2p+1 (p < 4): low, high nibbles of qs[32p:32p+32]
@@ -403,41 +467,59 @@ def _rows1_q8_0(w, x, xs, out, r0, r1, b0, b1, f16):
 
 @njit(cache=True, fastmath=_FM)
 def _rows_q4_k(w, x, out, r0, r1, b0, b1, f16):
-    acc = np.empty(x.shape[0], dtype=np.float32)
-    buf = _stack_f32(256)
-    for r in range(r0, r1):
-        acc[:] = 0.0
-        wr = w[r, 144 * b0:144 * b1]
+    acc0 = np.empty(x.shape[0], dtype=np.float32)
+    acc1 = np.empty(x.shape[0], dtype=np.float32)
+    u = _stack_f32(256)
+    v = _stack_f32(256)
+    for r in range(r0, r1, 2):                          # rows in pairs; an odd last row pairs with itself
+        r2 = min(r + 1, r1 - 1)
+        acc0[:] = 0.0
+        acc1[:] = 0.0
+        w0, w1 = w[r, 144 * b0:144 * b1], w[r2, 144 * b0:144 * b1]
         for b in range(b1 - b0):
-            _deq_q4_k(wr, b, buf, f16)
-            _block_dot(buf, 256, x, 256 * (b0 + b), acc)
-        out[:, r] = acc
+            _deq_q4_k(w0, b, u, f16)
+            _deq_q4_k(w1, b, v, f16)
+            _block_dot2(u, v, 256, x, 256 * (b0 + b), acc0, acc1)
+        out[:, r] = acc0
+        out[:, r2] = acc1
 
 
 @njit(cache=True, fastmath=_FM)
 def _rows_q5_k(w, x, out, r0, r1, b0, b1, f16):
-    acc = np.empty(x.shape[0], dtype=np.float32)
-    buf = _stack_f32(256)
-    for r in range(r0, r1):
-        acc[:] = 0.0
-        wr = w[r, 176 * b0:176 * b1]
+    acc0 = np.empty(x.shape[0], dtype=np.float32)
+    acc1 = np.empty(x.shape[0], dtype=np.float32)
+    u = _stack_f32(256)
+    v = _stack_f32(256)
+    for r in range(r0, r1, 2):                          # rows in pairs; an odd last row pairs with itself
+        r2 = min(r + 1, r1 - 1)
+        acc0[:] = 0.0
+        acc1[:] = 0.0
+        w0, w1 = w[r, 176 * b0:176 * b1], w[r2, 176 * b0:176 * b1]
         for b in range(b1 - b0):
-            _deq_q5_k(wr, b, buf, f16)
-            _block_dot(buf, 256, x, 256 * (b0 + b), acc)
-        out[:, r] = acc
+            _deq_q5_k(w0, b, u, f16)
+            _deq_q5_k(w1, b, v, f16)
+            _block_dot2(u, v, 256, x, 256 * (b0 + b), acc0, acc1)
+        out[:, r] = acc0
+        out[:, r2] = acc1
 
 
 @njit(cache=True, fastmath=_FM)
 def _rows_q6_k(w, x, out, r0, r1, b0, b1, f16):
-    acc = np.empty(x.shape[0], dtype=np.float32)
-    buf = _stack_f32(256)
-    for r in range(r0, r1):
-        acc[:] = 0.0
-        wr = w[r, 210 * b0:210 * b1]
+    acc0 = np.empty(x.shape[0], dtype=np.float32)
+    acc1 = np.empty(x.shape[0], dtype=np.float32)
+    u = _stack_f32(256)
+    v = _stack_f32(256)
+    for r in range(r0, r1, 2):                          # rows in pairs; an odd last row pairs with itself
+        r2 = min(r + 1, r1 - 1)
+        acc0[:] = 0.0
+        acc1[:] = 0.0
+        w0, w1 = w[r, 210 * b0:210 * b1], w[r2, 210 * b0:210 * b1]
         for b in range(b1 - b0):
-            _deq_q6_k(wr, b, buf, f16)
-            _block_dot(buf, 256, x, 256 * (b0 + b), acc)
-        out[:, r] = acc
+            _deq_q6_k(w0, b, u, f16)
+            _deq_q6_k(w1, b, v, f16)
+            _block_dot2(u, v, 256, x, 256 * (b0 + b), acc0, acc1)
+        out[:, r] = acc0
+        out[:, r2] = acc1
 
 
 @njit(cache=True, fastmath=_FM)
