@@ -74,7 +74,7 @@ class Moert:
 
     def prompt(self, tokens):
         self.m.reset()
-        return self.m.forward(np.asarray(tokens))[-1]
+        return self.m.forward(np.asarray(tokens), last_only=True)[-1]   # as llama.cpp: the last logits only
 
     def step(self, token):
         return self.m.forward(np.asarray([token]))[-1]

@@ -200,14 +200,14 @@ def bench(model, n_prompt: int = 64, n_gen: int = 32, repetitions: int = 3, warm
     if warmup:                                  # as llama-bench: batched kernels and caches warm, untimed
         model.reset()
         if n_prompt:
-            model.forward(prompt)
+            model.forward(prompt, last_only=True)
         if n_gen:
             model.forward(gen[:1])
     for _ in range(repetitions):
         model.reset()
         if n_prompt:
             t0 = time.perf_counter()
-            model.forward(prompt)
+            model.forward(prompt, last_only=True)
             pp.samples_s.append(time.perf_counter() - t0)
         if n_gen:
             t0 = time.perf_counter()

@@ -4,7 +4,7 @@ It works with any model object that has these (moert's Model has them; tests use
 
     model.tokenize(text, add_bos=None, special=False) -> list[int]   text -> ids (add_bos None: the vocabulary decides)
     model.detokenize(ids) -> str                                     ids -> text, control tokens as ''
-    model.forward(tokens) -> np.ndarray (T, n_vocab)                 run T tokens at model.position, advance it by T
+    model.forward(tokens, last_only) -> np.ndarray (T or 1, n_vocab) run T tokens at model.position, advance it by T
     model.reset()                                                    empty the KV cache; position back to 0
     model.position: int                                              tokens in the KV cache
     model.context_size: int                                          how many it can hold
@@ -92,7 +92,7 @@ def _tokens(model, ids: list[int], max_tokens: int | None, sampler: Sampler, sta
             finished = True
             return
         t0 = time.perf_counter()
-        logits = model.forward(ids[keep:])  # (T - keep, V)
+        logits = model.forward(ids[keep:], last_only=True)  # (1, V): the prompt's last position
         t1 = time.perf_counter()
         stats.prompt_seconds = t1 - t0
         history = list(ids)

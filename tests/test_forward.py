@@ -226,3 +226,13 @@ def test_generation_reuses_the_cached_prefix(tmp_path):
     next(it)
     it.close()
     assert m.position == 0 and m.context_tokens == []
+
+
+def test_last_only_is_the_last_row(path, cpu_logits):
+    for n_batch in (512, 5):                                             # one chunk, and 5-token chunks
+        m = load(path, gpu_layers=0, progress=False, n_batch=n_batch)
+        last = m.forward(TOKENS, last_only=True)
+        assert last.shape == (1, 256) and m.position == len(TOKENS)
+        assert rel(last, cpu_logits[-1:]) < 1e-5
+        assert m.forward([], last_only=True).shape == (0, 256)
+        assert m.forward(TOKENS[:1]).shape == (1, 256)                   # the next call gives every row again
