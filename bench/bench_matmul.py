@@ -4,6 +4,9 @@
     python bench/bench_matmul.py [--rows 16384 --cols 8192] [--rounds 5] [--types Q4_K,Q6_K] [--json f]
     python bench/bench_matmul.py --asm                          # vector instructions in the hot loops
 
+Rows "T=1 int16" are the opt-in quantized-activation one-token kernels (kernels/matmul_q.py, act_quant="int16")
+for the types that have them, measured in the same run as the float rows.
+
 GB/s counts the weight bytes the kernel streams (quantized, as stored); a matrix of 16384 x 8192 is larger
 than any last-level cache here (Q4_K: 75 MB), so matvec figures are from memory, as in decode. The
 "of 1-thread BW" column divides the 1-thread figure by this machine's measured 1-thread read bandwidth
@@ -28,6 +31,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import common  # noqa: E402
 
 from moert.kernels import matmul as mm  # noqa: E402
+from moert.kernels import matmul_q as mq  # noqa: E402
 from moert.kernels.moe import QTensor  # noqa: E402
 from moert.quants import quantize  # noqa: E402
 
@@ -45,10 +49,11 @@ def make_weight(name: str, shape=SHAPE, seed: int = 0) -> QTensor:
 
 
 def runner(impl: str, w: QTensor, x: np.ndarray):
-    """A no-argument callable computing x @ W.T once with `impl`."""
-    if impl == "numba":
+    """A no-argument callable computing x @ W.T once with `impl` ("numba", "int16", "reference", "gguf-py")."""
+    if impl in ("numba", "int16"):
         out = np.empty((x.shape[0], w.shape[0]), np.float32)
-        return lambda: mm.matmul(x, w, out)
+        p = mm.Prepared(w, act_quant=None if impl == "numba" else impl)
+        return lambda: p(x, out)
     if impl == "reference":
         return lambda: mm.matmul_ref(x, w)
     import gguf
@@ -84,20 +89,21 @@ def measure(types, shape, rounds: int, threads: int, baselines: bool) -> list[di
     out = []
     for name in types:
         w = make_weight(name, shape)
-        for T in (1, 16):
+        quant = [("int16", 1)] if mm.TYPE_CODES[name] in mq.QUANT_CODES else []
+        for mode, T in [("numba", 1), *quant, ("numba", 16)]:
             x = np.random.default_rng(1).standard_normal((T, shape[1]), dtype=np.float32)
-            r = dict(type=name, T=T, bytes=int(w.raw.nbytes), weights=shape[0] * shape[1])
+            r = dict(type=name, T=T, mode=mode, bytes=int(w.raw.nbytes), weights=shape[0] * shape[1])
             for n in sorted({1, threads}):
                 numba.set_num_threads(n)
-                ts = common.times(runner("numba", w, x), rounds)
+                ts = common.times(runner(mode, w, x), rounds)
                 r[f"numba_{n}t"] = min(ts)
                 r[f"numba_{n}t_median"] = float(np.median(ts))
             numba.set_num_threads(threads)
-            if baselines:
+            if baselines and mode == "numba":
                 for impl in ("reference", "gguf-py"):
                     r[impl] = min(common.times(runner(impl, w, x), 1, warmup=0))
             out.append(r)
-            print(f"  {name} T={T}: {w.raw.nbytes / r['numba_1t'] / 1e9:.2f} GB/s 1 thread", file=sys.stderr,
+            print(f"  {name} T={T} {mode}: {w.raw.nbytes / r['numba_1t'] / 1e9:.2f} GB/s 1 thread", file=sys.stderr,
                   flush=True)
     return out
 
@@ -112,7 +118,10 @@ def asm_report(types) -> str:
         w = make_weight(name, (64, 1024))
         mm.matmul(np.ones((1, 1024), np.float32), w)
         mm.matmul(np.ones((4, 1024), np.float32), w)
-        for fn in (getattr(mm, f"_rows1_{name.lower()}", None), getattr(mm, f"_rows_{name.lower()}")):
+        if mm.TYPE_CODES[name] in mq.QUANT_CODES:
+            mm.Prepared(w, act_quant="int16")(np.ones((1, 1024), np.float32))
+        for fn in (getattr(mm, f"_rows1_{name.lower()}", None), getattr(mm, f"_rows_{name.lower()}"),
+                   getattr(mq, f"_rows1q_{name.lower()}", None)):
             if fn is None:
                 continue
             asm = fn.inspect_asm(fn.signatures[0])
@@ -149,7 +158,8 @@ def main(argv: list[str] | None = None) -> None:
     for r in res:
         gb = lambda s, r=r: r["bytes"] / s / 1e9  # noqa: E731
         n = args.threads
-        rows.append([r["type"], r["T"], f"{gb(r['numba_1t']):.2f}", f"{r['weights'] / r['numba_1t'] / 1e9:.2f}",
+        label = r["T"] if r["mode"] == "numba" else f"{r['T']} {r['mode']}"
+        rows.append([r["type"], label, f"{gb(r['numba_1t']):.2f}", f"{r['weights'] / r['numba_1t'] / 1e9:.2f}",
                      f"{gb(r['numba_1t']) / bw1:.0%}", f"{gb(r[f'numba_{n}t']):.2f}",
                      f"{r['T'] * r['weights'] / r[f'numba_{n}t'] / 1e9:.1f}",
                      f"{gb(r['reference']):.3f}" if "reference" in r else "-",

@@ -622,16 +622,21 @@ def no_sums(x):
 # One pair of drivers per type, made on first use: a closure over the type code, so each compiles only
 # its own type's row kernels (Numba caches closures over plain ints: the key includes their values).
 
-_DRIVERS: dict[int, tuple] = {}
+_DRIVERS: dict[tuple[int, int], tuple] = {}
 
 
-def kernels_for(code: int) -> tuple:
+def kernels_for(code: int, aq: int = 0) -> tuple:
     """(serial, parallel) drivers of one type code:
     serial(w, x, out, r0, r1, b0, b1, f16): `rows` on the calling thread (xs computed inside);
-    parallel(w, x, out, nb, f16, chunk): all rows, `chunk` rows per task, one parallel region."""
-    if code not in _DRIVERS:
-        _DRIVERS[code] = _make_drivers(code)
-    return _DRIVERS[code]
+    parallel(w, x, out, nb, f16, chunk): all rows, `chunk` rows per task, one parallel region.
+    aq != 0: the opt-in quantized-activation one-token kernels (kernels/matmul_q.py) for the types that
+    have them; aq = 0 (default) compiles exactly the float drivers."""
+    if aq:
+        from moert.kernels import matmul_q
+        aq = aq if code in matmul_q.QUANT_CODES else 0
+    if (code, aq) not in _DRIVERS:
+        _DRIVERS[code, aq] = matmul_q.make_drivers(code, aq) if aq else _make_drivers(code)
+    return _DRIVERS[code, aq]
 
 
 def _make_drivers(code: int) -> tuple:
@@ -714,12 +719,17 @@ class Prepared:
 
     __slots__ = ("shape", "type", "raw", "code", "nb", "f16", "serial", "parallel")
 
-    def __init__(self, w: QTensor):
+    def __init__(self, w: QTensor, act_quant: str | None = None):
+        """act_quant: None (float, default) or "int16": one-token calls round x per 256-block (matmul_q.py)."""
+        aq = 0
+        if act_quant is not None:
+            from moert.kernels import matmul_q
+            aq = matmul_q.mode(act_quant)
         self.code = _check_weight(w)
         self.shape, self.type, self.raw = tuple(w.shape), w.type, raw_rows(w)
         self.nb = w.shape[1] // BLOCK[w.type]
         self.f16 = BF16_TO_F32 if self.code == 2 else F16_TO_F32
-        self.serial, self.parallel = kernels_for(self.code)
+        self.serial, self.parallel = kernels_for(self.code, aq)
 
     def __call__(self, x: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
         """x (T, C) @ W.T -> (T, R) float32."""

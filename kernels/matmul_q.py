@@ -1,0 +1,223 @@
+"""Opt-in quantized-activation one-token kernels (decode, T == 1): x is rounded to int16 per 256-block,
+each sub-block's dot is an exact int32 sum, and only then are the float scales applied (llama.cpp's
+Q8_K idea, at 16 bits). Off by default: `kmatmul.Prepared(w, act_quant="int16")` turns it on.
+
+    quantize_x(x, qmax)      x (C,) -> xq (C,) int16, xd (C/256,) float32 step, xb (C/32,) int32 sums
+    matvec_q(x, w)           x (C,) -> (R,)   the kernels, serial
+    matvec_q_ref(x, w)       the NumPy reference twin: the same quantize_x in NumPy, then an exact dot
+                             (float64) with the reference-dequantized W
+
+Why: the float one-token kernels spend ~0.75 instructions per weight (nibble, int->float, FMA) and reach
+15-21% of one thread's read bandwidth. Multiplying int16 by int16 into int32 pairs is `vpmaddwd`: 16
+weights per instruction, no conversion per weight. Types: Q4_K, Q6_K (a Q4_K_M file's); others, and
+batches (T > 1), keep the float kernels. Error: x_j moves by at most step/2 of its block, so
+|y - y_float| <= sum_j |w_j| * step_b(j) / 2 (tests/test_kernels_matmul_q.py asserts it).
+
+Integers are explicit int32 (Numba widens to int64 otherwise, half the lanes). Dimension legend: R rows,
+C columns, B blocks of 256 per row.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+
+import numpy as np
+from numba import njit, prange
+
+from moert.kernels.matmul import I32, _half, _i8, _scales_k4, _stack_f32, no_sums, rows, sums32
+from moert.kernels.moe import QTensor
+from moert.quants.dequant import dequantize as _ref_dequantize
+
+__all__ = ["ACT_QUANT", "QMAX", "QUANT_CODES", "make_drivers", "matvec_q", "matvec_q_ref", "quantize_x",
+           "quantize_x_ref", "rows_q"]
+
+ACT_QUANT = {None: 0, "none": 0, "int16": 1}   # act_quant option -> the int in the closure keys
+QMAX = {1: 32767}                               # largest |quantized x| per mode
+QUANT_CODES = frozenset({4, 6})                 # type codes with quantized one-token kernels: Q4_K, Q6_K
+_FM = {"reassoc", "contract"}
+
+# the closures here link matmul.py's code: its source is in their cache key (as moe_fused.py does)
+_LINKED_SOURCE = int(hashlib.sha1((Path(__file__).parent / "matmul.py").read_bytes()).hexdigest()[:15], 16)
+
+
+def mode(act_quant) -> int:
+    """The closure-key int of an act_quant option (None/"none" -> 0, "int16" -> 1)."""
+    if act_quant not in ACT_QUANT:
+        raise ValueError(f"act_quant={act_quant!r} is not one of None, 'none', 'int16'")
+    return ACT_QUANT[act_quant]
+
+
+# ------------------------------------------------------------------------------------- quantize x
+
+@njit(cache=True)
+def quantize_x(x, qmax):
+    """Per 256-block: step d = max|x| / qmax, xq = rint(x / d) (through 1/d, as the twin), and the per-32
+    sums of xq (the Q4_K min term). x (C,) float32, C a multiple of 256."""
+    C = x.shape[0]
+    xq = np.empty(C, dtype=np.int16)
+    xd = np.empty(C // 256, dtype=np.float32)
+    xb = np.empty(C // 32, dtype=np.int32)
+    for b in range(C // 256):
+        amax = np.float32(0.0)
+        for l in range(256):
+            amax = max(amax, abs(x[256 * b + l]))
+        d = amax / np.float32(qmax)
+        inv = np.float32(qmax) / amax if amax > 0 else np.float32(0.0)
+        xd[b] = d
+        for j in range(8):
+            s = I32(0)
+            for l in range(32):
+                q = I32(np.rint(x[256 * b + 32 * j + l] * inv))
+                q = I32(min(max(q, I32(-qmax)), I32(qmax)))
+                xq[256 * b + 32 * j + l] = q
+                s = I32(s + q)
+            xb[8 * b + j] = s
+    return xq, xd, xb
+
+
+def quantize_x_ref(x: np.ndarray, qmax: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """NumPy twin of quantize_x."""
+    xb = np.asarray(x, dtype=np.float32).reshape(-1, 256)
+    amax = np.abs(xb).max(axis=1)                                      # (B,)
+    d = (amax / np.float32(qmax)).astype(np.float32)
+    with np.errstate(divide="ignore"):
+        inv = np.where(amax > 0, np.float32(qmax) / amax, 0).astype(np.float32)
+    q = np.clip(np.rint(xb * inv[:, None]), -qmax, qmax).astype(np.int16)  # (B, 256)
+    return q.reshape(-1), d, q.reshape(-1, 32).astype(np.int32).sum(axis=1, dtype=np.int32)
+
+
+# ------------------------------------------------------------------------------------- row dots
+# Each sub-block: an int32 sum of q * xq over its lanes (vpmaddwd), then float: d*sc * sum.
+
+@njit(cache=True, fastmath=_FM)
+def _dot1q_q4_k(w, xq, xd, xb, nb, f16):
+    """w . x for nb Q4_K blocks, x given as (xq, xd, xb): sum_b xd_b (sum_j d*sc_j * isum_j - dmin*m_j * xb_j)."""
+    dsc = _stack_f32(8)
+    dmn = _stack_f32(8)
+    s = np.float32(0.0)
+    for b in range(nb):
+        o = b * 144
+        _scales_k4(w, o, _half(w, o, f16), _half(w, o + 2, f16), dsc, dmn)
+        a = np.float32(0.0)
+        for p in range(4):
+            c, q0 = 256 * b + 64 * p, o + 16 + 32 * p
+            s1 = I32(0)
+            s2 = I32(0)
+            for l in range(32):
+                q = I32(w[q0 + l])
+                s1 = I32(s1 + I32(I32(q & I32(15)) * I32(xq[c + l])))    # I32 around each op: no int64
+                s2 = I32(s2 + I32(I32(q >> I32(4)) * I32(xq[c + 32 + l])))
+            a += dsc[2 * p] * np.float32(s1) - dmn[2 * p] * np.float32(xb[8 * b + 2 * p]) \
+                + dsc[2 * p + 1] * np.float32(s2) - dmn[2 * p + 1] * np.float32(xb[8 * b + 2 * p + 1])
+        s += xd[b] * a
+    return s
+
+
+@njit(cache=True, fastmath=_FM)
+def _dot1q_q6_k(w, xq, xd, xb, nb, f16):
+    """w . x for nb Q6_K blocks: per half block h and 16-lane group g, four int32 sums (t = 0..3), each
+    for sub-block 8h + 2t + g, of (q - 32) * xq; then d * sc * sum."""
+    s = np.float32(0.0)
+    for b in range(nb):
+        o = b * 210
+        a = np.float32(0.0)
+        for h in range(2):
+            c, ql, qh = 256 * b + 128 * h, o + 64 * h, o + 128 + 32 * h
+            for g in range(2):
+                s0 = I32(0)
+                s1 = I32(0)
+                s2 = I32(0)
+                s3 = I32(0)
+                for k in range(16):
+                    l = 16 * g + k
+                    qa = I32(w[ql + l])
+                    qb = I32(w[ql + 32 + l])
+                    hb = I32(w[qh + l])
+                    v0 = I32(I32(I32(qa & I32(15)) | I32(I32(hb & I32(3)) << I32(4))) - I32(32))
+                    v1 = I32(I32(I32(qb & I32(15)) | I32(I32(hb & I32(12)) << I32(2))) - I32(32))
+                    v2 = I32(I32(I32(qa >> I32(4)) | I32(hb & I32(48))) - I32(32))
+                    v3 = I32(I32(I32(qb >> I32(4)) | I32(I32(hb & I32(192)) >> I32(2))) - I32(32))
+                    s0 = I32(s0 + I32(v0 * I32(xq[c + l])))
+                    s1 = I32(s1 + I32(v1 * I32(xq[c + 32 + l])))
+                    s2 = I32(s2 + I32(v2 * I32(xq[c + 64 + l])))
+                    s3 = I32(s3 + I32(v3 * I32(xq[c + 96 + l])))
+                sc = o + 192 + 8 * h + g
+                a += np.float32(_i8(w[sc])) * np.float32(s0) + np.float32(_i8(w[sc + 2])) * np.float32(s1) \
+                    + np.float32(_i8(w[sc + 4])) * np.float32(s2) + np.float32(_i8(w[sc + 6])) * np.float32(s3)
+        s += (xd[b] * _half(w, o + 208, f16)) * a
+    return s
+
+
+@njit(cache=True, fastmath=_FM)
+def _rows1q_q4_k(w, xq, xd, xb, out, r0, r1, b0, b1, f16):
+    qv, dv, sv = xq[256 * b0:256 * b1], xd[b0:b1], xb[8 * b0:8 * b1]
+    for r in range(r0, r1):
+        out[0, r] = _dot1q_q4_k(w[r, 144 * b0:144 * b1], qv, dv, sv, b1 - b0, f16)
+
+
+@njit(cache=True, fastmath=_FM)
+def _rows1q_q6_k(w, xq, xd, xb, out, r0, r1, b0, b1, f16):
+    qv, dv = xq[256 * b0:256 * b1], xd[b0:b1]
+    for r in range(r0, r1):
+        out[0, r] = _dot1q_q6_k(w[r, 210 * b0:210 * b1], qv, dv, xb, b1 - b0, f16)
+
+
+@njit(cache=True, inline="always")
+def rows_q(code, w, xq, xd, xb, out, r0, r1, b0, b1, f16):
+    """out[0, r] for r in [r0, r1), blocks [b0, b1), x given quantized (quantize_x). code 4 or 6 only;
+    inlined so a closure over `code` compiles one type (as matmul.rows)."""
+    if code == 4:
+        _rows1q_q4_k(w, xq, xd, xb, out, r0, r1, b0, b1, f16)
+    else:
+        _rows1q_q6_k(w, xq, xd, xb, out, r0, r1, b0, b1, f16)
+
+
+# ------------------------------------------------------------------------------------- drivers
+
+def make_drivers(code: int, aq: int) -> tuple:
+    """(serial, parallel) drivers as matmul.kernels_for's, for a type in QUANT_CODES and mode aq != 0:
+    one token through quantize_x + rows_q, a batch through the float `rows`."""
+    qmax, linked = QMAX[aq], _LINKED_SOURCE
+
+    @njit(cache=True)
+    def serial(w, x, out, r0, r1, b0, b1, f16):
+        assert linked != 0                                              # in the cache key; see above
+        if x.shape[0] == 1:
+            xq, xd, xb = quantize_x(x[0], qmax)
+            rows_q(code, w, xq, xd, xb, out, r0, r1, b0, b1, f16)
+        else:
+            rows(code, w, x, sums32(x) if code == 4 else no_sums(x), out, r0, r1, b0, b1, f16)
+
+    @njit(cache=True, parallel=True)
+    def parallel(w, x, out, nb, f16, chunk):
+        assert linked != 0
+        R = w.shape[0]
+        n = (R + chunk - 1) // chunk
+        if x.shape[0] == 1:
+            xq, xd, xb = quantize_x(x[0], qmax)
+            for i in prange(n):
+                rows_q(code, w, xq, xd, xb, out, i * chunk, min(R, (i + 1) * chunk), 0, nb, f16)
+        else:
+            xs = sums32(x) if code == 4 else no_sums(x)
+            for i in prange(n):
+                rows(code, w, x, xs, out, i * chunk, min(R, (i + 1) * chunk), 0, nb, f16)
+
+    return serial, parallel
+
+
+def matvec_q(x: np.ndarray, w: QTensor, act_quant: str = "int16") -> np.ndarray:
+    """x (C,) @ W.T -> (R,) with x quantized (mode act_quant), serial; W Q4_K or Q6_K."""
+    from moert.kernels.matmul import Prepared
+    out = np.empty((1, w.shape[0]), dtype=np.float32)
+    p = Prepared(w, act_quant=act_quant)
+    p.serial(p.raw, np.ascontiguousarray(x, dtype=np.float32).reshape(1, -1), out, 0, w.shape[0], 0, p.nb, p.f16)
+    return out.reshape(-1)
+
+
+def matvec_q_ref(x: np.ndarray, w: QTensor, act_quant: str = "int16") -> np.ndarray:
+    """Reference twin of matvec_q: quantize_x_ref, then (xq * step) @ W.T exactly (float64)."""
+    xq, xd, _ = quantize_x_ref(x, QMAX[mode(act_quant)])
+    xf = xq.astype(np.float64) * np.repeat(xd.astype(np.float64), 256)  # (C,) the values the kernel sees
+    W = _ref_dequantize(w.raw, w.type, w.shape).astype(np.float64)       # (R, C)
+    return (W @ xf).astype(np.float32)
