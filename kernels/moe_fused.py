@@ -33,7 +33,9 @@ from pathlib import Path
 import numpy as np
 from numba import njit, prange
 
+from moert.kernels import matmul_q
 from moert.kernels.matmul import BLOCK, TYPE_CODES, matmul_ref, no_sums, rows, sums32, table, threads
+from moert.kernels.matmul_q import quantize_x, rows_q
 from moert.kernels.moe import QTensor, group_by_expert
 from moert.quants.dequant import lookup, slice_expert
 
@@ -41,7 +43,7 @@ __all__ = ["PreparedExperts", "layer_kernel", "moe_ffn_fused", "moe_ffn_fused_re
 
 # what the compiled layer kernels link from other files: part of their cache key (see the docstring)
 _LINKED_SOURCE = int(hashlib.sha1(b"".join((Path(__file__).parent / f).read_bytes()
-                                          for f in ("matmul.py", "moe.py"))).hexdigest()[:15], 16)
+                                          for f in ("matmul.py", "matmul_q.py", "moe.py"))).hexdigest()[:15], 16)
 
 
 @njit(cache=True, fastmath={"reassoc", "contract"}, inline="always")
@@ -95,21 +97,25 @@ def _plan(offsets, parts, n_threads, item_bytes, macs_per_token):
     return order, start
 
 
-_LAYERS: dict[tuple[int, int], object] = {}
+_LAYERS: dict[tuple[int, int, int], object] = {}
 
 
-def layer_kernel(g_code: int, d_code: int):
+def layer_kernel(g_code: int, d_code: int, aq: int = 0):
     """The compiled layer kernel for gate/up of type code g_code and down of d_code (made on first use):
     kernel(x, ids, wts, g_raw, g_f16, u_raw, u_f16, d_raw, d_f16, nb_in, nb_down, block_down, parts,
     n_threads) -> (T, D). n_threads = matmul.threads(), passed in: called inside, it makes the
-    function uncacheable. parts = 0 picks them with parts_for."""
-    key = (g_code, d_code)
+    function uncacheable. parts = 0 picks them with parts_for. aq != 0 (kernels/matmul_q.py): an expert
+    with one token reads it quantized, for the types with quantized kernels; 0 compiles the float kernel."""
+    key = (g_code, d_code, aq)
     if key not in _LAYERS:
-        _LAYERS[key] = _make_layer(g_code, d_code, _LINKED_SOURCE)
+        _LAYERS[key] = _make_layer(g_code, d_code, _LINKED_SOURCE, aq)
     return _LAYERS[key]
 
 
-def _make_layer(g_code: int, d_code: int, linked_source: int):
+def _make_layer(g_code: int, d_code: int, linked_source: int, aq: int = 0):
+    gq = matmul_q.QMAX[aq] if aq and g_code in matmul_q.QUANT_CODES else 0    # 0: float kernels
+    dq = matmul_q.QMAX[aq] if aq and d_code in matmul_q.QUANT_CODES else 0
+
     @njit(cache=True, parallel=True)
     def moe_layer(x, ids, wts, g_raw, g_f16, u_raw, u_f16, d_raw, d_f16, nb_in, nb_down, block_down, parts,
                   n_threads):
@@ -132,15 +138,25 @@ def _make_layer(g_code: int, d_code: int, linked_source: int):
                 xe = np.empty((n, x.shape[1]), dtype=np.float32)        # (n, D) this expert's tokens
                 for i in range(n):
                     xe[i] = x[slots[o0 + i] // K]
-                xs = sums32(xe) if g_code == 4 or g_code == 5 else no_sums(xe)
                 f0, f1 = p * Fp, (p + 1) * Fp
                 g = np.zeros((n, F), dtype=np.float32)                  # (n, F), columns [f0, f1) used
                 u = np.zeros((n, F), dtype=np.float32)
-                rows(g_code, g_raw[e], xe, xs, g, f0, f1, 0, nb_in, g_f16)
-                rows(g_code, u_raw[e], xe, xs, u, f0, f1, 0, nb_in, u_f16)
+                if gq != 0 and n == 1:                                  # opt-in: x quantized (matmul_q.py)
+                    xq, xd, xb = quantize_x(xe[0], gq)
+                    rows_q(g_code, g_raw[e], xq, xd, xb, g, f0, f1, 0, nb_in, g_f16)
+                    rows_q(g_code, u_raw[e], xq, xd, xb, u, f0, f1, 0, nb_in, u_f16)
+                else:
+                    xs = sums32(xe) if g_code == 4 or g_code == 5 else no_sums(xe)
+                    rows(g_code, g_raw[e], xe, xs, g, f0, f1, 0, nb_in, g_f16)
+                    rows(g_code, u_raw[e], xe, xs, u, f0, f1, 0, nb_in, u_f16)
                 _silu_mul(g, u, f0, f1)                                 # h = silu(g) * u
-                hs = sums32(g) if d_code == 4 or d_code == 5 else no_sums(g)
-                rows(d_code, d_raw[e], g, hs, Y[p, o0:o0 + n], 0, D, f0 // block_down, f1 // block_down, d_f16)
+                b0, b1 = f0 // block_down, f1 // block_down
+                if dq != 0 and n == 1:
+                    hq, hd, hb = quantize_x(g[0], dq)                   # columns outside [f0, f1) are 0
+                    rows_q(d_code, d_raw[e], hq, hd, hb, Y[p, o0:o0 + n], 0, D, b0, b1, d_f16)
+                else:
+                    hs = sums32(g) if d_code == 4 or d_code == 5 else no_sums(g)
+                    rows(d_code, d_raw[e], g, hs, Y[p, o0:o0 + n], 0, D, b0, b1, d_f16)
         out = np.zeros((T, D), dtype=np.float32)                        # (T, D)
         w = wts.reshape(-1)
         for q in range(T * K):                                          # grouped order: by expert
@@ -189,7 +205,9 @@ class PreparedExperts:
 
     __slots__ = ("shape", "args", "kernel")
 
-    def __init__(self, gate: QTensor, up: QTensor, down: QTensor):
+    def __init__(self, gate: QTensor, up: QTensor, down: QTensor, act_quant: str | None = None):
+        """act_quant: None (float, default) or "int16": experts with one token read it quantized (matmul_q.py)."""
+        aq = matmul_q.mode(act_quant)
         for t in (gate, up, down):
             if t.type not in TYPE_CODES:
                 lookup(t.type, frozenset(TYPE_CODES), "moert.kernels.moe_fused")   # raises UnsupportedTypeError
@@ -204,7 +222,7 @@ class PreparedExperts:
         self.shape = (E, F, D)
         self.args = (_raw3(gate), table(gate.type), _raw3(up), table(up.type), _raw3(down), table(down.type),
                      D // BLOCK[gate.type], F // bd, bd, 0)
-        self.kernel = layer_kernel(TYPE_CODES[gate.type], TYPE_CODES[down.type])
+        self.kernel = layer_kernel(TYPE_CODES[gate.type], TYPE_CODES[down.type], aq)
 
     def __call__(self, x: np.ndarray, ids: np.ndarray, weights: np.ndarray) -> np.ndarray:
         """sum_k weights[t, k] * expert_{ids[t, k]}(x[t]) -> (T, D) float32."""

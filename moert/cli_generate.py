@@ -29,6 +29,8 @@ def add_sampling_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("-b", "--batch-size", type=int, default=512, help="prompt tokens per forward chunk")
     g.add_argument("--no-warmup", dest="warmup", action="store_false", help="skip the one-token warm-up run at "
                    "load (then the first token pays for compiling the CPU kernels on a first run)")
+    g.add_argument("--act-quant", choices=["none", "int16"], default="none", help="CPU one-token matmuls of "
+                   "Q4_K/Q6_K weights read x rounded to int16 per 256 values (faster; default: none, float)")
     g.add_argument("--stats", action="store_true", help="print llama.cpp-style timings and moert's per-device "
                    "time and transfer breakdown")
 
@@ -48,7 +50,7 @@ def load_from_args(model: str, args: argparse.Namespace, **overrides):
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         m = load(model, context_size=args.ctx or 4096, threads=args.threads, n_batch=args.batch_size,
-                 warmup=getattr(args, "warmup", True), **kw)
+                 warmup=getattr(args, "warmup", True), act_quant=getattr(args, "act_quant", "none"), **kw)
     for w in caught:
         print(f"warning: {w.message}", file=sys.stderr)
     return m

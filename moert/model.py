@@ -47,10 +47,11 @@ DENSE_CACHE_BYTES = 2 << 30  # default Model.dense_cache_bytes: float32 copies o
 def load(model: Any, overrides: Any = None, gpu_layers: int | str = "all", cpu_moe: bool = False,
          n_cpu_moe: int | None = None, gpu_backend: str = "auto", gpu_memory: Any = None,
          context_size: int = 4096, threads: int | None = None, progress: Any = None, *,
-         n_batch: int = 512, warmup: bool = True, **plan_options: Any) -> Model:
+         n_batch: int = 512, warmup: bool = True, act_quant: str | None = None, **plan_options: Any) -> Model:
     """Open a GGUF model, place its tensors, load them onto their devices, allocate the KV cache, and
     (warmup=True, llama.cpp's default too) run a few tokens through it and forget them, so the first real
-    ones do not pay for compiling the kernels (`Model.warmup`)."""
+    ones do not pay for compiling the kernels (`Model.warmup`). act_quant="int16": CPU one-token matmuls of
+    Q4_K/Q6_K weights round x to int16 per 256-block (kernels/matmul_q.py); None (default): float."""
     from moert import gguf, placement
     from moert.weights import load_weights
 
@@ -64,7 +65,7 @@ def load(model: Any, overrides: Any = None, gpu_layers: int | str = "all", cpu_m
                           gpu_backend=gpu_backend, gpu_memory=gpu_memory, context_size=n_ctx,
                           **plan_options)
     weights = load_weights(g, plan, progress=progress, context_size=n_ctx)
-    m = Model(g, arch, config, plan, weights, n_ctx, n_batch)
+    m = Model(g, arch, config, plan, weights, n_ctx, n_batch, act_quant=act_quant)
     if warmup:
         try:
             m.warmup(progress=progress is not False)
@@ -93,12 +94,14 @@ def set_threads(n: int) -> int:
 class Model:
     """A loaded model: `forward(tokens)` continues from `position`; `reset()` empties the context."""
 
-    def __init__(self, gguf_file, arch, config, plan, weights, context_size: int, n_batch: int = 512):
+    def __init__(self, gguf_file, arch, config, plan, weights, context_size: int, n_batch: int = 512,
+                 act_quant: str | None = None):
         from moert.memory import allocate_kv_cache
 
         self.gguf, self.arch, self.config, self.plan, self.weights = gguf_file, arch, config, plan, weights
         self.context_size = int(context_size)   # KV cache length, capped at the trained context
         self.n_batch = int(n_batch)              # a prompt is processed in chunks of at most this many tokens
+        self.act_quant = act_quant               # None, or "int16": one-token CPU matmuls read x quantized
         self.position = 0                        # tokens in the context so far
         self._ids = np.zeros(self.context_size, dtype=np.int64)   # the token ids in the KV cache, [:position]
         self.kv = allocate_kv_cache(plan, self.context_size, np.float32, config)
@@ -327,7 +330,7 @@ class Model:
         if t.device is not dev:
             return x @ self.w(name, dev).T
         if dev is CPU and t.type in kmatmul.FAST_TYPES and t.type != "F32":
-            mm = self._prepared[asked] = kmatmul.Prepared(QTensor(t.data, t.type, tuple(t.shape)))
+            mm = self._prepared[asked] = kmatmul.Prepared(QTensor(t.data, t.type, tuple(t.shape)), self.act_quant)
             return mm(x)                                                # (T, out)
         if dev is CPU:
             w = self._dense.get(name)
@@ -411,7 +414,7 @@ class Model:
         if f is None:
             qs = [QTensor(t.data, t.type, tuple(t.shape)) for t in (self.weights[n] for n in names)]
             if fused_supports(*qs):
-                f = PreparedExperts(*qs)
+                f = PreparedExperts(*qs, act_quant=self.act_quant)
             else:
                 def f(x, ids, weights, qs=qs):
                     return moe_ffn(x, ids, weights, *qs)

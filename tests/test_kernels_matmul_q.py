@@ -63,3 +63,24 @@ def test_prepared_opt_in(name):
     np.testing.assert_array_equal(y[0], q1)                             # same sums per row, any split
     with pytest.raises(ValueError, match="act_quant"):
         mm.Prepared(w, act_quant="int4")
+
+
+def test_model_int16_decode_close_to_float(tmp_path):
+    """moert.load(act_quant="int16") on a synthetic Q4_K/Q6_K qwen3moe: decode (T = 1, the quantized
+    kernels) stays close to the float path. Each matvec moves by <= 0.505 step * sum|w| per block, i.e.
+    ~1.5e-5 of max|x| sum|w|; two layers of attention, norms and experts amplify that by a small factor,
+    so we ask |dlogit| <= 1e-3 * max|logit| (70x margin), and that the paths differ (it really ran)."""
+    from moert import load
+    from moert.testing import write_qwen3moe
+
+    p = write_qwen3moe(tmp_path / "q.gguf", n_embd=256, head_dim=64, n_ff_exp=256, qtype="Q4_K",
+                       types={r"ffn_down": "Q6_K", r"output\.": "Q6_K"}, seed=3)
+    tokens = [5, 17, 99, 3, 250, 42]
+    ys = []
+    for aq in (None, "int16"):
+        m = load(p, gpu_layers=0, progress=False, warmup=False, act_quant=aq)
+        ys.append(np.concatenate([m.forward([t]) for t in tokens]))     # (6, n_vocab), one token a call
+    diff = np.abs(ys[1] - ys[0])
+    assert 0 < diff.max() <= 1e-3 * np.abs(ys[0]).max(), diff.max() / np.abs(ys[0]).max()
+    pre = load(p, gpu_layers=0, progress=False, warmup=False, act_quant="int16").forward(tokens)
+    np.testing.assert_allclose(pre[0], ys[0][0], rtol=0, atol=1e-4 * np.abs(ys[0]).max())  # batches: float
