@@ -58,14 +58,15 @@ def model_path(layers: int) -> Path:
 class Moert:
     name = "moert"
 
-    def __init__(self, path: Path, threads: int, n_ctx: int, experts: str):
+    def __init__(self, path: Path, threads: int, n_ctx: int, experts: str, act_quant: str = "none"):
         import moert
 
         if experts == "grouped":                          # for comparison only: the pre-fused CPU path
             import moert.model as mm
             mm.fused_supports = lambda *qs: False
         t0 = time.perf_counter()
-        self.m = moert.load(path, gpu_layers=0, threads=threads, context_size=n_ctx, progress=False)
+        self.m = moert.load(path, gpu_layers=0, threads=threads, context_size=n_ctx, progress=False,
+                            act_quant=act_quant)
         self.load_s = time.perf_counter() - t0
         t0 = time.perf_counter()
         self.m.forward([1])                               # cold start: JIT cache load + first touch
@@ -193,6 +194,8 @@ def main(argv: list[str] | None = None) -> dict:
                     help="moert's CPU expert kernel: the default (kernels/moe_fused.py) or the grouped "
                          "per-expert path (kernels/moe.py) it replaced")
     ap.add_argument("--no-llama", action="store_true", help="moert only")
+    ap.add_argument("--act-quant", choices=["none", "int16"], default="none",
+                    help="moert's opt-in quantized-activation decode kernels (kernels/matmul_q.py)")
     ap.add_argument("--overhead", action="store_true", help="also measure Python overhead per token per layer")
     ap.add_argument("--profile", action="store_true", help="also profile one moert decode step")
     ap.add_argument("--json", type=Path, help="write all results here")
@@ -203,7 +206,7 @@ def main(argv: list[str] | None = None) -> dict:
     sizes = bytes_per_token(path)
     mach = common.machine(args.threads)
 
-    engines = [Moert(path, args.threads, n_ctx, args.experts)]
+    engines = [Moert(path, args.threads, n_ctx, args.experts, args.act_quant)]
     n_ids = max(min(4000, engines[0].m.n_vocab - 10), 1)       # --model: a smaller vocabulary than the built one
     prompt = (np.arange(args.prompt) * 7919 % n_ids + 10).tolist()
     llama_note = ""
