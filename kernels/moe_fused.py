@@ -105,7 +105,7 @@ def layer_kernel(g_code: int, d_code: int, aq: int = 0):
     kernel(x, ids, wts, g_raw, g_f16, u_raw, u_f16, d_raw, d_f16, nb_in, nb_down, block_down, parts,
     n_threads) -> (T, D). n_threads = matmul.threads(), passed in: called inside, it makes the
     function uncacheable. parts = 0 picks them with parts_for. aq != 0 (kernels/matmul_q.py): an expert
-    with one token reads it quantized, for the types with quantized kernels; 0 compiles the float kernel."""
+    reads x quantized when T == 1 (decode), for the types with quantized kernels; 0 compiles the float kernel."""
     key = (g_code, d_code, aq)
     if key not in _LAYERS:
         _LAYERS[key] = _make_layer(g_code, d_code, _LINKED_SOURCE, aq)
@@ -141,7 +141,7 @@ def _make_layer(g_code: int, d_code: int, linked_source: int, aq: int = 0):
                 f0, f1 = p * Fp, (p + 1) * Fp
                 g = np.zeros((n, F), dtype=np.float32)                  # (n, F), columns [f0, f1) used
                 u = np.zeros((n, F), dtype=np.float32)
-                if gq != 0 and n == 1:                                  # opt-in: x quantized (matmul_q.py)
+                if gq != 0 and T == 1:                                  # opt-in, decode only: x quantized
                     xq, xd, xb = quantize_x(xe[0], gq)
                     rows_q(g_code, g_raw[e], xq, xd, xb, g, f0, f1, 0, nb_in, g_f16)
                     rows_q(g_code, u_raw[e], xq, xd, xb, u, f0, f1, 0, nb_in, u_f16)
@@ -151,7 +151,7 @@ def _make_layer(g_code: int, d_code: int, linked_source: int, aq: int = 0):
                     rows(g_code, u_raw[e], xe, xs, u, f0, f1, 0, nb_in, u_f16)
                 _silu_mul(g, u, f0, f1)                                 # h = silu(g) * u
                 b0, b1 = f0 // block_down, f1 // block_down
-                if dq != 0 and n == 1:
+                if dq != 0 and T == 1:
                     hq, hd, hb = quantize_x(g[0], dq)                   # columns outside [f0, f1) are 0
                     rows_q(d_code, d_raw[e], hq, hd, hb, Y[p, o0:o0 + n], 0, D, b0, b1, d_f16)
                 else:
@@ -206,7 +206,7 @@ class PreparedExperts:
     __slots__ = ("shape", "args", "kernel")
 
     def __init__(self, gate: QTensor, up: QTensor, down: QTensor, act_quant: str | None = None):
-        """act_quant: None (float, default) or "int16": experts with one token read it quantized (matmul_q.py)."""
+        """act_quant: None (float, default) or "int16": one-token calls (decode) read x quantized (matmul_q.py)."""
         aq = matmul_q.mode(act_quant)
         for t in (gate, up, down):
             if t.type not in TYPE_CODES:

@@ -84,3 +84,24 @@ def test_model_int16_decode_close_to_float(tmp_path):
     assert 0 < diff.max() <= 1e-3 * np.abs(ys[0]).max(), diff.max() / np.abs(ys[0]).max()
     pre = load(p, gpu_layers=0, progress=False, warmup=False, act_quant="int16").forward(tokens)
     np.testing.assert_allclose(pre[0], ys[0][0], rtol=0, atol=1e-4 * np.abs(ys[0]).max())  # batches: float
+
+
+def test_fused_moe_int16():
+    """PreparedExperts(act_quant="int16"): one token through the quantized gate/up/down, close to the twin.
+    gate/up each move by <= ~1.5e-5 of the scale of their partial sums, h = silu(g) u by about twice
+    that, down adds its own 1.5e-5: ~5e-5 of test_kernels_moe_fused's output scale; we allow 1e-3.
+    Batches (T = 3) run the float kernels: equal to the default path bit for bit."""
+    from test_kernels_moe_fused import experts, routing, scale
+
+    from moert.kernels import moe_fused as mf
+    gate, up, down = experts("Q4_K", "Q6_K", 5, 512, 256, seed=4)
+    for T in (1, 3):
+        x = np.random.default_rng(T).standard_normal((T, 256), dtype=np.float32)
+        ids, w = routing(T, 5, 3, seed=T)
+        got = mf.PreparedExperts(gate, up, down, act_quant="int16")(x, ids, w)
+        if T == 1:
+            want = mf.moe_ffn_fused_ref(x, ids, w, gate, up, down)
+            err = np.abs(got - want)
+            assert 0 < err.max() and np.all(err <= 1e-3 * scale(x, ids, w, gate, up, down))
+        else:
+            np.testing.assert_array_equal(got, mf.PreparedExperts(gate, up, down)(x, ids, w))
