@@ -4,8 +4,9 @@
     python bench/bench_matmul.py [--rows 16384 --cols 8192] [--rounds 5] [--types Q4_K,Q6_K] [--json f]
     python bench/bench_matmul.py --asm                          # vector instructions in the hot loops
 
-Rows "T=1 int16" are the opt-in quantized-activation one-token kernels (kernels/matmul_q.py, act_quant="int16")
-for the types that have them, measured in the same run as the float rows.
+Rows "T=1 int16" and "T=1 int8" are the opt-in quantized-activation one-token kernels (kernels/matmul_q.py,
+act_quant="int16" / "int8"; int8 needs AVX2) for the types that have them, measured in the same run as the
+float rows.
 
 GB/s counts the weight bytes the kernel streams (quantized, as stored); a matrix of 16384 x 8192 is larger
 than any last-level cache here (Q4_K: 75 MB), so matvec figures are from memory, as in decode. The
@@ -32,9 +33,11 @@ import common  # noqa: E402
 
 from moert.kernels import matmul as mm  # noqa: E402
 from moert.kernels import matmul_q as mq  # noqa: E402
+from moert.kernels import simd  # noqa: E402
 from moert.kernels.moe import QTensor  # noqa: E402
 from moert.quants import quantize  # noqa: E402
 
+QUANT_MODES = ["int16", "int8"] if simd.available() else ["int16"]
 TYPES = ["Q4_K", "Q5_K", "Q6_K", "Q8_0", "F16", "BF16", "F32"]
 SHAPE = (16384, 8192)
 
@@ -49,8 +52,9 @@ def make_weight(name: str, shape=SHAPE, seed: int = 0) -> QTensor:
 
 
 def runner(impl: str, w: QTensor, x: np.ndarray):
-    """A no-argument callable computing x @ W.T once with `impl` ("numba", "int16", "reference", "gguf-py")."""
-    if impl in ("numba", "int16"):
+    """A no-argument callable computing x @ W.T once with `impl` ("numba", "int16", "int8", "reference",
+    "gguf-py")."""
+    if impl in ("numba", "int16", "int8"):
         out = np.empty((x.shape[0], w.shape[0]), np.float32)
         p = mm.Prepared(w, act_quant=None if impl == "numba" else impl)
         return lambda: p(x, out)
@@ -89,7 +93,7 @@ def measure(types, shape, rounds: int, threads: int, baselines: bool) -> list[di
     out = []
     for name in types:
         w = make_weight(name, shape)
-        quant = [("int16", 1)] if mm.TYPE_CODES[name] in mq.QUANT_CODES else []
+        quant = [(m, 1) for m in QUANT_MODES] if mm.TYPE_CODES[name] in mq.QUANT_CODES else []
         for mode, T in [("numba", 1), *quant, ("numba", 16)]:
             x = np.random.default_rng(1).standard_normal((T, shape[1]), dtype=np.float32)
             r = dict(type=name, T=T, mode=mode, bytes=int(w.raw.nbytes), weights=shape[0] * shape[1])
@@ -112,22 +116,23 @@ def asm_report(types) -> str:
     """Vector instructions in each type's one-token row kernel, compiled fresh (cached code has no asm)."""
     import re
 
-    lines = ["| kernel | ymm FMA | ymm int->float | zero/sign-extends | vpmaddwd | instructions |",
-             "|---|---|---|---|---|---|"]
+    lines = ["| kernel | ymm FMA | ymm int->float | zero/sign-extends | vpmaddwd | vpmaddubsw | instructions |",
+             "|---|---|---|---|---|---|---|"]
     for name in types:
         w = make_weight(name, (64, 1024))
         mm.matmul(np.ones((1, 1024), np.float32), w)
         mm.matmul(np.ones((4, 1024), np.float32), w)
         if mm.TYPE_CODES[name] in mq.QUANT_CODES:
-            mm.Prepared(w, act_quant="int16")(np.ones((1, 1024), np.float32))
+            for m in QUANT_MODES:
+                mm.Prepared(w, act_quant=m)(np.ones((1, 1024), np.float32))
         for fn in (getattr(mm, f"_rows1_{name.lower()}", None), getattr(mm, f"_rows_{name.lower()}"),
-                   getattr(mq, f"_rows1q_{name.lower()}", None)):
+                   getattr(mq, f"_rows1q_{name.lower()}", None), getattr(mq, f"_rows1q8_{name.lower()}", None)):
             if fn is None:
                 continue
             asm = fn.inspect_asm(fn.signatures[0])
             body = [ln for ln in asm.splitlines() if ln.startswith("\t") and not ln.startswith("\t.")]
             counts = [len(re.findall(p, asm)) for p in (r"vfmadd\w*ps\s.*ymm", r"vcvtdq2ps\s.*ymm", r"vpmov[sz]x",
-                                                         r"vpmaddwd")]
+                                                         r"vpmaddwd", r"vpmaddubsw")]
             lines.append(f"| {fn.__name__} | " + " | ".join(map(str, counts)) + f" | {len(body)} |")
     return "\n".join(lines)
 

@@ -194,7 +194,7 @@ def main(argv: list[str] | None = None) -> dict:
                     help="moert's CPU expert kernel: the default (kernels/moe_fused.py) or the grouped "
                          "per-expert path (kernels/moe.py) it replaced")
     ap.add_argument("--no-llama", action="store_true", help="moert only")
-    ap.add_argument("--act-quant", choices=["none", "int16"], default="none",
+    ap.add_argument("--act-quant", choices=["none", "int16", "int8"], default="none",
                     help="moert's opt-in quantized-activation decode kernels (kernels/matmul_q.py)")
     ap.add_argument("--overhead", action="store_true", help="also measure Python overhead per token per layer")
     ap.add_argument("--profile", action="store_true", help="also profile one moert decode step")

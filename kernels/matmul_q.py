@@ -2,7 +2,8 @@
 each sub-block's dot is an exact int32 sum, and only then are the float scales applied (llama.cpp's
 Q8_K idea, at 16 bits). Off by default: `kmatmul.Prepared(w, act_quant="int16")` turns it on.
 
-    quantize_x(x, qmax)      x (C,) -> xq (C,) int16, xd (C/256,) float32 step, xb (C/32,) int32 sums
+    quantize_x(x, qmax)      x (C,) -> xq (C,) int16, x8 (C,) int8 (qmax 127) or (0,), xd (C/256,) float32
+                             step, xb (C/32,) int32 sums
     matvec_q(x, w)           x (C,) -> (R,)   the kernels, serial
     matvec_q_ref(x, w)       the NumPy reference twin: the same quantize_x in NumPy, then an exact dot
                              (float64) with the reference-dequantized W
@@ -26,14 +27,15 @@ import numpy as np
 from numba import njit, prange
 
 from moert.kernels.matmul import I32, _half, _i8, _scales_k4, _stack_f32, no_sums, rows, sums32
+from moert.kernels import simd
 from moert.kernels.moe import QTensor
 from moert.quants.dequant import dequantize as _ref_dequantize
 
 __all__ = ["ACT_QUANT", "QMAX", "QUANT_CODES", "make_drivers", "matvec_q", "matvec_q_ref", "quantize_x",
            "quantize_x_ref", "rows_q"]
 
-ACT_QUANT = {None: 0, "none": 0, "int16": 1}   # act_quant option -> the int in the closure keys
-QMAX = {1: 32767}                               # largest |quantized x| per mode
+ACT_QUANT = {None: 0, "none": 0, "int16": 1, "int8": 2}   # act_quant option -> the int in the closure keys
+QMAX = {1: 32767, 2: 127}                                   # largest |quantized x| per mode
 QUANT_CODES = frozenset({4, 6})                 # type codes with quantized one-token kernels: Q4_K, Q6_K
 _FM = {"reassoc", "contract"}
 
@@ -44,7 +46,10 @@ _LINKED_SOURCE = int(hashlib.sha1((Path(__file__).parent / "matmul.py").read_byt
 def mode(act_quant) -> int:
     """The closure-key int of an act_quant option (None/"none" -> 0, "int16" -> 1)."""
     if act_quant not in ACT_QUANT:
-        raise ValueError(f"act_quant={act_quant!r} is not one of None, 'none', 'int16'")
+        raise ValueError(f"act_quant={act_quant!r} is not one of None, 'none', 'int16', 'int8'")
+    if ACT_QUANT[act_quant] == 2 and not simd.available():
+        raise ValueError("act_quant='int8' needs a CPU with AVX2 (its kernels are vpmaddubsw dot products, "
+                         "kernels/simd.py); this CPU has none: use act_quant='int16' or None")
     return ACT_QUANT[act_quant]
 
 
@@ -53,9 +58,11 @@ def mode(act_quant) -> int:
 @njit(cache=True)
 def quantize_x(x, qmax):
     """Per 256-block: step d = max|x| / qmax, xq = rint(x / d) (through 1/d, as the twin), and the per-32
-    sums of xq (the Q4_K min term). x (C,) float32, C a multiple of 256."""
+    sums of xq (the Q4_K min term). x (C,) float32, C a multiple of 256. Returns (xq int16, x8, xd, xb): x8
+    is xq as int8 when qmax <= 127 (the int8 kernels read it), else empty."""
     C = x.shape[0]
     xq = np.empty(C, dtype=np.int16)
+    x8 = np.empty(C if qmax <= 127 else 0, dtype=np.int8)
     xd = np.empty(C // 256, dtype=np.float32)
     xb = np.empty(C // 32, dtype=np.int32)
     for b in range(C // 256):
@@ -73,7 +80,10 @@ def quantize_x(x, qmax):
                 xq[256 * b + 32 * j + l] = q
                 s = I32(s + q)
             xb[8 * b + j] = s
-    return xq, xd, xb
+    if qmax <= 127:
+        for i in range(C):
+            x8[i] = xq[i]
+    return xq, x8, xd, xb
 
 
 def quantize_x_ref(x: np.ndarray, qmax: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -84,7 +94,8 @@ def quantize_x_ref(x: np.ndarray, qmax: int) -> tuple[np.ndarray, np.ndarray, np
     with np.errstate(divide="ignore"):
         inv = np.where(amax > 0, np.float32(qmax) / amax, 0).astype(np.float32)
     q = np.clip(np.rint(xb * inv[:, None]), -qmax, qmax).astype(np.int16)  # (B, 256)
-    return q.reshape(-1), d, q.reshape(-1, 32).astype(np.int32).sum(axis=1, dtype=np.int32)
+    x8 = q.reshape(-1).astype(np.int8) if qmax <= 127 else np.empty(0, dtype=np.int8)
+    return q.reshape(-1), x8, d, q.reshape(-1, 32).astype(np.int32).sum(axis=1, dtype=np.int32)
 
 
 # ------------------------------------------------------------------------------------- row dots
@@ -163,11 +174,42 @@ def _rows1q_q6_k(w, xq, xd, xb, out, r0, r1, b0, b1, f16):
         out[0, r] = _dot1q_q6_k(w[r, 210 * b0:210 * b1], qv, dv, xb, b1 - b0, f16)
 
 
+@njit(cache=True, fastmath=_FM)
+def _rows1q8_q4_k(w, x8, xd, xb, out, r0, r1, b0, b1, f16):
+    """int8 x: per block, simd.q4k_isum gives sum_j sc_j * isum_j and sum_j m_j * xb_j exactly."""
+    for r in range(r0, r1):
+        wr = w[r]
+        s = np.float32(0.0)
+        for b in range(b0, b1):
+            o = b * 144
+            isum, msum = simd.q4k_isum(wr, o, x8, 256 * b, xb, 8 * b)
+            s += xd[b] * (_half(wr, o, f16) * np.float32(isum) - _half(wr, o + 2, f16) * np.float32(msum))
+        out[0, r] = s
+
+
+@njit(cache=True, fastmath=_FM)
+def _rows1q8_q6_k(w, x8, xd, xb, out, r0, r1, b0, b1, f16):
+    """int8 x: per block, simd.q6k_isum gives sum_g sc_g * isum_g exactly; then d and the x step."""
+    for r in range(r0, r1):
+        wr = w[r]
+        s = np.float32(0.0)
+        for b in range(b0, b1):
+            o = b * 210
+            s += (xd[b] * _half(wr, o + 208, f16)) * np.float32(simd.q6k_isum(wr, o, x8, 256 * b))
+        out[0, r] = s
+
+
 @njit(cache=True, inline="always")
-def rows_q(code, w, xq, xd, xb, out, r0, r1, b0, b1, f16):
+def rows_q(code, qmax, w, xq, x8, xd, xb, out, r0, r1, b0, b1, f16):
     """out[0, r] for r in [r0, r1), blocks [b0, b1), x given quantized (quantize_x). code 4 or 6 only;
-    inlined so a closure over `code` compiles one type (as matmul.rows)."""
-    if code == 4:
+    qmax 127: the int8 kernels (x8), else the int16 ones (xq). Inlined so a closure over `code` and
+    `qmax` compiles one type (as matmul.rows)."""
+    if qmax <= 127:
+        if code == 4:
+            _rows1q8_q4_k(w, x8, xd, xb, out, r0, r1, b0, b1, f16)
+        else:
+            _rows1q8_q6_k(w, x8, xd, xb, out, r0, r1, b0, b1, f16)
+    elif code == 4:
         _rows1q_q4_k(w, xq, xd, xb, out, r0, r1, b0, b1, f16)
     else:
         _rows1q_q6_k(w, xq, xd, xb, out, r0, r1, b0, b1, f16)
@@ -184,8 +226,8 @@ def make_drivers(code: int, aq: int) -> tuple:
     def serial(w, x, out, r0, r1, b0, b1, f16):
         assert linked != 0                                              # in the cache key; see above
         if x.shape[0] == 1:
-            xq, xd, xb = quantize_x(x[0], qmax)
-            rows_q(code, w, xq, xd, xb, out, r0, r1, b0, b1, f16)
+            xq, x8, xd, xb = quantize_x(x[0], qmax)
+            rows_q(code, qmax, w, xq, x8, xd, xb, out, r0, r1, b0, b1, f16)
         else:
             rows(code, w, x, sums32(x) if code == 4 else no_sums(x), out, r0, r1, b0, b1, f16)
 
@@ -195,9 +237,9 @@ def make_drivers(code: int, aq: int) -> tuple:
         R = w.shape[0]
         n = (R + chunk - 1) // chunk
         if x.shape[0] == 1:
-            xq, xd, xb = quantize_x(x[0], qmax)
+            xq, x8, xd, xb = quantize_x(x[0], qmax)
             for i in prange(n):
-                rows_q(code, w, xq, xd, xb, out, i * chunk, min(R, (i + 1) * chunk), 0, nb, f16)
+                rows_q(code, qmax, w, xq, x8, xd, xb, out, i * chunk, min(R, (i + 1) * chunk), 0, nb, f16)
         else:
             xs = sums32(x) if code == 4 else no_sums(x)
             for i in prange(n):
@@ -217,7 +259,7 @@ def matvec_q(x: np.ndarray, w: QTensor, act_quant: str = "int16") -> np.ndarray:
 
 def matvec_q_ref(x: np.ndarray, w: QTensor, act_quant: str = "int16") -> np.ndarray:
     """Reference twin of matvec_q: quantize_x_ref, then (xq * step) @ W.T exactly (float64)."""
-    xq, xd, _ = quantize_x_ref(x, QMAX[mode(act_quant)])
+    xq, _, xd, _ = quantize_x_ref(x, QMAX[mode(act_quant)])
     xf = xq.astype(np.float64) * np.repeat(xd.astype(np.float64), 256)  # (C,) the values the kernel sees
     W = _ref_dequantize(w.raw, w.type, w.shape).astype(np.float64)       # (R, C)
     return (W @ xf).astype(np.float32)

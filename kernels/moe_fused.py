@@ -142,9 +142,9 @@ def _make_layer(g_code: int, d_code: int, linked_source: int, aq: int = 0):
                 g = np.zeros((n, F), dtype=np.float32)                  # (n, F), columns [f0, f1) used
                 u = np.zeros((n, F), dtype=np.float32)
                 if gq != 0 and T == 1:                                  # opt-in, decode only: x quantized
-                    xq, xd, xb = quantize_x(xe[0], gq)
-                    rows_q(g_code, g_raw[e], xq, xd, xb, g, f0, f1, 0, nb_in, g_f16)
-                    rows_q(g_code, u_raw[e], xq, xd, xb, u, f0, f1, 0, nb_in, u_f16)
+                    xq, x8, xd, xb = quantize_x(xe[0], gq)
+                    rows_q(g_code, gq, g_raw[e], xq, x8, xd, xb, g, f0, f1, 0, nb_in, g_f16)
+                    rows_q(g_code, gq, u_raw[e], xq, x8, xd, xb, u, f0, f1, 0, nb_in, u_f16)
                 else:
                     xs = sums32(xe) if g_code == 4 or g_code == 5 else no_sums(xe)
                     rows(g_code, g_raw[e], xe, xs, g, f0, f1, 0, nb_in, g_f16)
@@ -152,8 +152,8 @@ def _make_layer(g_code: int, d_code: int, linked_source: int, aq: int = 0):
                 _silu_mul(g, u, f0, f1)                                 # h = silu(g) * u
                 b0, b1 = f0 // block_down, f1 // block_down
                 if dq != 0 and T == 1:
-                    hq, hd, hb = quantize_x(g[0], dq)                   # columns outside [f0, f1) are 0
-                    rows_q(d_code, d_raw[e], hq, hd, hb, Y[p, o0:o0 + n], 0, D, b0, b1, d_f16)
+                    hq, h8, hd, hb = quantize_x(g[0], dq)               # columns outside [f0, f1) are 0
+                    rows_q(d_code, dq, d_raw[e], hq, h8, hd, hb, Y[p, o0:o0 + n], 0, D, b0, b1, d_f16)
                 else:
                     hs = sums32(g) if d_code == 4 or d_code == 5 else no_sums(g)
                     rows(d_code, d_raw[e], g, hs, Y[p, o0:o0 + n], 0, D, b0, b1, d_f16)
