@@ -123,17 +123,22 @@ def asm_report(types) -> str:
         mm.matmul(np.ones((1, 1024), np.float32), w)
         mm.matmul(np.ones((4, 1024), np.float32), w)
         if mm.TYPE_CODES[name] in mq.QUANT_CODES:
-            for m in QUANT_MODES:
-                mm.Prepared(w, act_quant=m)(np.ones((1, 1024), np.float32))
-        for fn in (getattr(mm, f"_rows1_{name.lower()}", None), getattr(mm, f"_rows_{name.lower()}"),
-                   getattr(mq, f"_rows1q_{name.lower()}", None), getattr(mq, f"_rows1q8_{name.lower()}", None)):
-            if fn is None:
+            mm.Prepared(w, act_quant="int16")(np.ones((1, 1024), np.float32))
+        n = name.lower()
+        fns = [(f.__name__, f) for f in (getattr(mm, f"_rows1_{n}", None), getattr(mm, f"_rows_{n}"),
+                                         getattr(mq, f"_rows1q_{n}", None)) if f is not None]
+        if mm.TYPE_CODES[name] in mq.QUANT_CODES and "int8" in QUANT_MODES:
+            p = mm.Prepared(w, act_quant="int8")                         # its row kernels are inlined here
+            p(np.ones((1, 1024), np.float32))
+            fns.append((f"int8 serial driver ({name})", p.serial))
+        for label, fn in fns:
+            if not fn.signatures:
                 continue
             asm = fn.inspect_asm(fn.signatures[0])
             body = [ln for ln in asm.splitlines() if ln.startswith("\t") and not ln.startswith("\t.")]
             counts = [len(re.findall(p, asm)) for p in (r"vfmadd\w*ps\s.*ymm", r"vcvtdq2ps\s.*ymm", r"vpmov[sz]x",
                                                          r"vpmaddwd", r"vpmaddubsw")]
-            lines.append(f"| {fn.__name__} | " + " | ".join(map(str, counts)) + f" | {len(body)} |")
+            lines.append(f"| {label} | " + " | ".join(map(str, counts)) + f" | {len(body)} |")
     return "\n".join(lines)
 
 

@@ -26,8 +26,8 @@ from pathlib import Path
 import numpy as np
 from numba import njit, prange
 
-from moert.kernels.matmul import I32, _half, _i8, _scales_k4, _stack_f32, no_sums, rows, sums32
 from moert.kernels import simd
+from moert.kernels.matmul import I32, _half, _i8, _scales_k4, _stack_f32, no_sums, rows, sums32
 from moert.kernels.moe import QTensor
 from moert.quants.dequant import dequantize as _ref_dequantize
 
@@ -40,7 +40,8 @@ QUANT_CODES = frozenset({4, 6})                 # type codes with quantized one-
 _FM = {"reassoc", "contract"}
 
 # the closures here link matmul.py's code: its source is in their cache key (as moe_fused.py does)
-_LINKED_SOURCE = int(hashlib.sha1((Path(__file__).parent / "matmul.py").read_bytes()).hexdigest()[:15], 16)
+_LINKED_SOURCE = int(hashlib.sha1(b"".join((Path(__file__).parent / f).read_bytes()
+                                          for f in ("matmul.py", "simd.py"))).hexdigest()[:15], 16)
 
 
 def mode(act_quant) -> int:
@@ -174,7 +175,7 @@ def _rows1q_q6_k(w, xq, xd, xb, out, r0, r1, b0, b1, f16):
         out[0, r] = _dot1q_q6_k(w[r, 210 * b0:210 * b1], qv, dv, xb, b1 - b0, f16)
 
 
-@njit(cache=True, fastmath=_FM)
+@njit(cache=True, fastmath=_FM, inline="always")   # inlined: simd.py's code is in the callers' cache keys
 def _rows1q8_q4_k(w, x8, xd, xb, out, r0, r1, b0, b1, f16):
     """int8 x: per block, simd.q4k_isum gives sum_j sc_j * isum_j and sum_j m_j * xb_j exactly."""
     for r in range(r0, r1):
@@ -187,7 +188,7 @@ def _rows1q8_q4_k(w, x8, xd, xb, out, r0, r1, b0, b1, f16):
         out[0, r] = s
 
 
-@njit(cache=True, fastmath=_FM)
+@njit(cache=True, fastmath=_FM, inline="always")   # inlined: simd.py's code is in the callers' cache keys
 def _rows1q8_q6_k(w, x8, xd, xb, out, r0, r1, b0, b1, f16):
     """int8 x: per block, simd.q6k_isum gives sum_g sc_g * isum_g exactly; then d and the x step."""
     for r in range(r0, r1):

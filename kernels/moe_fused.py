@@ -42,8 +42,9 @@ from moert.quants.dequant import lookup, slice_expert
 __all__ = ["PreparedExperts", "layer_kernel", "moe_ffn_fused", "moe_ffn_fused_ref", "parts_for", "supports"]
 
 # what the compiled layer kernels link from other files: part of their cache key (see the docstring)
+_LINKED_FILES = ("matmul.py", "matmul_q.py", "moe.py", "simd.py")
 _LINKED_SOURCE = int(hashlib.sha1(b"".join((Path(__file__).parent / f).read_bytes()
-                                          for f in ("matmul.py", "matmul_q.py", "moe.py"))).hexdigest()[:15], 16)
+                                          for f in _LINKED_FILES)).hexdigest()[:15], 16)
 
 
 @njit(cache=True, fastmath={"reassoc", "contract"}, inline="always")

@@ -66,6 +66,11 @@ def _const(vty, v):
     return ir.Constant(vty, [v] * vty.count)
 
 
+def _lanes(builder, v, idx):
+    """The vector of v's lanes idx (a shuffle with constant indices)."""
+    return builder.shuffle_vector(v, ir.Constant(v.type, None), ir.Constant(ir.VectorType(_I32, len(idx)), idx))
+
+
 def _maddubs(builder, u, s):
     return builder.call(_fn(builder, "llvm.x86.avx2.pmadd.ub.sw", _V16x16, [_V8x32, _V8x32]), [u, s])
 
@@ -111,8 +116,7 @@ def q4k_isum(typingctx, w, o, xq, c, xb, cb):
             v4 = builder.insert_element(v4, ui, k(i))
         sm = builder.zext(builder.bitcast(v4, ir.VectorType(_I8, 16)), _V16x16)   # lanes 0-7 sc, 8-15 m
         # the min term: sum_j m_j * xb[cb + j]
-        mins = builder.zext(builder.shuffle_vector(sm, ir.Constant(_V16x16, None),
-                                                   ir.Constant(ir.VectorType(_I32, 8), list(range(8, 16)))), _V32x8)
+        mins = builder.zext(_lanes(builder, sm, list(range(8, 16))), _V32x8)
         xbv = _vload(context, builder, sig.args[4], ba, cb_, _V32x8)
         msum = _hsum(builder, builder.mul(mins, xbv))
         acc = _const(_V32x8, 0)
@@ -123,8 +127,7 @@ def q4k_isum(typingctx, w, o, xq, c, xb, cb):
             hi = builder.and_(builder.lshr(q, _const(_V8x32, 4)), m4)
             xlo = _vload(context, builder, sig.args[2], xa, at(c_, 64 * p), _V8x32)
             xhi = _vload(context, builder, sig.args[2], xa, at(c_, 64 * p + 32), _V8x32)
-            slo, shi = (builder.shuffle_vector(sm, ir.Constant(_V16x16, None),
-                                               ir.Constant(ir.VectorType(_I32, 16), [j] * 16)) for j in (2 * p, 2 * p + 1))
+            slo, shi = _lanes(builder, sm, [2 * p] * 16), _lanes(builder, sm, [2 * p + 1] * 16)
             acc = builder.add(acc, _madd(builder, _maddubs(builder, lo, xlo), slo))
             acc = builder.add(acc, _madd(builder, _maddubs(builder, hi, xhi), shi))
         return context.make_tuple(builder, sig.return_type, [_hsum(builder, acc), msum])
@@ -148,24 +151,21 @@ def q6k_isum(typingctx, w, o, xq, c):
         sc8 = _vload(context, builder, sig.args[0], wa, at(o_, 192), ir.VectorType(_I8, 16))
         sc16 = builder.sext(sc8, ir.VectorType(_I16, 16))
         acc = _const(_V32x8, 0)
-        m4, m32 = _const(_V8x32, 15), _const(_V8x32, 32)
+        def c(v):
+            return _const(_V8x32, v)
+        b_and, b_or, shl, shr = builder.and_, builder.or_, builder.shl, builder.lshr
         for h in range(2):
             ql0 = _vload(context, builder, sig.args[0], wa, at(o_, 64 * h), _V8x32)
             ql1 = _vload(context, builder, sig.args[0], wa, at(o_, 64 * h + 32), _V8x32)
             qh = _vload(context, builder, sig.args[0], wa, at(o_, 128 + 32 * h), _V8x32)
-            qs = (
-                builder.or_(builder.and_(ql0, m4), builder.shl(builder.and_(qh, _const(_V8x32, 3)), _const(_V8x32, 4))),
-                builder.or_(builder.and_(ql1, m4), builder.shl(builder.and_(qh, _const(_V8x32, 12)), _const(_V8x32, 2))),
-                builder.or_(builder.lshr(ql0, _const(_V8x32, 4)), builder.and_(qh, _const(_V8x32, 48))),
-                builder.or_(builder.lshr(ql1, _const(_V8x32, 4)), builder.lshr(builder.and_(qh, _const(_V8x32, 192)),
-                                                                               _const(_V8x32, 2))),
-            )
+            qs = (b_or(b_and(ql0, c(15)), shl(b_and(qh, c(3)), c(4))),            # 6-bit q of lanes t = 0..3
+                  b_or(b_and(ql1, c(15)), shl(b_and(qh, c(12)), c(2))),
+                  b_or(shr(ql0, c(4)), b_and(qh, c(48))),
+                  b_or(shr(ql1, c(4)), shr(b_and(qh, c(192)), c(2))))
             for t in range(4):                                           # weights 128h + 32t + l, l < 32
                 x = _vload(context, builder, sig.args[2], xa, at(c_, 128 * h + 32 * t), _V8x32)
-                p = builder.sub(_maddubs(builder, qs[t], x), _maddubs(builder, m32, x))  # (q - 32) . x pairs
+                p = builder.sub(_maddubs(builder, qs[t], x), _maddubs(builder, c(32), x))  # (q - 32) . x pairs
                 g = 8 * h + 2 * t                                        # lanes 0-7: group g, 8-15: g + 1
-                s = builder.shuffle_vector(sc16, ir.Constant(ir.VectorType(_I16, 16), None),
-                                           ir.Constant(ir.VectorType(_I32, 16), [g] * 8 + [g + 1] * 8))
-                acc = builder.add(acc, _madd(builder, p, s))
+                acc = builder.add(acc, _madd(builder, p, _lanes(builder, sc16, [g] * 8 + [g + 1] * 8)))
         return _hsum(builder, acc)
     return types.int32(w, o, xq, c), codegen

@@ -54,9 +54,8 @@ def load(model: Any, overrides: Any = None, gpu_layers: int | str = "all", cpu_m
     matmuls of Q4_K/Q6_K weights round x to int16 / int8 per 256-block (kernels/matmul_q.py; int8 is
     llama.cpp's scheme and needs AVX2); None (default): float."""
     from moert import gguf, placement
-    from moert.weights import load_weights
-
     from moert.kernels import matmul_q
+    from moert.weights import load_weights
 
     matmul_q.mode(act_quant)                     # a bad or unsupported act_quant fails before any loading
     g = model if isinstance(model, gguf.GGUFFile) else gguf.open(Path(model))
