@@ -4,9 +4,9 @@
     python bench/bench_matmul.py [--rows 16384 --cols 8192] [--rounds 5] [--types Q4_K,Q6_K] [--json f]
     python bench/bench_matmul.py --asm                          # vector instructions in the hot loops
 
-Rows "T=1 int16" and "T=1 int8" are the opt-in quantized-activation one-token kernels (kernels/matmul_q.py,
-act_quant="int16" / "int8"; int8 needs AVX2) for the types that have them, measured in the same run as the
-float rows.
+Rows "int16" and "int8" are the opt-in quantized-activation kernels (kernels/matmul_q.py, act_quant="int16"
+(one token) / "int8" (any batch; needs AVX2)) for the types that have them, measured in the same run as
+the float rows.
 
 GB/s counts the weight bytes the kernel streams (quantized, as stored); a matrix of 16384 x 8192 is larger
 than any last-level cache here (Q4_K: 75 MB), so matvec figures are from memory, as in decode. The
@@ -93,8 +93,9 @@ def measure(types, shape, rounds: int, threads: int, baselines: bool) -> list[di
     out = []
     for name in types:
         w = make_weight(name, shape)
-        quant = [(m, 1) for m in QUANT_MODES] if mm.TYPE_CODES[name] in mq.QUANT_CODES else []
-        for mode, T in [("numba", 1), *quant, ("numba", 16)]:
+        quant = mm.TYPE_CODES[name] in mq.QUANT_CODES
+        batch = [("int8", 16)] if quant and "int8" in QUANT_MODES else []
+        for mode, T in [("numba", 1), *[(m, 1) for m in QUANT_MODES if quant], ("numba", 16), *batch]:
             x = np.random.default_rng(1).standard_normal((T, shape[1]), dtype=np.float32)
             r = dict(type=name, T=T, mode=mode, bytes=int(w.raw.nbytes), weights=shape[0] * shape[1])
             for n in sorted({1, threads}):

@@ -629,7 +629,7 @@ def kernels_for(code: int, aq: int = 0) -> tuple:
     """(serial, parallel) drivers of one type code:
     serial(w, x, out, r0, r1, b0, b1, f16): `rows` on the calling thread (xs computed inside);
     parallel(w, x, out, nb, f16, chunk): all rows, `chunk` rows per task, one parallel region.
-    aq != 0: the opt-in quantized-activation one-token kernels (kernels/matmul_q.py) for the types that
+    aq != 0: the opt-in quantized-activation kernels (kernels/matmul_q.py) for the types that
     have them; aq = 0 (default) compiles exactly the float drivers."""
     if aq:
         from moert.kernels import matmul_q
@@ -720,7 +720,8 @@ class Prepared:
     __slots__ = ("shape", "type", "raw", "code", "nb", "f16", "serial", "parallel")
 
     def __init__(self, w: QTensor, act_quant: str | None = None):
-        """act_quant: None (float, default) or "int16": one-token calls round x per 256-block (matmul_q.py)."""
+        """act_quant: None (float, default), "int16" (one-token calls round x per 256-block) or "int8" (every
+        call does); see matmul_q.py."""
         aq = 0
         if act_quant is not None:
             from moert.kernels import matmul_q

@@ -1,21 +1,25 @@
-"""Opt-in quantized-activation one-token kernels (decode, T == 1): x is rounded to int16 per 256-block,
-each sub-block's dot is an exact int32 sum, and only then are the float scales applied (llama.cpp's
-Q8_K idea, at 16 bits). Off by default: `kmatmul.Prepared(w, act_quant="int16")` turns it on.
+"""Opt-in quantized-activation kernels: x is rounded per 256-block to int16 or int8, each sub-block's dot is
+an exact int32 sum, and only then are the float scales applied (llama.cpp's Q8_K scheme). Off by default:
+`kmatmul.Prepared(w, act_quant="int16" | "int8")`, `moert.load(act_quant=...)`, `--act-quant` turn it on.
 
-    quantize_x(x, qmax)      x (C,) -> xq (C,) int16, x8 (C,) int8 (qmax 127) or (0,), xd (C/256,) float32
-                             step, xb (C/32,) int32 sums
-    matvec_q(x, w)           x (C,) -> (R,)   the kernels, serial
-    matvec_q_ref(x, w)       the NumPy reference twin: the same quantize_x in NumPy, then an exact dot
+    mode       kernels                                       tokens      needs
+    "int16"    Numba: int16 x int16 -> int32 pairs, vpmaddwd  one (T=1)   any CPU
+    "int8"     kernels/simd.py: u8 x s8 -> s16, vpmaddubsw    any T       AVX2 (refused otherwise)
+
+    quantize_rows(x, qmax)   x (T, C) -> xq (T, C) int16, x8 (T, C) int8 (qmax 127) or (T, 0), xd (T, C/256)
+                             float32 steps, xb (T, C/32) int32 sums; quantize_x: the same for one row (C,)
+    matvec_q(x, w, mode)     x (C,) or (T, C) -> (R,) or (T, R), the kernels, serial
+    matvec_q_ref(x, w, mode) the NumPy reference twin: the same quantization in NumPy, then an exact dot
                              (float64) with the reference-dequantized W
 
-Why: the float one-token kernels spend ~0.75 instructions per weight (nibble, int->float, FMA) and reach
-15-21% of one thread's read bandwidth. Multiplying int16 by int16 into int32 pairs is `vpmaddwd`: 16
-weights per instruction, no conversion per weight. Types: Q4_K, Q6_K (a Q4_K_M file's); others, and
-batches (T > 1), keep the float kernels. Error: x_j moves by at most step/2 of its block, so
+Why: the float kernels spend ~0.75 instructions per weight (nibble, int->float, FMA) and reach 15-30% of one
+thread's read bandwidth. vpmaddwd takes 16 weights per instruction, vpmaddubsw 32, with no conversion per
+weight. Types: Q4_K, Q6_K (a Q4_K_M file's); other types keep the float kernels, and so do batches
+(T > 1) in int16 mode. Error: x_j moves by at most step/2 of its block (step = max|x| / qmax), so
 |y - y_float| <= sum_j |w_j| * step_b(j) / 2 (tests/test_kernels_matmul_q.py asserts it).
 
-Integers are explicit int32 (Numba widens to int64 otherwise, half the lanes). Dimension legend: R rows,
-C columns, B blocks of 256 per row.
+Integers are explicit int32 (Numba widens to int64 otherwise, half the lanes). Dimension legend: T tokens,
+R rows, C columns, B blocks of 256 per row.
 """
 
 from __future__ import annotations
@@ -31,12 +35,12 @@ from moert.kernels.matmul import I32, _half, _i8, _scales_k4, _stack_f32, no_sum
 from moert.kernels.moe import QTensor
 from moert.quants.dequant import dequantize as _ref_dequantize
 
-__all__ = ["ACT_QUANT", "QMAX", "QUANT_CODES", "make_drivers", "matvec_q", "matvec_q_ref", "quantize_x",
-           "quantize_x_ref", "rows_q"]
+__all__ = ["ACT_QUANT", "QMAX", "QUANT_CODES", "make_drivers", "matvec_q", "matvec_q_ref", "quantize_rows",
+           "quantize_x", "quantize_x_ref", "quantized", "rows_q"]
 
 ACT_QUANT = {None: 0, "none": 0, "int16": 1, "int8": 2}   # act_quant option -> the int in the closure keys
 QMAX = {1: 32767, 2: 127}                                   # largest |quantized x| per mode
-QUANT_CODES = frozenset({4, 6})                 # type codes with quantized one-token kernels: Q4_K, Q6_K
+QUANT_CODES = frozenset({4, 6})                 # type codes with quantized kernels: Q4_K, Q6_K
 _FM = {"reassoc", "contract"}
 
 # the closures here link matmul.py's code: its source is in their cache key (as moe_fused.py does)
@@ -56,16 +60,11 @@ def mode(act_quant) -> int:
 
 # ------------------------------------------------------------------------------------- quantize x
 
-@njit(cache=True)
-def quantize_x(x, qmax):
+@njit(cache=True, inline="always")
+def _quantize_into(x, qmax, xq, xd, xb):
     """Per 256-block: step d = max|x| / qmax, xq = rint(x / d) (through 1/d, as the twin), and the per-32
-    sums of xq (the Q4_K min term). x (C,) float32, C a multiple of 256. Returns (xq int16, x8, xd, xb): x8
-    is xq as int8 when qmax <= 127 (the int8 kernels read it), else empty."""
+    sums of xq (the Q4_K min term). x (C,) float32, C a multiple of 256."""
     C = x.shape[0]
-    xq = np.empty(C, dtype=np.int16)
-    x8 = np.empty(C if qmax <= 127 else 0, dtype=np.int8)
-    xd = np.empty(C // 256, dtype=np.float32)
-    xb = np.empty(C // 32, dtype=np.int32)
     for b in range(C // 256):
         amax = np.float32(0.0)
         for l in range(256):
@@ -81,14 +80,35 @@ def quantize_x(x, qmax):
                 xq[256 * b + 32 * j + l] = q
                 s = I32(s + q)
             xb[8 * b + j] = s
-    if qmax <= 127:
-        for i in range(C):
-            x8[i] = xq[i]
+
+
+@njit(cache=True)
+def quantize_rows(x, qmax):
+    """Each row of x (T, C) quantized per 256-block (_quantize_into): (xq (T, C) int16, x8, xd (T, C/256)
+    float32 steps, xb (T, C/32) int32 sums); x8 is xq as int8 (T, C) when qmax <= 127 (the int8 kernels
+    read it), else (T, 0)."""
+    T, C = x.shape
+    xq = np.empty((T, C), dtype=np.int16)
+    x8 = np.empty((T, C if qmax <= 127 else 0), dtype=np.int8)
+    xd = np.empty((T, C // 256), dtype=np.float32)
+    xb = np.empty((T, C // 32), dtype=np.int32)
+    for t in range(T):
+        _quantize_into(x[t], qmax, xq[t], xd[t], xb[t])
+        if qmax <= 127:
+            for i in range(C):
+                x8[t, i] = xq[t, i]
     return xq, x8, xd, xb
 
 
+@njit(cache=True)
+def quantize_x(x, qmax):
+    """quantize_rows of one row x (C,): (xq (C,) int16, x8 (C,) int8 or (0,), xd (C/256,), xb (C/32,))."""
+    xq, x8, xd, xb = quantize_rows(x.reshape(1, -1), qmax)
+    return xq[0], x8[0], xd[0], xb[0]
+
+
 def quantize_x_ref(x: np.ndarray, qmax: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """NumPy twin of quantize_x."""
+    """NumPy twin of quantize_x (x (C,); a flattened (T, C) works too: blocks never straddle rows)."""
     xb = np.asarray(x, dtype=np.float32).reshape(-1, 256)
     amax = np.abs(xb).max(axis=1)                                      # (B,)
     d = (amax / np.float32(qmax)).astype(np.float32)
@@ -176,58 +196,69 @@ def _rows1q_q6_k(w, xq, xd, xb, out, r0, r1, b0, b1, f16):
 
 
 @njit(cache=True, fastmath=_FM, inline="always")   # inlined: simd.py's code is in the callers' cache keys
-def _rows1q8_q4_k(w, x8, xd, xb, out, r0, r1, b0, b1, f16):
-    """int8 x: per block, simd.q4k_isum gives sum_j sc_j * isum_j and sum_j m_j * xb_j exactly."""
+def _rowsq8_q4_k(w, x8, xd, xb, out, r0, r1, b0, b1, f16):
+    """out[t, r] for every token t of int8 x (T, C): per block, simd.q4k_isum gives sum_j sc_j * isum_j and
+    sum_j m_j * xb_j exactly. A row's bytes stay in L1 while the tokens pass over them."""
     for r in range(r0, r1):
         wr = w[r]
-        s = np.float32(0.0)
-        for b in range(b0, b1):
-            o = b * 144
-            isum, msum = simd.q4k_isum(wr, o, x8, 256 * b, xb, 8 * b)
-            s += xd[b] * (_half(wr, o, f16) * np.float32(isum) - _half(wr, o + 2, f16) * np.float32(msum))
-        out[0, r] = s
+        for t in range(x8.shape[0]):
+            xt, bt, dt = x8[t], xb[t], xd[t]
+            s = np.float32(0.0)
+            for b in range(b0, b1):
+                o = b * 144
+                isum, msum = simd.q4k_isum(wr, o, xt, 256 * b, bt, 8 * b)
+                s += dt[b] * (_half(wr, o, f16) * np.float32(isum) - _half(wr, o + 2, f16) * np.float32(msum))
+            out[t, r] = s
 
 
-@njit(cache=True, fastmath=_FM, inline="always")   # inlined: simd.py's code is in the callers' cache keys
-def _rows1q8_q6_k(w, x8, xd, xb, out, r0, r1, b0, b1, f16):
-    """int8 x: per block, simd.q6k_isum gives sum_g sc_g * isum_g exactly; then d and the x step."""
+@njit(cache=True, fastmath=_FM, inline="always")
+def _rowsq8_q6_k(w, x8, xd, xb, out, r0, r1, b0, b1, f16):
+    """As _rowsq8_q4_k for Q6_K: simd.q6k_isum gives sum_g sc_g * isum_g exactly; then d and the x step."""
     for r in range(r0, r1):
         wr = w[r]
-        s = np.float32(0.0)
-        for b in range(b0, b1):
-            o = b * 210
-            s += (xd[b] * _half(wr, o + 208, f16)) * np.float32(simd.q6k_isum(wr, o, x8, 256 * b))
-        out[0, r] = s
+        for t in range(x8.shape[0]):
+            xt, dt = x8[t], xd[t]
+            s = np.float32(0.0)
+            for b in range(b0, b1):
+                o = b * 210
+                s += (dt[b] * _half(wr, o + 208, f16)) * np.float32(simd.q6k_isum(wr, o, xt, 256 * b))
+            out[t, r] = s
 
 
 @njit(cache=True, inline="always")
 def rows_q(code, qmax, w, xq, x8, xd, xb, out, r0, r1, b0, b1, f16):
-    """out[0, r] for r in [r0, r1), blocks [b0, b1), x given quantized (quantize_x). code 4 or 6 only;
-    qmax 127: the int8 kernels (x8), else the int16 ones (xq). Inlined so a closure over `code` and
-    `qmax` compiles one type (as matmul.rows)."""
+    """out[t, r] for r in [r0, r1), blocks [b0, b1), x given quantized (quantize_rows). code 4 or 6 only;
+    qmax 127: the int8 kernels, any number of tokens; else the int16 ones, one token (T == 1). Inlined so a
+    closure over `code` and `qmax` compiles one type (as matmul.rows)."""
     if qmax <= 127:
         if code == 4:
-            _rows1q8_q4_k(w, x8, xd, xb, out, r0, r1, b0, b1, f16)
+            _rowsq8_q4_k(w, x8, xd, xb, out, r0, r1, b0, b1, f16)
         else:
-            _rows1q8_q6_k(w, x8, xd, xb, out, r0, r1, b0, b1, f16)
+            _rowsq8_q6_k(w, x8, xd, xb, out, r0, r1, b0, b1, f16)
     elif code == 4:
-        _rows1q_q4_k(w, xq, xd, xb, out, r0, r1, b0, b1, f16)
+        _rows1q_q4_k(w, xq[0], xd[0], xb[0], out, r0, r1, b0, b1, f16)
     else:
-        _rows1q_q6_k(w, xq, xd, xb, out, r0, r1, b0, b1, f16)
+        _rows1q_q6_k(w, xq[0], xd[0], xb[0], out, r0, r1, b0, b1, f16)
+
+
+@njit(cache=True, inline="always")
+def quantized(qmax, T):
+    """Whether a call of T tokens takes the quantized kernels: int8 always, int16 for one token."""
+    return qmax != 0 and (T == 1 or qmax <= 127)
 
 
 # ------------------------------------------------------------------------------------- drivers
 
 def make_drivers(code: int, aq: int) -> tuple:
     """(serial, parallel) drivers as matmul.kernels_for's, for a type in QUANT_CODES and mode aq != 0:
-    one token through quantize_x + rows_q, a batch through the float `rows`."""
+    quantize_rows + rows_q where `quantized` says so, else the float `rows`."""
     qmax, linked = QMAX[aq], _LINKED_SOURCE
 
     @njit(cache=True)
     def serial(w, x, out, r0, r1, b0, b1, f16):
         assert linked != 0                                              # in the cache key; see above
-        if x.shape[0] == 1:
-            xq, x8, xd, xb = quantize_x(x[0], qmax)
+        if quantized(qmax, x.shape[0]):
+            xq, x8, xd, xb = quantize_rows(x, qmax)
             rows_q(code, qmax, w, xq, x8, xd, xb, out, r0, r1, b0, b1, f16)
         else:
             rows(code, w, x, sums32(x) if code == 4 else no_sums(x), out, r0, r1, b0, b1, f16)
@@ -237,8 +268,8 @@ def make_drivers(code: int, aq: int) -> tuple:
         assert linked != 0
         R = w.shape[0]
         n = (R + chunk - 1) // chunk
-        if x.shape[0] == 1:
-            xq, x8, xd, xb = quantize_x(x[0], qmax)
+        if quantized(qmax, x.shape[0]):
+            xq, x8, xd, xb = quantize_rows(x, qmax)
             for i in prange(n):
                 rows_q(code, qmax, w, xq, x8, xd, xb, out, i * chunk, min(R, (i + 1) * chunk), 0, nb, f16)
         else:
@@ -250,17 +281,21 @@ def make_drivers(code: int, aq: int) -> tuple:
 
 
 def matvec_q(x: np.ndarray, w: QTensor, act_quant: str = "int16") -> np.ndarray:
-    """x (C,) @ W.T -> (R,) with x quantized (mode act_quant), serial; W Q4_K or Q6_K."""
+    """x (C,) or (T, C) @ W.T -> (R,) or (T, R) with x quantized (mode act_quant), serial; W Q4_K or Q6_K.
+    int16 takes one token; int8 any number."""
     from moert.kernels.matmul import Prepared
-    out = np.empty((1, w.shape[0]), dtype=np.float32)
+    x2 = np.ascontiguousarray(x, dtype=np.float32).reshape(-1, w.shape[1])
+    if not quantized(QMAX[mode(act_quant)], x2.shape[0]):
+        raise ValueError(f"act_quant={act_quant!r} has one-token kernels only; x has {x2.shape[0]} rows")
+    out = np.empty((x2.shape[0], w.shape[0]), dtype=np.float32)
     p = Prepared(w, act_quant=act_quant)
-    p.serial(p.raw, np.ascontiguousarray(x, dtype=np.float32).reshape(1, -1), out, 0, w.shape[0], 0, p.nb, p.f16)
-    return out.reshape(-1)
+    p.serial(p.raw, x2, out, 0, w.shape[0], 0, p.nb, p.f16)
+    return out.reshape(*np.shape(x)[:-1], w.shape[0])
 
 
 def matvec_q_ref(x: np.ndarray, w: QTensor, act_quant: str = "int16") -> np.ndarray:
-    """Reference twin of matvec_q: quantize_x_ref, then (xq * step) @ W.T exactly (float64)."""
-    xq, _, xd, _ = quantize_x_ref(x, QMAX[mode(act_quant)])
-    xf = xq.astype(np.float64) * np.repeat(xd.astype(np.float64), 256)  # (C,) the values the kernel sees
+    """Reference twin of matvec_q: quantize_x_ref (per row), then (xq * step) @ W.T exactly (float64)."""
+    xq, _, xd, _ = quantize_x_ref(np.reshape(x, -1), QMAX[mode(act_quant)])
+    xf = xq.astype(np.float64) * np.repeat(xd.astype(np.float64), 256)  # the values the kernel sees
     W = _ref_dequantize(w.raw, w.type, w.shape).astype(np.float64)       # (R, C)
-    return (W @ xf).astype(np.float32)
+    return (xf.reshape(np.shape(x)) @ W.T).astype(np.float32)

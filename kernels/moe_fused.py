@@ -35,7 +35,7 @@ from numba import njit, prange
 
 from moert.kernels import matmul_q
 from moert.kernels.matmul import BLOCK, TYPE_CODES, matmul_ref, no_sums, rows, sums32, table, threads
-from moert.kernels.matmul_q import quantize_x, rows_q
+from moert.kernels.matmul_q import quantize_rows, quantized, rows_q
 from moert.kernels.moe import QTensor, group_by_expert
 from moert.quants.dequant import lookup, slice_expert
 
@@ -106,7 +106,8 @@ def layer_kernel(g_code: int, d_code: int, aq: int = 0):
     kernel(x, ids, wts, g_raw, g_f16, u_raw, u_f16, d_raw, d_f16, nb_in, nb_down, block_down, parts,
     n_threads) -> (T, D). n_threads = matmul.threads(), passed in: called inside, it makes the
     function uncacheable. parts = 0 picks them with parts_for. aq != 0 (kernels/matmul_q.py): an expert
-    reads x quantized when T == 1 (decode), for the types with quantized kernels; 0 compiles the float kernel."""
+    reads x quantized (matmul_q.quantized: int8 always, int16 when T == 1), for the types with quantized
+    kernels; 0 compiles the float kernel."""
     key = (g_code, d_code, aq)
     if key not in _LAYERS:
         _LAYERS[key] = _make_layer(g_code, d_code, _LINKED_SOURCE, aq)
@@ -142,8 +143,8 @@ def _make_layer(g_code: int, d_code: int, linked_source: int, aq: int = 0):
                 f0, f1 = p * Fp, (p + 1) * Fp
                 g = np.zeros((n, F), dtype=np.float32)                  # (n, F), columns [f0, f1) used
                 u = np.zeros((n, F), dtype=np.float32)
-                if gq != 0 and T == 1:                                  # opt-in, decode only: x quantized
-                    xq, x8, xd, xb = quantize_x(xe[0], gq)
+                if quantized(gq, T):                                    # opt-in: x quantized (matmul_q)
+                    xq, x8, xd, xb = quantize_rows(xe, gq)
                     rows_q(g_code, gq, g_raw[e], xq, x8, xd, xb, g, f0, f1, 0, nb_in, g_f16)
                     rows_q(g_code, gq, u_raw[e], xq, x8, xd, xb, u, f0, f1, 0, nb_in, u_f16)
                 else:
@@ -152,8 +153,8 @@ def _make_layer(g_code: int, d_code: int, linked_source: int, aq: int = 0):
                     rows(g_code, u_raw[e], xe, xs, u, f0, f1, 0, nb_in, u_f16)
                 _silu_mul(g, u, f0, f1)                                 # h = silu(g) * u
                 b0, b1 = f0 // block_down, f1 // block_down
-                if dq != 0 and T == 1:
-                    hq, h8, hd, hb = quantize_x(g[0], dq)               # columns outside [f0, f1) are 0
+                if quantized(dq, T):
+                    hq, h8, hd, hb = quantize_rows(g, dq)               # columns outside [f0, f1) are 0
                     rows_q(d_code, dq, d_raw[e], hq, h8, hd, hb, Y[p, o0:o0 + n], 0, D, b0, b1, d_f16)
                 else:
                     hs = sums32(g) if d_code == 4 or d_code == 5 else no_sums(g)
@@ -207,7 +208,8 @@ class PreparedExperts:
     __slots__ = ("shape", "args", "kernel")
 
     def __init__(self, gate: QTensor, up: QTensor, down: QTensor, act_quant: str | None = None):
-        """act_quant: None (float, default) or "int16": one-token calls (decode) read x quantized (matmul_q.py)."""
+        """act_quant: None (float, default), "int16" (one-token calls read x quantized) or "int8" (every
+        call does); see kernels/matmul_q.py."""
         aq = matmul_q.mode(act_quant)
         for t in (gate, up, down):
             if t.type not in TYPE_CODES:

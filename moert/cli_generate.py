@@ -30,8 +30,8 @@ def add_sampling_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--no-warmup", dest="warmup", action="store_false", help="skip the one-token warm-up run at "
                    "load (then the first token pays for compiling the CPU kernels on a first run)")
     g.add_argument("--act-quant", choices=["none", "int16", "int8"], default="none",
-                   help="CPU one-token matmuls of Q4_K/Q6_K weights read x rounded to int16 or int8 per 256 values "
-                   "(faster; int8 is llama.cpp's scheme and needs AVX2; default: none, float)")
+                   help="CPU matmuls of Q4_K/Q6_K weights read x rounded per 256 values: int16 in decode, "
+                   "int8 everywhere (llama.cpp's scheme, needs AVX2; fastest); default: none, float")
     g.add_argument("--stats", action="store_true", help="print llama.cpp-style timings and moert's per-device "
                    "time and transfer breakdown")
 

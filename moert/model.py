@@ -50,9 +50,9 @@ def load(model: Any, overrides: Any = None, gpu_layers: int | str = "all", cpu_m
          n_batch: int = 512, warmup: bool = True, act_quant: str | None = None, **plan_options: Any) -> Model:
     """Open a GGUF model, place its tensors, load them onto their devices, allocate the KV cache, and
     (warmup=True, llama.cpp's default too) run a few tokens through it and forget them, so the first real
-    ones do not pay for compiling the kernels (`Model.warmup`). act_quant="int16" / "int8": CPU one-token
-    matmuls of Q4_K/Q6_K weights round x to int16 / int8 per 256-block (kernels/matmul_q.py; int8 is
-    llama.cpp's scheme and needs AVX2); None (default): float."""
+    ones do not pay for compiling the kernels (`Model.warmup`). act_quant="int16": CPU one-token matmuls
+    of Q4_K/Q6_K weights round x to int16 per 256-block; "int8": every CPU matmul of those types rounds x
+    to int8 (llama.cpp's scheme; needs AVX2); see kernels/matmul_q.py. None (default): float."""
     from moert import gguf, placement
     from moert.kernels import matmul_q
     from moert.weights import load_weights
@@ -104,7 +104,7 @@ class Model:
         self.gguf, self.arch, self.config, self.plan, self.weights = gguf_file, arch, config, plan, weights
         self.context_size = int(context_size)   # KV cache length, capped at the trained context
         self.n_batch = int(n_batch)              # a prompt is processed in chunks of at most this many tokens
-        self.act_quant = act_quant               # None, "int16" or "int8": one-token CPU matmuls read x quantized
+        self.act_quant = act_quant               # None, "int16" or "int8": CPU matmuls read x quantized
         self.position = 0                        # tokens in the context so far
         self._ids = np.zeros(self.context_size, dtype=np.int64)   # the token ids in the KV cache, [:position]
         self.kv = allocate_kv_cache(plan, self.context_size, np.float32, config)
