@@ -1,6 +1,7 @@
 """End to end: moert vs llama.cpp on one Qwen3-30B-A3B-shaped file, every expert on the CPU, same threads.
 
     python bench/e2e.py [--layers 3] [--threads 2] [--prompt 64] [--decode 32] [--rounds 3] [--json out.json]
+    python bench/e2e.py --act-quant none,int8        # float and int8-activation moert, both vs llama.cpp
     python bench/e2e.py --model any.gguf ...         # measure another GGUF instead of the built one
     python bench/e2e.py --overhead                   # Python overhead per decoded token per layer (tiny models)
 
@@ -56,10 +57,10 @@ def model_path(layers: int) -> Path:
 # ---------------------------------------------------------------------------------------------- engines
 
 class Moert:
-    name = "moert"
-
     def __init__(self, path: Path, threads: int, n_ctx: int, experts: str, act_quant: str = "none"):
         import moert
+
+        self.name = "moert" if act_quant == "none" else f"moert {act_quant}"
 
         if experts == "grouped":                          # for comparison only: the pre-fused CPU path
             import moert.model as mm
@@ -194,8 +195,9 @@ def main(argv: list[str] | None = None) -> dict:
                     help="moert's CPU expert kernel: the default (kernels/moe_fused.py) or the grouped "
                          "per-expert path (kernels/moe.py) it replaced")
     ap.add_argument("--no-llama", action="store_true", help="moert only")
-    ap.add_argument("--act-quant", choices=["none", "int16", "int8"], default="none",
-                    help="moert's opt-in quantized-activation decode kernels (kernels/matmul_q.py)")
+    ap.add_argument("--act-quant", default="none", type=lambda s: s.split(","),
+                    help="moert's activation modes, comma-separated, each its own engine in the same run: none "
+                         "(float, the default), int16, int8 (opt-in kernels/matmul_q.py), e.g. none,int8")
     ap.add_argument("--overhead", action="store_true", help="also measure Python overhead per token per layer")
     ap.add_argument("--profile", action="store_true", help="also profile one moert decode step")
     ap.add_argument("--json", type=Path, help="write all results here")
@@ -206,7 +208,11 @@ def main(argv: list[str] | None = None) -> dict:
     sizes = bytes_per_token(path)
     mach = common.machine(args.threads)
 
-    engines = [Moert(path, args.threads, n_ctx, args.experts, args.act_quant)]
+    for aq in args.act_quant:
+        if aq not in ("none", "int16", "int8"):
+            ap.error(f"--act-quant: {aq!r} is not one of none, int16, int8")
+    engines = [Moert(path, args.threads, n_ctx, args.experts, aq) for aq in args.act_quant]
+    moerts = [e.name for e in engines]
     n_ids = max(min(4000, engines[0].m.n_vocab - 10), 1)       # --model: a smaller vocabulary than the built one
     prompt = (np.arange(args.prompt) * 7919 % n_ids + 10).tolist()
     llama_note = ""
@@ -229,9 +235,11 @@ def main(argv: list[str] | None = None) -> dict:
             print(f"round {r + 1} {e.name:9s}: pp{args.prompt} {args.prompt / pp:7.1f} tok/s, "
                   f"decode {1 / statistics.median(steps):6.1f} tok/s", flush=True)
 
-    res["moert"]["profile"] = profile_decode(engines[0].m)
+    for e in engines:
+        if e.name in moerts:
+            res[e.name]["profile"] = profile_decode(e.m)
     if args.overhead:
-        res["moert"]["python_overhead"] = [python_overhead(n) for n in sorted({1, args.threads})]
+        res[moerts[0]]["python_overhead"] = [python_overhead(n) for n in sorted({1, args.threads})]
 
     rows = []
     for name, d in res.items():
@@ -244,16 +252,17 @@ def main(argv: list[str] | None = None) -> dict:
                      f"{d['tg_tok_s']:.2f} ({d['tg_tok_s_best']:.2f})",
                      f"{d['tg_GBps']:.2f}", f"{d['tg_bw_fraction']:.0%}", f"{d['load_s']:.2f}",
                      f"{d['first_token_s']:.2f}"])
-    ratio = {}
-    if "llama.cpp" in res:
-        m, ll = res["moert"], res["llama.cpp"]
-        ratio = dict(pp=m["pp_tok_s"] / ll["pp_tok_s"], tg=m["tg_tok_s"] / ll["tg_tok_s"],
-                     pp_best=m["pp_tok_s_best"] / ll["pp_tok_s_best"], tg_best=m["tg_tok_s_best"] / ll["tg_tok_s_best"])
-        rows.append(["moert / llama.cpp", f"{ratio['pp']:.2f}x ({ratio['pp_best']:.2f}x)",
-                     f"{ratio['tg']:.2f}x ({ratio['tg_best']:.2f}x)", "", "", "", ""])
-        a, b = logits["moert"], logits["llama.cpp"]
-        ratio["logits_corr"] = float(np.corrcoef(a, b)[0, 1])
-        ratio["same_argmax"] = bool(np.argmax(a) == np.argmax(b))
+    ratios = {}                                               # per moert engine, vs llama.cpp
+    for name in moerts if "llama.cpp" in res else []:
+        m, ll = res[name], res["llama.cpp"]
+        r = ratios[name] = dict(pp=m["pp_tok_s"] / ll["pp_tok_s"], tg=m["tg_tok_s"] / ll["tg_tok_s"],
+                                pp_best=m["pp_tok_s_best"] / ll["pp_tok_s_best"],
+                                tg_best=m["tg_tok_s_best"] / ll["tg_tok_s_best"])
+        rows.append([f"{name} / llama.cpp", f"{r['pp']:.2f}x ({r['pp_best']:.2f}x)",
+                     f"{r['tg']:.2f}x ({r['tg_best']:.2f}x)", "", "", "", ""])
+        a, b = logits[name], logits["llama.cpp"]
+        r["logits_corr"] = float(np.corrcoef(a, b)[0, 1])
+        r["same_argmax"] = bool(np.argmax(a) == np.argmax(b))
 
     print()
     print(f"# moert vs llama.cpp, {path.name}: {sizes['file'] / 1e9:.2f} GB file, "
@@ -262,23 +271,25 @@ def main(argv: list[str] | None = None) -> dict:
     print(f"# every tensor on the CPU, {args.threads} threads; moert experts: {args.experts}; "
           f"median of {args.rounds} rounds (best in parentheses); decode = median step of {args.decode}")
     if "llama.cpp" in res:
-        print(f"# llama-cpp-python {engines[1].version}: {engines[1].info}")
+        print(f"# llama-cpp-python {engines[-1].version}: {engines[-1].info}")
     if llama_note:
         print(f"# {llama_note}")
     print(common.table(["engine", f"pp{args.prompt} tok/s", "decode tok/s", "decode GB/s", "of bandwidth",
                         "load s", "first token s"], rows))
-    if ratio:
-        print(f"# last prompt's logits: correlation {ratio['logits_corr']:.4f}, same argmax: {ratio['same_argmax']}")
-    prof = res["moert"]["profile"]
-    print(f"# moert decode step, ms per phase: {prof['phases_ms']}")
-    for o in res["moert"].get("python_overhead", []):
+    for name, r in ratios.items():
+        print(f"# last prompt's logits, {name} vs llama.cpp: correlation {r['logits_corr']:.4f}, "
+              f"same argmax: {r['same_argmax']}")
+    for name in moerts:
+        print(f"# {name} decode step, ms per phase: {res[name]['profile']['phases_ms']}")
+    for o in res[moerts[0]].get("python_overhead", []):
         print(f"# Python overhead per decoded token per layer, {o['threads']} thread(s): {o['per_layer_ms']} ms "
               f"(tiny Q8_0 models; ms per token with 2 and 10 layers: {o['per_token_ms']})")
     if args.profile:
-        print(prof["cprofile_top"])
+        for name in moerts:
+            print(f"# {name}:\n{res[name]['profile']['cprofile_top']}")
     print(f"# command: {common.command()}")
     out = dict(machine=mach, model=str(path), sizes=sizes, args={k: str(v) for k, v in vars(args).items()},
-               results={k: {kk: vv for kk, vv in v.items()} for k, v in res.items()}, ratio=ratio)
+               results={k: {kk: vv for kk, vv in v.items()} for k, v in res.items()}, ratio=ratios)
     if args.json:
         args.json.write_text(json.dumps(out, indent=1, default=str))
     return out

@@ -198,10 +198,24 @@ def _rows1q_q6_k(w, xq, xd, xb, out, r0, r1, b0, b1, f16):
 @njit(cache=True, fastmath=_FM, inline="always")   # inlined: simd.py's code is in the callers' cache keys
 def _rowsq8_q4_k(w, x8, xd, xb, out, r0, r1, b0, b1, f16):
     """out[t, r] for every token t of int8 x (T, C): per block, simd.q4k_isum gives sum_j sc_j * isum_j and
-    sum_j m_j * xb_j exactly. A row's bytes stay in L1 while the tokens pass over them."""
+    sum_j m_j * xb_j exactly. Tokens go four at a time through q4k_isum4 (one decode of the block for
+    four tokens), the rest one by one; a row's bytes stay in L1 while the tokens pass over them."""
+    T, C, Cb = x8.shape[0], x8.shape[1], xb.shape[1]
+    T4 = T - T % 4
     for r in range(r0, r1):
         wr = w[r]
-        for t in range(x8.shape[0]):
+        for t in range(0, T4, 4):
+            s0 = s1 = s2 = s3 = np.float32(0.0)
+            for b in range(b0, b1):
+                o = b * 144
+                d, dm = _half(wr, o, f16), _half(wr, o + 2, f16)
+                i0, m0, i1, m1, i2, m2, i3, m3 = simd.q4k_isum4(wr, o, x8, t * C + 256 * b, C, xb, t * Cb + 8 * b, Cb)
+                s0 += xd[t, b] * (d * np.float32(i0) - dm * np.float32(m0))
+                s1 += xd[t + 1, b] * (d * np.float32(i1) - dm * np.float32(m1))
+                s2 += xd[t + 2, b] * (d * np.float32(i2) - dm * np.float32(m2))
+                s3 += xd[t + 3, b] * (d * np.float32(i3) - dm * np.float32(m3))
+            out[t, r], out[t + 1, r], out[t + 2, r], out[t + 3, r] = s0, s1, s2, s3
+        for t in range(T4, T):
             xt, bt, dt = x8[t], xb[t], xd[t]
             s = np.float32(0.0)
             for b in range(b0, b1):
@@ -213,10 +227,23 @@ def _rowsq8_q4_k(w, x8, xd, xb, out, r0, r1, b0, b1, f16):
 
 @njit(cache=True, fastmath=_FM, inline="always")
 def _rowsq8_q6_k(w, x8, xd, xb, out, r0, r1, b0, b1, f16):
-    """As _rowsq8_q4_k for Q6_K: simd.q6k_isum gives sum_g sc_g * isum_g exactly; then d and the x step."""
+    """As _rowsq8_q4_k for Q6_K: simd.q6k_isum(4) gives sum_g sc_g * isum_g exactly; then d and the x step."""
+    T, C = x8.shape[0], x8.shape[1]
+    T4 = T - T % 4
     for r in range(r0, r1):
         wr = w[r]
-        for t in range(x8.shape[0]):
+        for t in range(0, T4, 4):
+            s0 = s1 = s2 = s3 = np.float32(0.0)
+            for b in range(b0, b1):
+                o = b * 210
+                d = _half(wr, o + 208, f16)
+                i0, i1, i2, i3 = simd.q6k_isum4(wr, o, x8, t * C + 256 * b, C)
+                s0 += (xd[t, b] * d) * np.float32(i0)
+                s1 += (xd[t + 1, b] * d) * np.float32(i1)
+                s2 += (xd[t + 2, b] * d) * np.float32(i2)
+                s3 += (xd[t + 3, b] * d) * np.float32(i3)
+            out[t, r], out[t + 1, r], out[t + 2, r], out[t + 3, r] = s0, s1, s2, s3
+        for t in range(T4, T):
             xt, dt = x8[t], xd[t]
             s = np.float32(0.0)
             for b in range(b0, b1):
