@@ -30,6 +30,7 @@ from pathlib import Path
 import numpy as np
 from numba import njit, prange
 
+from moert.errors import KernelOptionError
 from moert.kernels import simd
 from moert.kernels.matmul import I32, _half, _i8, _scales_k4, _stack_f32, no_sums, rows, sums32
 from moert.kernels.moe import QTensor
@@ -49,11 +50,12 @@ _LINKED_SOURCE = int(hashlib.sha1(b"".join((Path(__file__).parent / f).read_byte
 
 
 def mode(act_quant) -> int:
-    """The closure-key int of an act_quant option (None/"none" -> 0, "int16" -> 1)."""
+    """The closure-key int of an act_quant option (None/"none" -> 0, "int16" -> 1, "int8" -> 2); a
+    KernelOptionError for anything else, and for "int8" on a CPU without AVX2."""
     if act_quant not in ACT_QUANT:
-        raise ValueError(f"act_quant={act_quant!r} is not one of None, 'none', 'int16', 'int8'")
+        raise KernelOptionError(f"act_quant={act_quant!r} is not one of None, 'none', 'int16', 'int8'")
     if ACT_QUANT[act_quant] == 2 and not simd.available():
-        raise ValueError("act_quant='int8' needs a CPU with AVX2 (its kernels are vpmaddubsw dot products, "
+        raise KernelOptionError("act_quant='int8' needs a CPU with AVX2 (its kernels are vpmaddubsw dot products, "
                          "kernels/simd.py); this CPU has none: use act_quant='int16' or None")
     return ACT_QUANT[act_quant]
 

@@ -21,6 +21,7 @@ from moert.errors import (
     GenerationError,
     GGUFError,
     InvalidTokenError,
+    KernelOptionError,
     MoertError,
     PlacementError,
     PlacementWarning,
@@ -51,7 +52,8 @@ _LAZY = {
 }
 
 __all__ = [
-    "ContextOverflowError", "DeviceOutOfMemory", "GenerationError", "GGUFError", "InvalidTokenError", "MoertError",
+    "ContextOverflowError", "DeviceOutOfMemory", "GenerationError", "GGUFError", "InvalidTokenError",
+    "KernelOptionError", "MoertError",
     "PlacementError", "PlacementWarning", "UnsupportedTypeError", *_LAZY,
 ]
 

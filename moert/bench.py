@@ -252,7 +252,8 @@ def format_table(machine: dict, model: dict, settings: dict, results: list[TestR
            + (f"; -ot {settings['overrides']}" if settings["overrides"] else ""),
            f"settings:  context {settings['context_size']}, batch {settings['n_batch']}, "
            f"{settings['repetitions']} repetition{'s' if settings['repetitions'] > 1 else ''}, "
-           f"{'warm-up' if settings['warmup'] else 'no warm-up'}",
+           f"{'warm-up' if settings['warmup'] else 'no warm-up'}"
+           + (f", activations {settings['act_quant']}" if settings.get("act_quant", "none") != "none" else ""),
            ""]
     rows = [[r.name, f"{r.avg_ts:.2f} ± {r.stddev_ts:.2f}", f"{r.best_ts:.2f}", f"{r.ms_per_token:.2f}",
              "-" if r.GBps is None else f"{r.GBps:.3g}"] for r in results]

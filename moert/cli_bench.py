@@ -46,7 +46,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
         results = bench(model, args.n_prompt, args.n_gen, args.repetitions, warmup=args.warmup)
         machine = machine_info()
         settings = dict(n_prompt=args.n_prompt, n_gen=args.n_gen, repetitions=args.repetitions,
-                        threads=machine["threads"], warmup=args.warmup, **placement_info(model))
+                        threads=machine["threads"], warmup=args.warmup, act_quant=args.act_quant,
+                        **placement_info(model))
     finally:
         model.close()
     if args.json:
@@ -59,6 +60,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
 def add_commands(sub) -> None:
     """Register bench on the top-level subparsers."""
+    from moert.cli_generate import add_act_quant_arg
     from moert.placement_cli import add_placement_args
 
     b = sub.add_parser("bench", help="measure prompt processing and generation speed (like llama-bench)",
@@ -79,6 +81,7 @@ def add_commands(sub) -> None:
     g.add_argument("-b", "--batch-size", type=_positive, default=512, help="prompt tokens per forward chunk")
     g.add_argument("--no-warmup", dest="warmup", action="store_false",
                    help="skip the warm-up (at load, and the untimed round before the tests)")
+    add_act_quant_arg(g)
     g.add_argument("--json", action="store_true", help="print one JSON object (machine, model, settings, "
                    "every sample of every test) instead of the table")
     add_placement_args(b)

@@ -29,9 +29,7 @@ def add_sampling_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("-b", "--batch-size", type=int, default=512, help="prompt tokens per forward chunk")
     g.add_argument("--no-warmup", dest="warmup", action="store_false", help="skip the one-token warm-up run at "
                    "load (then the first token pays for compiling the CPU kernels on a first run)")
-    g.add_argument("--act-quant", choices=["none", "int16", "int8"], default="none",
-                   help="CPU matmuls of Q4_K/Q6_K weights read x rounded per 256 values: int16 in decode, "
-                   "int8 everywhere (llama.cpp's scheme, needs AVX2; fastest); default: none, float")
+    add_act_quant_arg(g)
     g.add_argument("--stats", action="store_true", help="print llama.cpp-style timings and moert's per-device "
                    "time and transfer breakdown")
 
@@ -40,6 +38,13 @@ def _sampling(args: argparse.Namespace) -> dict:
     return dict(temperature=args.temp, top_k=args.top_k, top_p=args.top_p, min_p=args.min_p,
                 repeat_penalty=args.repeat_penalty, repeat_last_n=args.repeat_last_n, seed=args.seed,
                 stop=args.stop or None)
+
+
+def add_act_quant_arg(g) -> None:
+    """--act-quant, for every command that loads a model to run it (run, chat, bench)."""
+    g.add_argument("--act-quant", choices=["none", "int16", "int8"], default="none",
+                   help="CPU matmuls of Q4_K/Q6_K weights read x rounded per 256 values: int16 in decode, "
+                   "int8 everywhere (llama.cpp's scheme, needs AVX2; fastest); default: none, float")
 
 
 def load_from_args(model: str, args: argparse.Namespace, **overrides):

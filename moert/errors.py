@@ -35,6 +35,10 @@ class InvalidTokenError(MoertError, ValueError):
     """A token id outside [0, n_vocab)."""
 
 
+class KernelOptionError(MoertError, ValueError):
+    """A kernel option (act_quant) that is not one of its values, or that this CPU cannot run."""
+
+
 class DeviceOutOfMemory(MoertError, MemoryError):
     """An allocation would exceed a device's capacity."""
 

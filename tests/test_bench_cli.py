@@ -121,3 +121,17 @@ def test_bytes_per_token_tied_output_reads_the_whole_embedding(tmp_path):
     experts = sum(n for name, n in nbytes.items() if name.endswith("_exps.weight"))
     assert bytes_per_token(p)["decode"] == sum(nbytes.values()) - experts + experts * K // E + embd // V
     assert bytes_per_token(p)["dense"] == sum(nbytes.values()) - experts + embd // V
+
+
+def test_act_quant_is_shown_and_refused_cleanly_without_avx2(model, capsys):
+    """--act-quant int8 runs and says so in the settings line; on a CPU without AVX2 it is one clear error."""
+    from moert.kernels import simd
+
+    rc, out, err = bench(capsys, model, "-p", 4, "-n", 2, "-r", 1, "-ngl", 0, "--act-quant", "int8")
+    if simd.available():
+        assert rc == 0, err
+        assert re.search(r"settings: .*activations int8", out)
+    else:
+        assert rc == 1 and "AVX2" in err and "Traceback" not in err
+    rc, out, err = bench(capsys, model, "-p", 4, "-n", 2, "-r", 1, "-ngl", 0)
+    assert rc == 0 and "activations" not in out

@@ -99,10 +99,11 @@ def test_quantize_x_matches_twin(qmax):
 def test_int8_refused_without_avx2(monkeypatch):
     """On a CPU without AVX2, asking for int8 is a clear error at load, before any weight is read."""
     from moert import load
+    from moert.errors import KernelOptionError
     monkeypatch.setattr(simd, "available", lambda: False)
-    with pytest.raises(ValueError, match="AVX2"):
+    with pytest.raises(KernelOptionError, match="AVX2"):
         mq.mode("int8")
-    with pytest.raises(ValueError, match="AVX2"):
+    with pytest.raises(KernelOptionError, match="AVX2"):
         load("/nonexistent.gguf", act_quant="int8")
     assert mq.mode("int16") == 1 and mq.mode(None) == 0
 
