@@ -72,14 +72,16 @@ _weights: dict[str, QTensor] = {}
 
 
 @pytest.mark.parametrize("T", [1, 16])
-@pytest.mark.parametrize("impl", ["numba", "reference", "gguf-py"])
+@pytest.mark.parametrize("impl", ["numba", "int8", "reference", "gguf-py"])
 @pytest.mark.parametrize("name", TYPES)
 def test_matmul_throughput(benchmark, name, impl, T):
+    if impl == "int8" and ("int8" not in QUANT_MODES or mm.TYPE_CODES[name] not in mq.QUANT_CODES):
+        pytest.skip(f"no int8 kernels for {name} on this CPU" if "int8" in QUANT_MODES else "no AVX2")
     w = _weights.setdefault(name, make_weight(name))
     x = np.random.default_rng(1).standard_normal((T, w.shape[1]), dtype=np.float32)
     fn = runner(impl, w, x)
     fn()
-    benchmark.pedantic(fn, rounds=5 if impl == "numba" else 1, iterations=1)
+    benchmark.pedantic(fn, rounds=5 if impl in ("numba", "int8") else 1, iterations=1)
     best = benchmark.stats.stats.min
     R, C = w.shape
     benchmark.extra_info.update(type=name, impl=impl, T=T, threads=numba.get_num_threads(),

@@ -4,7 +4,8 @@
     python bench/bench_moe.py [--rounds 5] [--threads 2] [--batches 1,16,256] [--json f]
 
 128 experts, 8 used, hidden 2048, expert FFN 768; gate/up Q4_K, down Q6_K (llama.cpp's Q4_K_M), random
-routing. Implementations: "fused" (kernels/moe_fused.py, one parallel region per layer), "grouped"
+routing. Implementations: "fused" (kernels/moe_fused.py, one parallel region per layer), "fused int8" (the
+same kernel with act_quant="int8", llama.cpp's activation scheme: kernels/matmul_q.py; AVX2 only), "grouped"
 (kernels/moe.py: grouped by expert, each selected expert's slices dequantized by Numba, BLAS matmuls),
 "reference" (the fused kernel's NumPy twin) and "gguf-py" (gguf.quants.dequantize per expert, NumPy).
 GB/s: bytes of the distinct selected experts / time (each is read once per call).
@@ -24,8 +25,9 @@ import pytest
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import common  # noqa: E402
 
+from moert.kernels import simd  # noqa: E402
 from moert.kernels.moe import QTensor, moe_ffn  # noqa: E402
-from moert.kernels.moe_fused import moe_ffn_fused, moe_ffn_fused_ref  # noqa: E402
+from moert.kernels.moe_fused import PreparedExperts, moe_ffn_fused, moe_ffn_fused_ref  # noqa: E402
 from moert.quants import quantize  # noqa: E402
 
 E, K, D, F = 128, 8, 2048, 768
@@ -63,7 +65,20 @@ def gguf_py_moe(x, ids, weights, gate, up, down):
     return out
 
 
-IMPLS = {"fused": moe_ffn_fused, "grouped": moe_ffn, "reference": moe_ffn_fused_ref, "gguf-py": gguf_py_moe}
+_prepared: dict = {}
+
+
+def fused_int8(x, ids, weights, gate, up, down):
+    """The fused kernel with int8 activations; prepared once per expert set, as a model does."""
+    key = (id(gate), id(up), id(down))
+    if key not in _prepared:
+        _prepared[key] = PreparedExperts(gate, up, down, act_quant="int8")
+    return _prepared[key](x, ids, weights)
+
+
+IMPLS = {"fused": moe_ffn_fused, **({"fused int8": fused_int8} if simd.available() else {}), "grouped": moe_ffn,
+         "reference": moe_ffn_fused_ref, "gguf-py": gguf_py_moe}
+TIMED = ("fused", "fused int8", "grouped")           # several rounds; the baselines run once
 _experts: list = []
 
 
@@ -84,7 +99,7 @@ def test_moe_layer(benchmark, impl, T):
     ids, w = routing(T, T)
     fn = IMPLS[impl]
     fn(x, ids, w, gate, up, down)
-    benchmark.pedantic(fn, args=(x, ids, w, gate, up, down), rounds=3 if impl in ("fused", "grouped") else 1,
+    benchmark.pedantic(fn, args=(x, ids, w, gate, up, down), rounds=3 if impl in TIMED else 1,
                        iterations=1)
     best = benchmark.stats.stats.min
     benchmark.extra_info.update(impl=impl, T=T, threads=numba.get_num_threads(), ms_per_token=round(best / T * 1e3, 4),
@@ -111,7 +126,7 @@ def main(argv: list[str] | None = None) -> None:
         for impl, fn in IMPLS.items():
             if impl in ("reference", "gguf-py") and (args.no_baselines or T > 16):
                 continue
-            n = args.rounds if impl in ("fused", "grouped") else 1
+            n = args.rounds if impl in TIMED else 1
             run = lambda fn=fn, x=x, ids=ids, w=w: fn(x, ids, w, gate, up, down)
             ts = common.times(run, n, warmup=1 if n > 1 else 0)
             r[impl], r[impl + "_median"] = common.best_median(ts)
