@@ -199,59 +199,34 @@ def _rows1q_q6_k(w, xq, xd, xb, out, r0, r1, b0, b1, f16):
 
 @njit(cache=True, fastmath=_FM, inline="always")   # inlined: simd.py's code is in the callers' cache keys
 def _rowsq8_q4_k(w, x8, xd, xb, out, r0, r1, b0, b1, f16):
-    """out[t, r] for every token t of int8 x (T, C): per block, simd.q4k_isum gives sum_j sc_j * isum_j and
-    sum_j m_j * xb_j exactly. Tokens go four at a time through q4k_isum4 (one decode of the block for
-    four tokens), the rest one by one; a row's bytes stay in L1 while the tokens pass over them."""
-    T, C, Cb = x8.shape[0], x8.shape[1], xb.shape[1]
+    """out[t, r] for every token t of int8 x (T, C): simd.q4k_row sums a row's blocks [b0, b1) exactly in
+    int32 per block, then in float vectors. Tokens go four at a time (one decode of each block feeds four
+    accumulators), the rest one by one; a row's bytes stay in L1 while the tokens pass over them."""
+    T, C, Cb, B = x8.shape[0], x8.shape[1], xb.shape[1], xd.shape[1]
     T4 = T - T % 4
     for r in range(r0, r1):
         wr = w[r]
         for t in range(0, T4, 4):
-            s0 = s1 = s2 = s3 = np.float32(0.0)
-            for b in range(b0, b1):
-                o = b * 144
-                d, dm = _half(wr, o, f16), _half(wr, o + 2, f16)
-                i0, m0, i1, m1, i2, m2, i3, m3 = simd.q4k_isum4(wr, o, x8, t * C + 256 * b, C, xb, t * Cb + 8 * b, Cb)
-                s0 += xd[t, b] * (d * np.float32(i0) - dm * np.float32(m0))
-                s1 += xd[t + 1, b] * (d * np.float32(i1) - dm * np.float32(m1))
-                s2 += xd[t + 2, b] * (d * np.float32(i2) - dm * np.float32(m2))
-                s3 += xd[t + 3, b] * (d * np.float32(i3) - dm * np.float32(m3))
+            s0, s1, s2, s3 = simd.q4k_row(wr, 144 * b0, b1 - b0, x8, t * C + 256 * b0, C, xd, t * B + b0, B,
+                                          xb, t * Cb + 8 * b0, Cb, 4)
             out[t, r], out[t + 1, r], out[t + 2, r], out[t + 3, r] = s0, s1, s2, s3
         for t in range(T4, T):
-            xt, bt, dt = x8[t], xb[t], xd[t]
-            s = np.float32(0.0)
-            for b in range(b0, b1):
-                o = b * 144
-                isum, msum = simd.q4k_isum(wr, o, xt, 256 * b, bt, 8 * b)
-                s += dt[b] * (_half(wr, o, f16) * np.float32(isum) - _half(wr, o + 2, f16) * np.float32(msum))
-            out[t, r] = s
+            out[t, r] = simd.q4k_row(wr, 144 * b0, b1 - b0, x8, t * C + 256 * b0, C, xd, t * B + b0, B,
+                                     xb, t * Cb + 8 * b0, Cb, 1)
 
 
 @njit(cache=True, fastmath=_FM, inline="always")
 def _rowsq8_q6_k(w, x8, xd, xb, out, r0, r1, b0, b1, f16):
-    """As _rowsq8_q4_k for Q6_K: simd.q6k_isum(4) gives sum_g sc_g * isum_g exactly; then d and the x step."""
-    T, C = x8.shape[0], x8.shape[1]
+    """As _rowsq8_q4_k for Q6_K (simd.q6k_row; no min term)."""
+    T, C, B = x8.shape[0], x8.shape[1], xd.shape[1]
     T4 = T - T % 4
     for r in range(r0, r1):
         wr = w[r]
         for t in range(0, T4, 4):
-            s0 = s1 = s2 = s3 = np.float32(0.0)
-            for b in range(b0, b1):
-                o = b * 210
-                d = _half(wr, o + 208, f16)
-                i0, i1, i2, i3 = simd.q6k_isum4(wr, o, x8, t * C + 256 * b, C)
-                s0 += (xd[t, b] * d) * np.float32(i0)
-                s1 += (xd[t + 1, b] * d) * np.float32(i1)
-                s2 += (xd[t + 2, b] * d) * np.float32(i2)
-                s3 += (xd[t + 3, b] * d) * np.float32(i3)
+            s0, s1, s2, s3 = simd.q6k_row(wr, 210 * b0, b1 - b0, x8, t * C + 256 * b0, C, xd, t * B + b0, B, 4)
             out[t, r], out[t + 1, r], out[t + 2, r], out[t + 3, r] = s0, s1, s2, s3
         for t in range(T4, T):
-            xt, dt = x8[t], xd[t]
-            s = np.float32(0.0)
-            for b in range(b0, b1):
-                o = b * 210
-                s += (dt[b] * _half(wr, o + 208, f16)) * np.float32(simd.q6k_isum(wr, o, xt, 256 * b))
-            out[t, r] = s
+            out[t, r] = simd.q6k_row(wr, 210 * b0, b1 - b0, x8, t * C + 256 * b0, C, xd, t * B + b0, B, 1)
 
 
 @njit(cache=True, inline="always")

@@ -2,19 +2,21 @@
 place where moert emits target-specific instructions. LLVM does not derive `vpmaddubsw` (u8 x s8 -> pairs
 summed into s16) from Numba source, and that instruction is what makes llama.cpp's Q4_K/Q6_K dot products
 cheap: 32 weights per instruction, no int-to-float conversion per weight. Each function here is a Numba
-`@intrinsic` over one 256-weight super-block that returns its exact int32 sum; the float scales stay in the
-Numba caller.
+`@intrinsic` over a row of 256-weight super-blocks: each block's dot product is exact in int32 (8 lanes),
+then converted and multiplied by the block's float scales into 8 float lanes, with one horizontal sum per
+row (the structure of ggml's AVX2 `ggml_vec_dot_q4_K_q8_K`).
 
-    q4k_isum(w, o, xq, c, xb, cb)   (sum_j sc_j * sum_{l<32} q_{32j+l} * xq[c + 32j + l],
-                                     sum_j m_j * xb[cb + j]) for the block at w[o:] (its 6-bit scales sc_j
-                                     and mins m_j decoded here); xb: the per-32 sums of xq (int32)
-    q6k_isum(w, o, xq, c)           sum_g scale_g * sum_{l<16} (q6 - 32) * xq[c + 16g + l]
-                                    o: the block's first byte (ql); its 16 int8 scales are read here
-    q4k_isum4, q6k_isum4            the same for 4 tokens at once (rows c + i*ld of a batch): the block's
-                                    weights and scales are decoded once and feed four accumulators
+    q4k_row(w, o, nb, xq, c, ld, xd, cd, ldd, xb, cb, ldb, n)
+        sum over the nb Q4_K blocks from w[o] of xd_b (d_b sum_j sc_j isum_j - dmin_b sum_j m_j xb_j), for
+        n tokens (a literal 1 or 4): token t's int8 x at xq[c + t ld], its steps at xd[cd + t ldd] (one
+        per block), its per-32 sums at xb[cb + t ldb]. The block's 6-bit scales and mins are decoded here.
+        A float32 for n = 1, an n-tuple otherwise: the block's nibbles and scales are decoded once for all
+        n tokens.
+    q6k_row(w, o, nb, xq, c, ld, xd, cd, ldd, n)
+        sum over the nb Q6_K blocks from w[o] of xd_b d_b sum_g scale_g sum_{l<16} (q6 - 32) xq, likewise.
 
-w is a uint8 array and xq an int8 array, each contiguous in its last axis: o and c are flat offsets from
-the array's first element (o may run past the first row of a 2D w). The callers check `available()` first:
+w is a uint8 array, xq an int8, xd a float32 and xb an int32 array, each C-contiguous: every offset is a
+flat element offset from the array's first element. The callers check `available()` first:
 on a CPU without AVX2 the int8 mode is refused with a clear error instead of failing to compile.
 No overflow: a u8 x s8 pair is at most 2 * 63 * 128 = 16128 < 2^15 (Q6_K), and the int32 sums are bounded
 by 256 * 63 * 127 * 127 (Q4_K scales are 6-bit) < 2^31.
@@ -29,7 +31,7 @@ from numba import types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
-__all__ = ["available", "q4k_isum", "q4k_isum4", "q6k_isum", "q6k_isum4"]
+__all__ = ["available", "q4k_row", "q6k_row"]
 
 _I8, _I16, _I32 = ir.IntType(8), ir.IntType(16), ir.IntType(32)
 _V8x32, _V16x16, _V32x8 = ir.VectorType(_I8, 32), ir.VectorType(_I16, 16), ir.VectorType(_I32, 8)
@@ -54,14 +56,6 @@ def _vload(context, builder, aty, arr, off, vty):
     a = context.make_array(aty)(context, builder, arr)
     ptr = builder.gep(a.data, [off])
     return builder.load(builder.bitcast(ptr, vty.as_pointer()), align=1)
-
-
-def _splat(builder, v, vty):
-    """A vector of type vty with every lane v (an int of vty's element width or wider)."""
-    v = builder.trunc(v, vty.element) if v.type.width > vty.element.width else v
-    undef = ir.Constant(vty, None)
-    one = builder.insert_element(undef, v, ir.Constant(_I32, 0))
-    return builder.shuffle_vector(one, undef, ir.Constant(ir.VectorType(_I32, vty.count), [0] * vty.count))
 
 
 def _const(vty, v):
@@ -96,7 +90,8 @@ def _at(builder, base, k):
 
 def _q4k(context, builder, aty, wa, o, xty, xa, cs, bty, ba, cbs):
     """IR for one Q4_K block at w[o:] against len(cs) int8 token vectors at xq[c] (xb sums at xb[cb]):
-    [isum_0, msum_0, isum_1, msum_1, ...]. The weights and scales are decoded once for all tokens."""
+    [isum_0, msum_0, isum_1, msum_1, ...], each an <8 x i32> whose lanes add up to the sum. The weights
+    and scales are decoded once for all tokens."""
     # the 12 scale bytes at o + 4 as three u32 -> (8 scales, 8 mins) as bytes, as ggml's AVX2 Q4_K dot
     u = [_vload(context, builder, aty, wa, _at(builder, o, 4 + 4 * i), _I32) for i in range(3)]
 
@@ -113,7 +108,7 @@ def _q4k(context, builder, aty, wa, o, xty, xa, cs, bty, ba, cbs):
         v4 = builder.insert_element(v4, ui, k(i))
     sm = builder.zext(builder.bitcast(v4, ir.VectorType(_I8, 16)), _V16x16)   # lanes 0-7 sc, 8-15 m
     mins = builder.zext(_lanes(builder, sm, list(range(8, 16))), _V32x8)
-    msums = [_hsum(builder, builder.mul(mins, _vload(context, builder, bty, ba, cb, _V32x8))) for cb in cbs]
+    msums = [builder.mul(mins, _vload(context, builder, bty, ba, cb, _V32x8)) for cb in cbs]
     accs = [_const(_V32x8, 0)] * len(cs)
     m4 = _const(_V8x32, 15)
     for p in range(4):                                                   # 64 weights: sub-blocks 2p, 2p+1
@@ -125,11 +120,12 @@ def _q4k(context, builder, aty, wa, o, xty, xa, cs, bty, ba, cbs):
             xhi = _vload(context, builder, xty, xa, _at(builder, c, 64 * p + 32), _V8x32)
             accs[i] = builder.add(accs[i], _madd(builder, _maddubs(builder, lo, xlo), slo))
             accs[i] = builder.add(accs[i], _madd(builder, _maddubs(builder, hi, xhi), shi))
-    return [v for acc, ms in zip(accs, msums) for v in (_hsum(builder, acc), ms)]
+    return [v for acc, ms in zip(accs, msums) for v in (acc, ms)]
 
 
 def _q6k(context, builder, aty, wa, o, xty, xa, cs):
-    """IR for one Q6_K block at w[o:] against len(cs) int8 token vectors at xq[c]: [isum_0, isum_1, ...]."""
+    """IR for one Q6_K block at w[o:] against len(cs) int8 token vectors at xq[c]: [isum_0, isum_1, ...],
+    <8 x i32> each (lanes add up to the sum)."""
     # the 16 int8 scales at o + 192, sign-extended; lane pattern for group pair (2t, 2t+1): 8 + 8 lanes
     sc16 = builder.sext(_vload(context, builder, aty, wa, _at(builder, o, 192), ir.VectorType(_I8, 16)),
                         ir.VectorType(_I16, 16))
@@ -153,7 +149,7 @@ def _q6k(context, builder, aty, wa, o, xty, xa, cs):
                 x = _vload(context, builder, xty, xa, _at(builder, c, 128 * h + 32 * t), _V8x32)
                 p = builder.sub(_maddubs(builder, qs[t], x), _maddubs(builder, c8(32), x))  # (q - 32) . x
                 accs[i] = builder.add(accs[i], _madd(builder, p, sc))
-    return [_hsum(builder, acc) for acc in accs]
+    return accs
 
 
 def _intp(context, builder, sig, args, *idx):
@@ -164,53 +160,105 @@ def _offsets(builder, c, ld, n):
     return [builder.add(c, builder.mul(ld, ir.Constant(ld.type, i))) for i in range(n)]
 
 
+# ------------------------------------------------------------------------------------------ whole rows
+# A row of nb blocks in one call: each block's <8 x i32> sums are converted and multiplied by the block's
+# float scales into <8 x float> accumulators, one horizontal sum per row and token at the end (ggml's
+# layout); per block this saves the horizontal sums and the scalar float tail of the block intrinsics.
+
+_F32x8 = ir.VectorType(ir.FloatType(), 8)
+
+
+def _half_at(context, builder, aty, wa, off):
+    """The little-endian fp16 at w[off] as a float (F16C's vcvtph2ps)."""
+    h = builder.bitcast(_vload(context, builder, aty, wa, off, _I16), ir.HalfType())
+    return builder.fpext(h, ir.FloatType())
+
+
+def _fsplat(builder, v):
+    one = builder.insert_element(ir.Constant(_F32x8, None), v, ir.Constant(_I32, 0))
+    return _lanes(builder, one, [0] * 8)
+
+
+def _fhsum(builder, v):
+    lo = _lanes(builder, v, [0, 1, 2, 3])
+    hi = _lanes(builder, v, [4, 5, 6, 7])
+    s4 = builder.fadd(lo, hi)
+    s2 = builder.fadd(_lanes(builder, s4, [0, 1]), _lanes(builder, s4, [2, 3]))
+    return builder.fadd(builder.extract_element(s2, ir.Constant(_I32, 0)),
+                        builder.extract_element(s2, ir.Constant(_I32, 1)))
+
+
+def _row_loop(context, builder, nb, n, body):
+    """sum over blocks b < nb of body(b) -> n lists of (<8 x i32> sum, float factor) terms, accumulated in
+    <8 x float>; returns the n float totals."""
+    accs = [cgutils.alloca_once_value(builder, ir.Constant(_F32x8, [0.0] * 8)) for _ in range(n)]
+    with cgutils.for_range(builder, nb) as loop:
+        for acc, terms in zip(accs, body(loop.index)):
+            a = builder.load(acc)
+            for ivec, f in terms:
+                a = builder.fadd(a, builder.fmul(builder.sitofp(ivec, _F32x8), _fsplat(builder, f)))
+            builder.store(a, acc)
+    return [_fhsum(builder, builder.load(acc)) for acc in accs]
+
+
+def _f32_at(context, builder, aty, arr, off):
+    a = context.make_array(aty)(context, builder, arr)
+    return builder.load(builder.gep(a.data, [off]))
+
+
+def _row_check(w, xq, xd):
+    return _check(w, xq) and isinstance(xd, types.Array) and xd.dtype == types.float32
+
+
 @intrinsic
-def q4k_isum(typingctx, w, o, xq, c, xb, cb):
-    """See the module docstring: (sum_j sc_j isum_j, sum_j m_j xb[cb + j]) of the block at w[o:], both exact."""
-    if not (_check(w, xq) and isinstance(xb, types.Array) and xb.dtype == types.int32):
+def q4k_row(typingctx, w, o, nb, xq, c, ld, xd, cd, ldd, xb, cb, ldb, n):
+    """sum over nb Q4_K blocks from w[o] of d_b xd_b isum_b - dmin_b xd_b msum_b, for n (a literal 1 or 4)
+    tokens t at xq[c + t ld], xd[cd + t ldd], xb[cb + t ldb]: a float32 for n = 1, else an n-tuple."""
+    if not (_row_check(w, xq, xd) and isinstance(n, types.IntegerLiteral)):
         return None
+    N = n.literal_value
 
     def codegen(context, builder, sig, args):
-        o_, c_, cb_ = _intp(context, builder, sig, args, 1, 3, 5)
-        vals = _q4k(context, builder, sig.args[0], args[0], o_, sig.args[2], args[2], [c_], sig.args[4], args[4], [cb_])
-        return context.make_tuple(builder, sig.return_type, vals)
-    return types.UniTuple(types.int32, 2)(w, o, xq, c, xb, cb), codegen
+        o_, nb_, c_, ld_, cd_, ldd_, cb_, ldb_ = _intp(context, builder, sig, args, 1, 2, 4, 5, 7, 8, 10, 11)
+
+        def body(b):
+            ob = builder.add(o_, builder.mul(b, ir.Constant(b.type, 144)))
+            cs = [builder.add(c, builder.mul(b, ir.Constant(b.type, 256))) for c in _offsets(builder, c_, ld_, N)]
+            cbs = [builder.add(c, builder.mul(b, ir.Constant(b.type, 8))) for c in _offsets(builder, cb_, ldb_, N)]
+            vals = _q4k(context, builder, sig.args[0], args[0], ob, sig.args[3], args[3], cs, sig.args[9], args[9],
+                        cbs)
+            d, dmin = _half_at(context, builder, sig.args[0], args[0], ob), \
+                _half_at(context, builder, sig.args[0], args[0], _at(builder, ob, 2))
+            out = []
+            for i, cd in enumerate(_offsets(builder, cd_, ldd_, N)):
+                x = _f32_at(context, builder, sig.args[6], args[6], builder.add(cd, b))
+                out.append([(vals[2 * i], builder.fmul(d, x)),
+                            (vals[2 * i + 1], builder.fneg(builder.fmul(dmin, x)))])
+            return out
+        tot = _row_loop(context, builder, nb_, N, body)
+        return tot[0] if N == 1 else context.make_tuple(builder, sig.return_type, tot)
+    ret = types.float32 if N == 1 else types.UniTuple(types.float32, N)
+    return ret(w, o, nb, xq, c, ld, xd, cd, ldd, xb, cb, ldb, n), codegen
 
 
 @intrinsic
-def q4k_isum4(typingctx, w, o, xq, c, ld, xb, cb, ldb):
-    """q4k_isum for 4 tokens at xq[c + i ld], xb[cb + i ldb] (i < 4): (isum_0, msum_0, ..., isum_3, msum_3)."""
-    if not (_check(w, xq) and isinstance(xb, types.Array) and xb.dtype == types.int32):
+def q6k_row(typingctx, w, o, nb, xq, c, ld, xd, cd, ldd, n):
+    """sum over nb Q6_K blocks from w[o] of d_b xd_b isum_b, for n (a literal 1 or 4) tokens as q4k_row."""
+    if not (_row_check(w, xq, xd) and isinstance(n, types.IntegerLiteral)):
         return None
+    N = n.literal_value
 
     def codegen(context, builder, sig, args):
-        o_, c_, ld_, cb_, ldb_ = _intp(context, builder, sig, args, 1, 3, 4, 6, 7)
-        vals = _q4k(context, builder, sig.args[0], args[0], o_, sig.args[2], args[2], _offsets(builder, c_, ld_, 4),
-                    sig.args[5], args[5], _offsets(builder, cb_, ldb_, 4))
-        return context.make_tuple(builder, sig.return_type, vals)
-    return types.UniTuple(types.int32, 8)(w, o, xq, c, ld, xb, cb, ldb), codegen
+        o_, nb_, c_, ld_, cd_, ldd_ = _intp(context, builder, sig, args, 1, 2, 4, 5, 7, 8)
 
-
-@intrinsic
-def q6k_isum(typingctx, w, o, xq, c):
-    """See the module docstring."""
-    if not _check(w, xq):
-        return None
-
-    def codegen(context, builder, sig, args):
-        o_, c_ = _intp(context, builder, sig, args, 1, 3)
-        return _q6k(context, builder, sig.args[0], args[0], o_, sig.args[2], args[2], [c_])[0]
-    return types.int32(w, o, xq, c), codegen
-
-
-@intrinsic
-def q6k_isum4(typingctx, w, o, xq, c, ld):
-    """q6k_isum for 4 tokens at xq[c + i ld] (i < 4): (isum_0, ..., isum_3)."""
-    if not _check(w, xq):
-        return None
-
-    def codegen(context, builder, sig, args):
-        o_, c_, ld_ = _intp(context, builder, sig, args, 1, 3, 4)
-        vals = _q6k(context, builder, sig.args[0], args[0], o_, sig.args[2], args[2], _offsets(builder, c_, ld_, 4))
-        return context.make_tuple(builder, sig.return_type, vals)
-    return types.UniTuple(types.int32, 4)(w, o, xq, c, ld), codegen
+        def body(b):
+            ob = builder.add(o_, builder.mul(b, ir.Constant(b.type, 210)))
+            cs = [builder.add(c, builder.mul(b, ir.Constant(b.type, 256))) for c in _offsets(builder, c_, ld_, N)]
+            vals = _q6k(context, builder, sig.args[0], args[0], ob, sig.args[3], args[3], cs)
+            d = _half_at(context, builder, sig.args[0], args[0], _at(builder, ob, 208))
+            return [[(vals[i], builder.fmul(d, _f32_at(context, builder, sig.args[6], args[6], builder.add(cd, b))))]
+                    for i, cd in enumerate(_offsets(builder, cd_, ldd_, N))]
+        tot = _row_loop(context, builder, nb_, N, body)
+        return tot[0] if N == 1 else context.make_tuple(builder, sig.return_type, tot)
+    ret = types.float32 if N == 1 else types.UniTuple(types.float32, N)
+    return ret(w, o, nb, xq, c, ld, xd, cd, ldd, n), codegen

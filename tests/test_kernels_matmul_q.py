@@ -115,21 +115,21 @@ def test_prepared_opt_in(name, mode, qmax, tol):
     w = weight(name, 300, 512)
     x = np.random.default_rng(0).standard_normal((3, 512)).astype(np.float32)
     p, f = mm.Prepared(w, act_quant=mode), mm.Prepared(w)
-    if mode == "int16":
-        np.testing.assert_array_equal(p(x), f(x))                       # batch: the float path, same code
+    mag = np.abs(dequantize(w.raw, w.type, w.shape)) @ np.abs(x.T)      # (R, T)
+    if mode == "int16":                 # batch: the float row kernels, compiled into another driver, so
+        assert np.all(np.abs(p(x) - f(x)).T <= 1e-5 * mag)              # LLVM may order float sums differently
+        assert np.any(p(x[:1]) != f(x[:1]))                             # while one token is quantized
         with pytest.raises(ValueError, match="one-token"):
             mq.matvec_q(x, w, mode)
     else:                                                               # int8: batches quantized too
-        mag = np.abs(dequantize(w.raw, w.type, w.shape)) @ np.abs(x.T)  # (R, T)
         assert np.all(np.abs(p(x) - mq.matvec_q_ref(x, w, mode)).T <= 1e-5 * mag)
         assert np.all(np.abs(p(x) - f(x)).T <= tol * mag)
     q1 = mq.matvec_q(x[0], w, mode)
     # the same exact int32 sums per row; LLVM may order the float sums differently in each caller (fastmath)
-    mag = np.abs(dequantize(w.raw, w.type, w.shape)) @ np.abs(x[0])
-    assert np.all(np.abs(p(x[:1])[0] - q1) <= 1e-5 * mag)
+    assert np.all(np.abs(p(x[:1])[0] - q1) <= 1e-5 * mag[:, 0])
     y = np.empty((1, 300), np.float32)
     p.parallel(p.raw, x[:1], y, p.nb, p.f16, 7)
-    assert np.all(np.abs(y[0] - q1) <= 1e-5 * mag)                      # any split of the rows
+    assert np.all(np.abs(y[0] - q1) <= 1e-5 * mag[:, 0])                # any split of the rows
     with pytest.raises(ValueError, match="act_quant"):
         mm.Prepared(w, act_quant="int4")
 
@@ -179,5 +179,6 @@ def test_fused_moe_quantized(mode, qmax, tol):
             want = mf.moe_ffn_fused_ref(x, ids, w, gate, up, down)
             err = np.abs(got - want)
             assert 0 < err.max() and np.all(err <= 30 / qmax * scale(x, ids, w, gate, up, down))
-        else:
-            np.testing.assert_array_equal(got, mf.PreparedExperts(gate, up, down)(x, ids, w))
+        else:                           # int16 batch: the float kernels (float sums may be ordered differently)
+            err = np.abs(got - mf.PreparedExperts(gate, up, down)(x, ids, w))
+            assert np.all(err <= 1e-5 * scale(x, ids, w, gate, up, down))
