@@ -201,7 +201,7 @@ def _rows1q_q6_k(w, xq, xd, xb, out, r0, r1, b0, b1, f16):
 def _rowsq8_q4_k(w, x8, xd, xb, out, r0, r1, b0, b1, f16):
     """out[t, r] for every token t of int8 x (T, C): simd.q4k_row sums a row's blocks [b0, b1) exactly in
     int32 per block, then in float vectors. Tokens go four at a time (one decode of each block feeds four
-    accumulators), the rest one by one; a row's bytes stay in L1 while the tokens pass over them."""
+    accumulators), the last 1-3 in one call; a row's bytes stay in L1 while the tokens pass over them."""
     T, C, Cb, B = x8.shape[0], x8.shape[1], xb.shape[1], xd.shape[1]
     T4 = T - T % 4
     for r in range(r0, r1):
@@ -210,7 +210,16 @@ def _rowsq8_q4_k(w, x8, xd, xb, out, r0, r1, b0, b1, f16):
             s0, s1, s2, s3 = simd.q4k_row(wr, 144 * b0, b1 - b0, x8, t * C + 256 * b0, C, xd, t * B + b0, B,
                                           xb, t * Cb + 8 * b0, Cb, 4)
             out[t, r], out[t + 1, r], out[t + 2, r], out[t + 3, r] = s0, s1, s2, s3
-        for t in range(T4, T):
+        t, n = T4, T - T4                                               # the last 1-3 tokens in one call
+        if n == 3:
+            s0, s1, s2 = simd.q4k_row(wr, 144 * b0, b1 - b0, x8, t * C + 256 * b0, C, xd, t * B + b0, B,
+                                      xb, t * Cb + 8 * b0, Cb, 3)
+            out[t, r], out[t + 1, r], out[t + 2, r] = s0, s1, s2
+        elif n == 2:
+            s0, s1 = simd.q4k_row(wr, 144 * b0, b1 - b0, x8, t * C + 256 * b0, C, xd, t * B + b0, B,
+                                  xb, t * Cb + 8 * b0, Cb, 2)
+            out[t, r], out[t + 1, r] = s0, s1
+        elif n == 1:
             out[t, r] = simd.q4k_row(wr, 144 * b0, b1 - b0, x8, t * C + 256 * b0, C, xd, t * B + b0, B,
                                      xb, t * Cb + 8 * b0, Cb, 1)
 
@@ -225,7 +234,14 @@ def _rowsq8_q6_k(w, x8, xd, xb, out, r0, r1, b0, b1, f16):
         for t in range(0, T4, 4):
             s0, s1, s2, s3 = simd.q6k_row(wr, 210 * b0, b1 - b0, x8, t * C + 256 * b0, C, xd, t * B + b0, B, 4)
             out[t, r], out[t + 1, r], out[t + 2, r], out[t + 3, r] = s0, s1, s2, s3
-        for t in range(T4, T):
+        t, n = T4, T - T4
+        if n == 3:
+            s0, s1, s2 = simd.q6k_row(wr, 210 * b0, b1 - b0, x8, t * C + 256 * b0, C, xd, t * B + b0, B, 3)
+            out[t, r], out[t + 1, r], out[t + 2, r] = s0, s1, s2
+        elif n == 2:
+            s0, s1 = simd.q6k_row(wr, 210 * b0, b1 - b0, x8, t * C + 256 * b0, C, xd, t * B + b0, B, 2)
+            out[t, r], out[t + 1, r] = s0, s1
+        elif n == 1:
             out[t, r] = simd.q6k_row(wr, 210 * b0, b1 - b0, x8, t * C + 256 * b0, C, xd, t * B + b0, B, 1)
 
 

@@ -8,7 +8,7 @@ row (the structure of ggml's AVX2 `ggml_vec_dot_q4_K_q8_K`).
 
     q4k_row(w, o, nb, xq, c, ld, xd, cd, ldd, xb, cb, ldb, n)
         sum over the nb Q4_K blocks from w[o] of xd_b (d_b sum_j sc_j isum_j - dmin_b sum_j m_j xb_j), for
-        n tokens (a literal 1 or 4): token t's int8 x at xq[c + t ld], its steps at xd[cd + t ldd] (one
+        n tokens (a literal 1 to 4): token t's int8 x at xq[c + t ld], its steps at xd[cd + t ldd] (one
         per block), its per-32 sums at xb[cb + t ldb]. The block's 6-bit scales and mins are decoded here.
         A float32 for n = 1, an n-tuple otherwise: the block's nibbles and scales are decoded once for all
         n tokens.
@@ -212,9 +212,9 @@ def _row_check(w, xq, xd):
 
 @intrinsic
 def q4k_row(typingctx, w, o, nb, xq, c, ld, xd, cd, ldd, xb, cb, ldb, n):
-    """sum over nb Q4_K blocks from w[o] of d_b xd_b isum_b - dmin_b xd_b msum_b, for n (a literal 1 or 4)
+    """sum over nb Q4_K blocks from w[o] of d_b xd_b isum_b - dmin_b xd_b msum_b, for n (a literal 1 to 4)
     tokens t at xq[c + t ld], xd[cd + t ldd], xb[cb + t ldb]: a float32 for n = 1, else an n-tuple."""
-    if not (_row_check(w, xq, xd) and isinstance(n, types.IntegerLiteral)):
+    if not (_row_check(w, xq, xd) and isinstance(n, types.IntegerLiteral) and 1 <= n.literal_value <= 4):
         return None
     N = n.literal_value
 
@@ -243,8 +243,8 @@ def q4k_row(typingctx, w, o, nb, xq, c, ld, xd, cd, ldd, xb, cb, ldb, n):
 
 @intrinsic
 def q6k_row(typingctx, w, o, nb, xq, c, ld, xd, cd, ldd, n):
-    """sum over nb Q6_K blocks from w[o] of d_b xd_b isum_b, for n (a literal 1 or 4) tokens as q4k_row."""
-    if not (_row_check(w, xq, xd) and isinstance(n, types.IntegerLiteral)):
+    """sum over nb Q6_K blocks from w[o] of d_b xd_b isum_b, for n (a literal 1 to 4) tokens as q4k_row."""
+    if not (_row_check(w, xq, xd) and isinstance(n, types.IntegerLiteral) and 1 <= n.literal_value <= 4):
         return None
     N = n.literal_value
 
