@@ -46,12 +46,13 @@ def test_kernel_matches_twin_and_float_bound(name, rows, cols, mode, qmax, tol):
     err = np.abs(got - mm.matvec_ref(x, w))
     assert np.all(err <= bound), f"max err / bound {np.max(err / bound):.3g}"
     assert np.max(err / mag) < tol                                      # and the bound is small: ~1/qmax
-    if mode == "int8":                  # batches (4 tokens per simd.q4k_isum4 call + 1): each token as alone
-        X = np.stack([x, -0.5 * x, np.roll(x, 3), x * 1e-3, x])         # (5, C)
-        got = mq.matvec_q(X, w, mode)
-        for t in range(5):                                              # the same int32 sums; float order
-            one = mq.matvec_q(X[t], w, mode)                            # may differ (fastmath)
-            assert np.all(np.abs(got[t] - one) <= 1e-6 * (np.abs(W) @ np.abs(X[t].astype(np.float64))))
+    if mode == "int8":                  # batches: 4 tokens per simd call, then the last 1-3 in one call
+        X = np.stack([x, -0.5 * x, np.roll(x, 3), x * 1e-3, x, np.roll(x, -7), 2 * x])   # (7, C)
+        for T in (2, 3, 5, 7):
+            got = mq.matvec_q(X[:T], w, mode)
+            for t in range(T):                                          # the same int32 sums; float order
+                one = mq.matvec_q(X[t], w, mode)                        # may differ (fastmath)
+                assert np.all(np.abs(got[t] - one) <= 1e-6 * (np.abs(W) @ np.abs(X[t].astype(np.float64))))
 
 
 @pytest.mark.parametrize("mode,qmax,tol", MODES)
