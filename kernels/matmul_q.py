@@ -55,8 +55,8 @@ def mode(act_quant) -> int:
     if act_quant not in ACT_QUANT:
         raise KernelOptionError(f"act_quant={act_quant!r} is not one of None, 'none', 'int16', 'int8'")
     if ACT_QUANT[act_quant] == 2 and not simd.available():
-        raise KernelOptionError("act_quant='int8' needs a CPU with AVX2 (its kernels are vpmaddubsw dot products, "
-                         "kernels/simd.py); this CPU has none: use act_quant='int16' or None")
+        raise KernelOptionError("act_quant='int8' needs a CPU with AVX2 (its kernels are vpmaddubsw dot "
+                                "products, kernels/simd.py); this CPU has none: use act_quant='int16' or None")
     return ACT_QUANT[act_quant]
 
 
@@ -109,7 +109,7 @@ def quantize_x(x, qmax):
     return xq[0], x8[0], xd[0], xb[0]
 
 
-def quantize_x_ref(x: np.ndarray, qmax: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def quantize_x_ref(x: np.ndarray, qmax: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """NumPy twin of quantize_x (x (C,); a flattened (T, C) works too: blocks never straddle rows)."""
     xb = np.asarray(x, dtype=np.float32).reshape(-1, 256)
     amax = np.abs(xb).max(axis=1)                                      # (B,)

@@ -75,10 +75,6 @@ def _madd(builder, a, b):
     return builder.call(_fn(builder, "llvm.x86.avx2.pmadd.wd", _V32x8, [_V16x16, _V16x16]), [a, b])
 
 
-def _hsum(builder, v):
-    return builder.call(_fn(builder, "llvm.vector.reduce.add.v8i32", _I32, [_V32x8]), [v])
-
-
 def _check(w, xq):
     return (isinstance(w, types.Array) and w.dtype == types.uint8
             and isinstance(xq, types.Array) and xq.dtype == types.int8)
