@@ -2,6 +2,7 @@
 
     python bench/e2e.py [--layers 3] [--threads 2] [--prompt 64] [--decode 32] [--rounds 3] [--json out.json]
     python bench/e2e.py --act-quant none,int8        # float and int8-activation moert, both vs llama.cpp
+    python bench/e2e.py ... --plot e2e.png           # and a bar chart of the table
     python bench/e2e.py --model any.gguf ...         # measure another GGUF instead of the built one
     python bench/e2e.py --overhead                   # Python overhead per decoded token per layer (tiny models)
 
@@ -201,6 +202,7 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--overhead", action="store_true", help="also measure Python overhead per token per layer")
     ap.add_argument("--profile", action="store_true", help="also profile one moert decode step")
     ap.add_argument("--json", type=Path, help="write all results here")
+    ap.add_argument("--plot", type=Path, help="write a bar chart of pp and decode tokens/s per engine (PNG)")
     args = ap.parse_args(argv)
 
     path = args.model or model_path(args.layers)
@@ -292,6 +294,12 @@ def main(argv: list[str] | None = None) -> dict:
                results={k: {kk: vv for kk, vv in v.items()} for k, v in res.items()}, ratio=ratios)
     if args.json:
         args.json.write_text(json.dumps(out, indent=1, default=str))
+    if args.plot:
+        from moert.plots import speed_bars
+        speeds = {k: {f"pp{args.prompt}": v["pp_tok_s"], "decode": v["tg_tok_s"]} for k, v in res.items()}
+        speed_bars(speeds, args.plot, baseline="llama.cpp" if "llama.cpp" in res else None,
+                   title=f"{path.name}, {args.threads} threads, median of {args.rounds} rounds")
+        print(f"# plot: {args.plot}")
     return out
 
 

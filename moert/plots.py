@@ -2,6 +2,7 @@
 
     expert_heatmap(counts, path)    which experts each layer selected: the raw material of placement research
     placement_bars(plan, path)      bytes per device, split by rule: what each rule did
+    speed_bars(speeds, path)        tokens/s per engine and test (bench/e2e.py --plot): who is faster, where
 """
 
 from __future__ import annotations
@@ -60,6 +61,36 @@ def placement_bars(plan, path: str | Path) -> Path:
     ax.set_xlabel("weights (MiB)")
     ax.set_title(f"placement of {Path(str(plan.path)).name}")
     ax.legend(fontsize="small", loc="upper center", bbox_to_anchor=(0.5, -0.25 - 0.1 * len(devices)), ncol=1)
+    fig.tight_layout()
+    path = Path(path)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
+def speed_bars(speeds: dict[str, dict[str, float]], path: str | Path, title: str = "speed",
+               baseline: str | None = None) -> Path:
+    """Grouped bars: speeds[engine][test] tokens/s (e.g. {"moert": {"pp64": 72.0, "tg": 35.0}, ...}), one
+    panel per test; with `baseline` an engine, each bar is labelled with its ratio to it. Returns the path."""
+    plt = _pyplot()
+    engines = list(speeds)
+    tests = list(dict.fromkeys(t for e in engines for t in speeds[e]))
+    if not engines or not tests:
+        raise ValueError("speed_bars needs at least one engine with one test")
+    fig, axes = plt.subplots(1, len(tests), figsize=(3.2 + 2.6 * len(tests), 3.6), squeeze=False)
+    for ax, test in zip(axes[0], tests):
+        vals = [speeds[e].get(test, np.nan) for e in engines]
+        bars = ax.bar(range(len(engines)), vals, color=[f"C{i}" for i in range(len(engines))])
+        ref = speeds.get(baseline, {}).get(test) if baseline else None
+        for b, v in zip(bars, vals):
+            if np.isfinite(v):
+                label = f"{v:.1f}" + (f"\n{v / ref:.2f}x" if ref else "")
+                ax.annotate(label, (b.get_x() + b.get_width() / 2, v), ha="center", va="bottom", fontsize="small")
+        ax.set_xticks(range(len(engines)), engines, rotation=20, ha="right", fontsize="small")
+        ax.set_title(test)
+        ax.set_ylabel("tokens/s")
+        ax.margins(y=0.25)
+    fig.suptitle(title, fontsize="medium")
     fig.tight_layout()
     path = Path(path)
     fig.savefig(path, dpi=120)
