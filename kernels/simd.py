@@ -159,7 +159,8 @@ def _offsets(builder, c, ld, n):
 # ------------------------------------------------------------------------------------------ whole rows
 # A row of nb blocks in one call: each block's <8 x i32> sums are converted and multiplied by the block's
 # float scales into <8 x float> accumulators, one horizontal sum per row and token at the end (ggml's
-# layout); per block this saves the horizontal sums and the scalar float tail of the block intrinsics.
+# layout). One call per block, with an integer horizontal sum and a scalar float tail per block, measured
+# about 25% slower (bench/RESULTS.md).
 
 _F32x8 = ir.VectorType(ir.FloatType(), 8)
 
