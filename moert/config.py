@@ -11,9 +11,12 @@ from a tensor's shape. An architecture file subclasses `Config` to add its own f
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
+
+import numpy as np
 
 from moert.errors import GGUFError
 
@@ -24,31 +27,51 @@ class ConfigError(GGUFError):
     """A GGUF metadata key the model needs is missing, has the wrong type, or is out of range."""
 
 
-def key(name: str, default: Any = _REQUIRED, *, minimum: float | None = None) -> Any:
+# Bounds no real model comes near, so a hostile count fails here with the key's name instead of as a
+# multi-terabyte allocation later (DeepSeek-V3: 61 layers, 7168 hidden, 256 experts, 163840 context).
+MAX_COUNT = 1 << 20            # layers, heads, experts, head and hidden sizes
+MAX_CONTEXT = 1 << 24          # trained context length (16M tokens)
+
+
+def key(name: str, default: Any = _REQUIRED, *, minimum: float | None = None, maximum: float | None = None,
+        positive: bool = False) -> Any:
     """A config field read from GGUF key `name`; `default` (a value, or a function of the fields read so
-    far) is used when the key is absent, as llama.cpp does for optional keys."""
-    return field(metadata={"key": name, "default": default, "minimum": minimum})
+    far) is used when the key is absent, as llama.cpp does for optional keys. Ints are bounded by
+    [minimum, maximum] (maximum defaults to MAX_COUNT); floats must be finite and, with positive, > 0."""
+    return field(metadata={"key": name, "default": default, "minimum": minimum, "maximum": maximum,
+                           "positive": positive})
 
 
 def _coerce(value: Any, typ: Any, key_name: str) -> Any:
+    """The GGUF value as the field's type; a value of another GGUF type (a string for a float, an array,
+    a float for a count) is refused, never converted."""
     typ = typ if isinstance(typ, str) else getattr(typ, "__name__", str(typ))
-    try:
-        if typ == "int":
-            if isinstance(value, bool) or int(value) != value:
-                raise TypeError
-            return int(value)
-        if typ == "float":
-            return float(value)
-        if typ == "bool":
-            return bool(value)
-        if typ == "str":
-            if not isinstance(value, str):
-                raise TypeError
-            return value
-    except (TypeError, ValueError):
-        raise ConfigError(f"GGUF key {key_name!r} is {value!r}; expected a {typ}. The file's metadata is "
-                          f"malformed: re-convert the model with llama.cpp's convert_hf_to_gguf.py") from None
-    return value
+    ok = {"int": lambda v: isinstance(v, (int, np.integer)) and not isinstance(v, (bool, np.bool_)),
+          "float": lambda v: isinstance(v, (int, float, np.integer, np.floating)) and not isinstance(v, bool),
+          "bool": lambda v: isinstance(v, (bool, np.bool_)),
+          "str": lambda v: isinstance(v, str)}.get(typ, lambda v: True)
+    if not ok(value):
+        shown = f"{value!r:.60}" if not isinstance(value, np.ndarray) else f"an array of {value.size}"
+        raise ConfigError(f"GGUF key {key_name!r} is {shown} ({type(value).__name__}); expected a {typ}. The file's "
+                          f"metadata is malformed: re-convert the model with llama.cpp's convert_hf_to_gguf.py")
+    return {"int": int, "float": float, "bool": bool}.get(typ, lambda v: v)(value)
+
+
+def _check_range(f: Any, value: Any, name: str) -> None:
+    """ConfigError unless value is within the field's bounds (ints) or finite and in range (floats)."""
+    lo, hi, positive = f.metadata["minimum"], f.metadata["maximum"], f.metadata["positive"]
+    if isinstance(value, float):
+        if not math.isfinite(value):
+            raise ConfigError(f"GGUF key {name!r} is {value}; it must be a finite number")
+        if positive and value <= 0:
+            raise ConfigError(f"GGUF key {name!r} is {value}; it must be > 0")
+    if isinstance(value, int) and not isinstance(value, bool):
+        hi = MAX_COUNT if hi is None else hi
+        if value > hi:
+            raise ConfigError(f"GGUF key {name!r} is {value:,}; no model moert can run has more than {hi:,} "
+                              f"(the file is corrupt or hostile)")
+    if lo is not None and value < lo:
+        raise ConfigError(f"GGUF key {name!r} is {value}; it must be >= {lo}")
 
 
 @dataclass(frozen=True)
@@ -57,16 +80,16 @@ class Config:
 
     arch: str = key("general.architecture")
     n_layer: int = key("{arch}.block_count", minimum=1)
-    n_ctx_train: int = key("{arch}.context_length", minimum=1)
+    n_ctx_train: int = key("{arch}.context_length", minimum=1, maximum=MAX_CONTEXT)
     n_embd: int = key("{arch}.embedding_length", minimum=1)
     n_head: int = key("{arch}.attention.head_count", minimum=1)
     n_head_kv: int = key("{arch}.attention.head_count_kv", lambda f: f["n_head"], minimum=1)
     head_dim: int = key("{arch}.attention.key_length", lambda f: f["n_embd"] // f["n_head"], minimum=1)
     head_dim_v: int = key("{arch}.attention.value_length", lambda f: f["head_dim"], minimum=1)
-    rms_eps: float = key("{arch}.attention.layer_norm_rms_epsilon", minimum=0.0)
-    rope_base: float = key("{arch}.rope.freq_base", 10000.0, minimum=0.0)
+    rms_eps: float = key("{arch}.attention.layer_norm_rms_epsilon", positive=True)
+    rope_base: float = key("{arch}.rope.freq_base", 10000.0, positive=True)
     rope_scaling: str = key("{arch}.rope.scaling.type", "none")
-    n_vocab: int = key("{arch}.vocab_size", lambda f: f["_n_tokens"], minimum=1)
+    n_vocab: int = key("{arch}.vocab_size", lambda f: f["_n_tokens"], minimum=1, maximum=1 << 24)
 
     @classmethod
     def from_gguf(cls, metadata: Mapping[str, Any]) -> Config:
@@ -90,11 +113,13 @@ class Config:
                 if value is None:
                     raise ConfigError(f"GGUF key {name!r} is missing and there is no tokenizer.ggml.tokens "
                                       f"to count instead; add {name!r} to the file's metadata")
-            lo = f.metadata["minimum"]
-            if lo is not None and value < lo:
-                raise ConfigError(f"GGUF key {name!r} is {value}; it must be >= {lo}")
+            _check_range(f, value, name)
             values[f.name] = value
-        del values["_n_tokens"]
+        n_tokens = values.pop("_n_tokens")
+        if n_tokens is not None and n_tokens != values["n_vocab"]:
+            raise ConfigError(f"GGUF key '{arch}.vocab_size' is {values['n_vocab']} but tokenizer.ggml.tokens holds "
+                              f"{n_tokens} tokens; llama.cpp sizes the embedding by the token list, and so does "
+                              f"moert: the file is inconsistent, re-convert it")
         cfg = cls(**values)
         cfg.validate()
         return cfg

@@ -8,6 +8,16 @@ from __future__ import annotations
 import numpy as np
 
 from moert.layers import attention, cpu_arrays, rms_norm, rope
+from moert.models.spec import TensorSpec, spec
+
+
+def qk_norm_attention_tensors(b: str) -> list[TensorSpec]:
+    """The tensors qk_norm_attention reads for block prefix b ("blk.3.")."""
+    return [spec(b + "attn_q.weight", ("n_head", "head_dim"), "n_embd"),
+            spec(b + "attn_k.weight", ("n_head_kv", "head_dim"), "n_embd"),
+            spec(b + "attn_v.weight", ("n_head_kv", "head_dim_v"), "n_embd"),
+            spec(b + "attn_output.weight", "n_embd", ("n_head", "head_dim_v")),
+            spec(b + "attn_q_norm.weight", "head_dim"), spec(b + "attn_k_norm.weight", "head_dim")]
 
 
 def qk_norm_attention(m, il: int, h, dev, rope_base: float, *, neox: bool = True, scale: float | None = None,

@@ -23,7 +23,8 @@ import numpy as np
 from moert.config import Config as BaseConfig
 from moert.config import key
 from moert.layers import gelu_tanh, rms_norm
-from moert.models.blocks import qk_norm_attention
+from moert.models.blocks import qk_norm_attention, qk_norm_attention_tensors
+from moert.models.spec import TensorSpec, io_tensors, spec
 
 ROPE_NEOX = True    # llama.cpp: LLAMA_ROPE_TYPE_NEOX for gemma3
 SWA_PERIOD = 6      # llama.cpp: hparams.set_swa_pattern(6): layers 5, 11, 17, ... attend globally
@@ -41,8 +42,8 @@ class Config(BaseConfig):
 
     n_ff: int = key("{arch}.feed_forward_length", minimum=1)
     sliding_window: int = key("{arch}.attention.sliding_window", minimum=1)
-    rope_base_swa: float = key("{arch}.rope.freq_base_swa", 10000.0, minimum=0.0)   # local layers' base
-    attn_scale: float = key("{arch}.attention.scale", _attn_scale, minimum=0.0)     # of q.k; usually absent
+    rope_base_swa: float = key("{arch}.rope.freq_base_swa", 10000.0, positive=True)  # local layers' base
+    attn_scale: float = key("{arch}.attention.scale", _attn_scale, positive=True)    # of q.k; usually absent
 
     def validate(self) -> None:
         super().validate()
@@ -52,6 +53,18 @@ class Config(BaseConfig):
     def is_swa(self, il: int) -> bool:
         """Whether layer il attends over the sliding window (else the whole context)."""
         return (il + 1) % SWA_PERIOD != 0
+
+
+def tensors(c: Config) -> list[TensorSpec]:
+    """Every tensor a gemma3 file holds (llama-model.cpp, LLM_ARCH_GEMMA3), shapes in NumPy order."""
+    out = io_tensors()
+    for i in range(c.n_layer):
+        b = f"blk.{i}."
+        out += [spec(b + "attn_norm.weight", "n_embd"), *qk_norm_attention_tensors(b),
+                spec(b + "post_attention_norm.weight", "n_embd"), spec(b + "ffn_norm.weight", "n_embd"),
+                spec(b + "ffn_gate.weight", "n_ff", "n_embd"), spec(b + "ffn_up.weight", "n_ff", "n_embd"),
+                spec(b + "ffn_down.weight", "n_embd", "n_ff"), spec(b + "post_ffw_norm.weight", "n_embd")]
+    return out
 
 
 def forward(m, tokens: np.ndarray):

@@ -19,7 +19,8 @@ import numpy as np
 
 from moert.config import MoEConfig
 from moert.layers import rms_norm
-from moert.models.blocks import qk_norm_attention
+from moert.models.blocks import qk_norm_attention, qk_norm_attention_tensors
+from moert.models.spec import TensorSpec, io_tensors, spec
 from moert.moe import softmax_topk
 
 
@@ -34,6 +35,20 @@ class Config(MoEConfig):
 
 
 ROPE_NEOX = True  # llama.cpp: LLAMA_ROPE_TYPE_NEOX for qwen3moe
+
+
+def tensors(c: Config) -> list[TensorSpec]:
+    """Every tensor a qwen3moe file holds (llama-model.cpp, LLM_ARCH_QWEN3MOE), shapes in NumPy order."""
+    out = io_tensors()
+    for i in range(c.n_layer):
+        b = f"blk.{i}."
+        out += [spec(b + "attn_norm.weight", "n_embd"), *qk_norm_attention_tensors(b),
+                spec(b + "ffn_norm.weight", "n_embd"),
+                spec(b + "ffn_gate_inp.weight", "n_expert", "n_embd"),
+                spec(b + "ffn_gate_exps.weight", "n_expert", "n_ff_exp", "n_embd"),
+                spec(b + "ffn_up_exps.weight", "n_expert", "n_ff_exp", "n_embd"),
+                spec(b + "ffn_down_exps.weight", "n_expert", "n_embd", "n_ff_exp")]
+    return out
 
 
 def route(logits, k: int, xp=np):
