@@ -19,6 +19,10 @@ from __future__ import annotations
 import numpy as np
 from numba import njit, prange
 
+from moert.errors import ShapeError
+
+from . import checks
+
 __all__ = ["attention_decode", "qk_norm_rope_attention", "rms_norm", "rope", "softmax_topk"]
 
 _FM = {"reassoc", "contract"}
@@ -45,6 +49,7 @@ def _rms_norm(x, w, eps, out):
 
 def rms_norm(x: np.ndarray, w: np.ndarray, eps: float) -> np.ndarray:
     """x / sqrt(mean(x^2) + eps) * w over the last axis; x (..., D) float32, w (D,) float32."""
+    checks.expect("rms_norm", "w", w, (x.shape[-1],))
     if x.ndim == 2 and x.dtype == np.float32 and x.flags.c_contiguous and w.dtype == np.float32 \
             and w.flags.c_contiguous:                                   # the per-token case, no copies
         out = np.empty_like(x)
@@ -77,6 +82,9 @@ def _rope(x, cos, sin, neox, out):
 
 def rope(x: np.ndarray, cos: np.ndarray, sin: np.ndarray, neox: bool) -> np.ndarray:
     """x (T, heads, Dh) rotated by cos, sin (T, Dh/2): NEOX pairs i, i + Dh/2; normal pairs 2i, 2i+1."""
+    checks.expect("rope", "x", x, (None, None, None))
+    checks.expect("rope", "cos", cos, (x.shape[0], x.shape[2] // 2))
+    checks.expect("rope", "sin", sin, cos.shape)
     x = np.ascontiguousarray(x, dtype=np.float32)
     out = np.empty_like(x)
     _rope(x, np.ascontiguousarray(cos, dtype=np.float32), np.ascontiguousarray(sin, dtype=np.float32),
@@ -171,6 +179,11 @@ def qk_norm_rope_attention(q, k, v, q_norm, k_norm, eps: float, cos, sin, neox: 
     """For ONE token: per-head RMSNorm of q and k, RoPE, k and v into the caches at pos0, attention, in one
     Numba call. q (1, H, Dh), k (1, Hk, Dh), v (1, Hk, Dv); norms (Dh,); cos, sin (1, Dh/2). Returns
     (1, H * Dv). Twin: moert.layers.rms_norm, rope and attention in a row (moert/models/blocks.py)."""
+    _check_attention1("qk_norm_rope_attention", q, k, v, k_cache, v_cache, pos0)
+    Dh = q.shape[2]
+    for name, a, want in (("q_norm", q_norm, (Dh,)), ("k_norm", k_norm, (Dh,)), ("cos", cos, (1, Dh // 2)),
+                          ("sin", sin, (1, Dh // 2))):
+        checks.expect("qk_norm_rope_attention", name, a, want)
     H, Dv = q.shape[1], v.shape[2]
     s0 = 0 if window is None else max(0, pos0 - window + 1)
     out = np.empty((H, Dv), dtype=np.float32)
@@ -179,6 +192,19 @@ def qk_norm_rope_attention(q, k, v, q_norm, k_norm, eps: float, cos, sin, neox: 
     fn(q[0], k[0], v[0], q_norm, k_norm, float(eps), cos[0], sin[0], bool(neox), k_cache, v_cache, pos0, s0,
        np.float32(scale), out)
     return out.reshape(1, H * Dv)
+
+
+def _check_attention1(fn: str, q, k, v, k_cache, v_cache, pos0: int) -> None:
+    """One token's q (1, H, Dh), k (1, Hk, Dh), v (1, Hk, Dv) against caches (n_ctx, Hk, Dh|Dv), H % Hk == 0."""
+    checks.expect(fn, "q", q, (1, None, None))
+    checks.expect(fn, "k_cache", k_cache, (None, None, q.shape[2]))
+    n_ctx, Hk = k_cache.shape[:2]
+    checks.expect(fn, "k", k, (1, Hk, q.shape[2]))
+    checks.expect(fn, "v", v, (1, Hk, None))
+    checks.expect(fn, "v_cache", v_cache, (n_ctx, Hk, v.shape[2]))
+    if Hk == 0 or q.shape[1] % Hk:
+        raise ShapeError(f"{fn}: {q.shape[1]} query heads do not share {Hk} KV heads evenly; nothing was computed")
+    checks.position(fn, pos0, n_ctx)
 
 
 def _attend1(q1, k_cache, v_cache, pos0, scale, window):
@@ -194,6 +220,7 @@ def _attend1(q1, k_cache, v_cache, pos0, scale, window):
 
 def attention_decode(q, k, v, k_cache, v_cache, pos0: int, scale: float, window: int | None) -> np.ndarray:
     """moert.layers.attention for ONE query token (T = 1): writes k, v at pos0, returns (1, H * Dv)."""
+    _check_attention1("attention_decode", q, k, v, k_cache, v_cache, pos0)
     k_cache[pos0] = k[0]
     v_cache[pos0] = v[0]
     return _attend1(np.ascontiguousarray(q[0], dtype=np.float32), k_cache, v_cache, pos0, scale, window)
@@ -233,6 +260,9 @@ def _softmax_topk(logits, k, renorm, ids, w):
 def softmax_topk(logits: np.ndarray, k: int, renorm: bool = True) -> tuple[np.ndarray, np.ndarray]:
     """moert.moe.softmax_topk on the CPU: ids (T, K) int32 largest first, weights (T, K) float32."""
     logits = np.ascontiguousarray(logits, dtype=np.float32)
+    checks.expect("softmax_topk", "logits", logits, (None, None))
+    if not 1 <= k <= logits.shape[1]:
+        raise ShapeError(f"softmax_topk: k = {k} experts of {logits.shape[1]}; need 1..{logits.shape[1]}")
     T = logits.shape[0]
     ids = np.empty((T, k), dtype=np.int32)
     w = np.empty((T, k), dtype=np.float32)

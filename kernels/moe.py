@@ -26,8 +26,11 @@ from typing import NamedTuple
 import numpy as np
 from numba import njit
 
+from moert.errors import ShapeError
 from moert.quants.dequant import dequantize_expert as _ref_dequantize_expert
 from moert.quants.dequant import slice_expert
+
+from . import checks
 
 
 class QTensor(NamedTuple):
@@ -114,11 +117,29 @@ def dequantize_expert(t: QTensor, e: int, out: np.ndarray | None = None) -> np.n
 
 # ---------------------------------------------------------------------------------------- the layer
 
+def check_experts(fn: str, gate: QTensor, up: QTensor, down: QTensor) -> tuple[int, int, int]:
+    """(E, F, D), or ShapeError unless gate = up = (E, F, D) and down = (E, D, F)."""
+    if len(gate.shape) != 3:
+        raise ShapeError(f"{fn}: gate has shape {gate.shape}, expected (E, F, D)")
+    E, F, D = gate.shape
+    if tuple(up.shape) != tuple(gate.shape) or tuple(down.shape) != (E, D, F):
+        raise ShapeError(f"{fn}: expert shapes do not fit: gate {gate.shape}, up {up.shape}, down {down.shape}; "
+                         f"need gate = up = (E, F, D) and down = (E, D, F)")
+    return E, F, D
+
+
+def check_inputs(fn: str, x: np.ndarray, ids: np.ndarray, weights: np.ndarray, E: int, D: int) -> None:
+    """ShapeError unless x (T, D), ids and weights (T, K), every id in [0, E)."""
+    checks.expect(fn, "x", x, (None, D))
+    checks.expert_ids(fn, ids, weights, x.shape[0], E)
+
+
 def moe_ffn(x: np.ndarray, ids: np.ndarray, weights: np.ndarray,
             gate: QTensor, up: QTensor, down: QTensor) -> np.ndarray:
     """Routed SwiGLU experts of one layer: sum_k weights[t, k] * expert_{ids[t, k]}(x[t]) -> (T, D).
     x (T, D) float32, ids (T, K) int, weights (T, K) float32; gate/up (E, F, D), down (E, D, F)."""
-    E, F, D = gate.shape
+    E, F, D = check_experts("moe_ffn", gate, up, down)
+    check_inputs("moe_ffn", x, ids, weights, E, D)
     K = ids.shape[1]
     offsets, slots = group_by_expert(np.ascontiguousarray(ids, dtype=np.int32), E)
     w_flat = np.ascontiguousarray(weights, dtype=np.float32).reshape(-1)

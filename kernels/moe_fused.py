@@ -36,7 +36,7 @@ from numba import njit, prange
 from moert.kernels import matmul_q
 from moert.kernels.matmul import BLOCK, TYPE_CODES, matmul_ref, no_sums, rows, sums32, table, threads
 from moert.kernels.matmul_q import quantize_rows, quantized, rows_q
-from moert.kernels.moe import QTensor, group_by_expert
+from moert.kernels.moe import QTensor, check_experts, check_inputs, group_by_expert
 from moert.quants.dequant import lookup, slice_expert
 
 __all__ = ["PreparedExperts", "layer_kernel", "moe_ffn_fused", "moe_ffn_fused_ref", "parts_for", "supports"]
@@ -214,10 +214,7 @@ class PreparedExperts:
         for t in (gate, up, down):
             if t.type not in TYPE_CODES:
                 lookup(t.type, frozenset(TYPE_CODES), "moert.kernels.moe_fused")   # raises UnsupportedTypeError
-        E, F, D = gate.shape
-        if up.shape != gate.shape or down.shape != (E, D, F):
-            raise ValueError(f"expert shapes do not fit: gate {gate.shape}, up {up.shape}, down {down.shape}; "
-                             f"need gate = up = (E, F, D) and down = (E, D, F)")
+        E, F, D = check_experts("PreparedExperts", gate, up, down)
         if gate.type != up.type:
             raise ValueError(f"gate is {gate.type} but up is {up.type}; the fused kernel reads both with one "
                              f"row kernel (use kernels.moe.moe_ffn for mixed gate/up types)")
@@ -235,6 +232,7 @@ class PreparedExperts:
             ids = np.ascontiguousarray(ids, dtype=np.int32)
         if weights.dtype != np.float32 or not weights.flags.c_contiguous:
             weights = np.ascontiguousarray(weights, dtype=np.float32)
+        check_inputs("moe_ffn_fused", x, ids, weights, self.shape[0], self.shape[2])   # its writes index by id
         if x.shape[0] == 0:
             return np.zeros((0, self.shape[2]), dtype=np.float32)
         return self.kernel(x, ids, weights, *self.args, threads())
