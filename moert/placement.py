@@ -20,7 +20,9 @@ A plan is a value: nothing is loaded, `explain()` / `to_json()` print it, `devic
 from __future__ import annotations
 
 import json
+import math
 import re
+import time
 import warnings
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
@@ -32,14 +34,17 @@ from moert.errors import PlacementError, PlacementWarning
 from moert.rules import (  # noqa: F401  (rules are re-exported: moert.placement is their public home too)
     EXPERT_REGEX,
     TensorOverride,
+    compile_pattern,
     expert_layer_regex,
     format_overrides,
     moe_rules,
     normalize_overrides,
     parse_overrides,
+    search,
 )
 
 SPLIT_MODES = ("layer", "none")
+MATCH_BUDGET_S = 5.0   # all rules against all names (each search is bounded too: rules.MATCH_TIMEOUT_S)
 _LAYER_RE = re.compile(r"^blk\.(\d+)\.")
 _OUTPUT_RE = re.compile(r"^output(_norm)?\.")  # the output layer: llama.cpp's dev_output (layer n_layer)
 
@@ -221,7 +226,8 @@ class Plan:
         lines.append("")
         w = max([len(e.name) for e in self] + [6])
         lines.append(f"{'tensor':<{w}}  {'type':<6} {'shape':<18} {'bytes':>11}  {'device':<7} decided by")
-        shown = [e for e in self if only is None or re.search(only, e.name)]
+        pat = None if only is None else compile_pattern(only, "explain(only=...)")
+        shown = [e for e in self if pat is None or search(pat, e.name, f"explain(only={only!r})")]
         for e in shown:
             shape = "x".join(map(str, e.shape))
             tied = f" (tied to {e.tied_to})" if e.tied_to else ""
@@ -346,9 +352,12 @@ def _split(split: str, tensor_split: Sequence[float] | None) -> str | tuple[floa
         raise PlacementError(f"split={split!r} is not supported; use one of {', '.join(SPLIT_MODES)}")
     if tensor_split is None or split == "none":
         return split
-    shares = tuple(float(x) for x in tensor_split)
-    if not shares or any(x < 0 for x in shares) or sum(shares) <= 0:
-        raise PlacementError(f"tensor_split={list(tensor_split)!r}: give one share >= 0 per GPU, not all zero "
+    try:
+        shares = tuple(float(x) for x in tensor_split)
+    except (TypeError, ValueError):
+        shares = ()
+    if not shares or not all(math.isfinite(x) and x >= 0 for x in shares) or sum(shares) <= 0:
+        raise PlacementError(f"tensor_split={list(tensor_split)!r}: give one finite share >= 0 per GPU, not all zero "
                              f"(e.g. 3,1)")
     return shares
 
@@ -411,9 +420,13 @@ def _build(info: _Model, rules: list[TensorOverride], n_gpu: int, gpu_backend: s
     matched = [0] * len(rules)
     decided = [0] * len(rules)
     shadowed_by: list[int | None] = [None] * len(rules)
+    t_match = time.perf_counter()
     for name, (typ, shape, nbytes) in tensors.items():
         layer = _layer_of(name, info.n_layer)
-        hits = [i for i, r in enumerate(rules) if r.regex.search(name)]
+        hits = [i for i, r in enumerate(rules) if r.matches(name)]
+        if time.perf_counter() - t_match > MATCH_BUDGET_S:
+            raise PlacementError(f"matching the rules against the tensor names took over {MATCH_BUDGET_S} s "
+                                 f"(at {name!r}); simplify the patterns: {format_overrides(rules)}")
         for i in hits:
             matched[i] += 1
             if i != hits[0] and shadowed_by[i] is None:

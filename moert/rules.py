@@ -15,7 +15,36 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+import regex as _regex
+
 from moert.errors import PlacementError
+
+# A pattern is user input matched against names from a (possibly hostile) file, so it runs on the
+# `regex` engine, which takes a timeout (Python's `re` cannot be interrupted): a pattern with
+# catastrophic backtracking is a PlacementError instead of a hang. A sane pattern takes microseconds.
+MATCH_TIMEOUT_S = 0.1
+
+
+def search(pattern: Any, name: str, what: str) -> bool:
+    """Whether compiled `pattern` matches somewhere in `name`, within MATCH_TIMEOUT_S; `what` names the rule."""
+    try:
+        return pattern.search(name, timeout=MATCH_TIMEOUT_S) is not None
+    except TimeoutError:
+        raise PlacementError(f"{what}: matching {name!r} took over {MATCH_TIMEOUT_S} s (the pattern backtracks "
+                             f"catastrophically, e.g. nested repeats like (a{{1,30}}){{1,30}}); simplify it, e.g. "
+                             f"r'blk\\.(1[0-9])\\.ffn_.*_exps'") from None
+
+
+def compile_pattern(pattern: str, what: str) -> Any:
+    """`pattern` compiled for `search`; a PlacementError naming `what` if it is not a regex."""
+    if not isinstance(pattern, str) or not pattern:
+        raise PlacementError(f"{what}: the pattern must be a non-empty regex string such as "
+                             f"r'\\.ffn_.*_exps\\.weight'")
+    try:
+        return _regex.compile(pattern)
+    except (_regex.error, re.error, ValueError, TypeError) as e:
+        raise PlacementError(f"{what}: the pattern is not a valid regex ({e}); escape literal dots and brackets, "
+                             f"e.g. r'blk\\.1\\.ffn_.*_exps'") from None
 
 # common/common.h: LLM_FFN_EXPS_REGEX (the routed-expert tensors, fused gate_up and chunked variants too)
 EXPERT_REGEX = r"\.ffn_(up|down|gate|gate_up)_(ch|)exps"
@@ -52,21 +81,14 @@ class TensorOverride:
     source: str = "user"          # who made it: user, cpu_moe, n_cpu_moe, fit
     # Room to grow: a later rule kind may place only experts [start, stop) of an *_exps tensor.
     experts: tuple[int, int] | None = None
-    regex: re.Pattern = field(init=False, repr=False, compare=False)
+    regex: Any = field(init=False, repr=False, compare=False)   # compiled by the `regex` engine
 
     def __post_init__(self):
         device, backend = _parse_device(self.device)
         object.__setattr__(self, "device", device)
         if self.backend is None:
             object.__setattr__(self, "backend", backend)
-        if not isinstance(self.pattern, str) or not self.pattern:
-            raise PlacementError(f"rule {self.pattern!r} -> {self.device}: the pattern must be a non-empty regex "
-                                 f"string such as r'\\.ffn_.*_exps\\.weight'")
-        try:
-            object.__setattr__(self, "regex", re.compile(self.pattern))
-        except re.error as e:
-            raise PlacementError(f"rule {self.pattern!r} -> {self.device}: the pattern is not a valid regex "
-                                 f"({e}); escape literal dots and brackets, e.g. r'blk\\.1\\.ffn_.*_exps'") from None
+        object.__setattr__(self, "regex", compile_pattern(self.pattern, f"rule {self.pattern!r} -> {self.device}"))
 
     @classmethod
     def cpu(cls, pattern: str) -> TensorOverride:
@@ -86,7 +108,8 @@ class TensorOverride:
         return -1 if self.device == "cpu" else int(self.device.split(":")[1])
 
     def matches(self, name: str) -> bool:
-        return self.regex.search(name) is not None
+        """Whether the pattern matches somewhere in `name` (a PlacementError if it backtracks for too long)."""
+        return search(self.regex, name, f"rule {self}")
 
     def device_spelling(self) -> str:
         """The device as -ot spells it: CPU, CUDA0, sim:1, GPU0."""
