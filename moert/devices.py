@@ -34,6 +34,26 @@ class DeviceMismatchError(MoertError, TypeError):
     """An operation mixed arrays that live on different devices (a missing explicit transfer)."""
 
 
+HOST_CHECK_BYTES = 64 * MiB    # allocations at least this big are checked against the host's free memory
+
+
+def host_available_bytes() -> int:
+    """Memory the host can still give (Linux MemAvailable; elsewhere free physical pages)."""
+    try:
+        with open("/proc/meminfo", "rb") as f:
+            for line in f:
+                if line.startswith(b"MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    try:
+        import os
+
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (AttributeError, ValueError, OSError):
+        return 1 << 62      # unknown: do not refuse
+
+
 # ----------------------------------------------------------------------------------------------- sizes
 
 _UNITS = {"": 1, "b": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40,
@@ -182,9 +202,17 @@ class Device:
         return sorted(((a[1], a[0]) for a in self._allocs.values()), key=lambda t: -t[1])
 
     # -- accounting
-    def _reserve(self, nbytes: int, what: str) -> None:
+    def reserve(self, nbytes: int, what: str = "") -> None:
+        """DeviceOutOfMemory unless nbytes more fit here now (and, for arrays in host memory: the cpu and
+        sim devices, in what the host has available): asked before a large allocation is made."""
         if self.capacity is not None and self.used + nbytes > self.capacity:
             raise DeviceOutOfMemory(self.name, nbytes, self.used, self.capacity, what)
+        if self.kind != "cuda" and nbytes >= HOST_CHECK_BYTES:
+            avail = host_available_bytes()
+            if nbytes > avail:
+                raise DeviceOutOfMemory(self.name, nbytes, 0, avail, f"{what} (in host memory: only "
+                                        f"{format_size(avail)} available)")
+
 
     def _account(self, buf: Any, nbytes: int, what: str) -> None:
         key = id(buf)
@@ -299,6 +327,7 @@ class CpuDevice(Device):
         return _check_host(host, self)
 
     def empty(self, shape, dtype=np.float32, what: str = "") -> np.ndarray:
+        self.reserve(int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize, what)
         out = np.empty(shape, dtype)
         self._account(out, out.nbytes, what)
         return out
@@ -346,7 +375,7 @@ class CudaDevice(Device):
         return isinstance(arr, self._cp.ndarray) and arr.device.id == self.index
 
     def _alloc(self, fn, nbytes: int, what: str):
-        self._reserve(nbytes, what)
+        self.reserve(nbytes, what)
         try:
             with self._cp.cuda.Device(self.index):
                 out = fn()

@@ -50,3 +50,38 @@ class DeviceOutOfMemory(MoertError, MemoryError):
             f"({capacity - used:,} free). Move tensors to the CPU (-ot / --cpu-moe / --n-cpu-moe), lower the "
             f"context size, or give the device more memory (--gpu-mem); `moert fit` finds a plan that fits."
         )
+
+
+class ArgumentError(MoertError, ValueError):
+    """An argument outside its accepted range: the message names it, what it got and what it accepts."""
+
+
+class ModelClosedError(MoertError, RuntimeError):
+    """A call on a model after close()."""
+
+
+class ShapeError(MoertError, ValueError):
+    """A kernel was handed arrays whose shapes, types or ids do not fit together (nothing was computed)."""
+
+
+def check_int(name: str, value: object, lo: int, hi: int | None = None) -> int:
+    """value as an int in [lo, hi], else ArgumentError naming `name` and the range."""
+    import numbers
+
+    ok = isinstance(value, numbers.Integral) and not isinstance(value, bool)
+    if not ok or value < lo or (hi is not None and value > hi):
+        rng = f">= {lo:,}" if hi is None else f"in [{lo:,}, {hi:,}]"
+        raise ArgumentError(f"{name} must be an integer {rng}, got {value!r:.60}")
+    return int(value)
+
+
+def check_float(name: str, value: object, lo: float | None = None, hi: float | None = None) -> float:
+    """value as a finite float in [lo, hi], else ArgumentError naming `name` and the range."""
+    import math
+    import numbers
+
+    ok = isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isfinite(float(value))
+    if not ok or (lo is not None and value < lo) or (hi is not None and value > hi):
+        rng = " and ".join(s for s in (lo is not None and f">= {lo}", hi is not None and f"<= {hi}") if s)
+        raise ArgumentError(f"{name} must be a finite number{' ' + rng if rng else ''}, got {value!r:.60}")
+    return float(value)

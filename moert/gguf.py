@@ -18,9 +18,9 @@ multi-GB file costs milliseconds and no resident memory.
 
 from __future__ import annotations
 
-import builtins
-import mmap
+import mmap as _mmap
 import os
+import stat
 import struct
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -189,20 +189,39 @@ class _Cursor:
 class GGUFFile:
     """An open GGUF file: metadata, tensor infos, and zero-copy views of the tensor data."""
 
-    def __init__(self, path: str | os.PathLike):
+    def __init__(self, path: str | os.PathLike, mmap: bool = True):
+        """mmap=False reads the whole file into memory (llama.cpp's --no-mmap): slower to open, but a file
+        truncated or rewritten afterwards cannot fault a read."""
         self.path = Path(path)
-        self._file = builtins.open(self.path, "rb")  # FileNotFoundError etc. are the caller's to see
-        self._map: mmap.mmap | None = None
+        self._file = None
+        self._map: _mmap.mmap | bytes | None = None
+        self.mapped = mmap
         try:
+            self._file = _open_regular(self.path)
             self._file_size = os.fstat(self._file.fileno()).st_size
             if self._file_size < 24:
                 raise GGUFError(f"{self.path}: file header at offset 0: expected at least 24 bytes "
                                 f"(magic, version, counts), the file has {self._file_size}")
-            self._map = mmap.mmap(self._file.fileno(), 0, access=mmap.ACCESS_READ)
+            if mmap:
+                self._map = _mmap.mmap(self._file.fileno(), 0, access=_mmap.ACCESS_READ)
+            else:
+                self._map = self._file.read(self._file_size)
+                self._file_size = len(self._map)    # what was read is what the reader sees
             self._parse(_Cursor(self._map, self._file_size, str(self.path)))
         except BaseException:
             self.close()
             raise
+
+    def check_intact(self) -> None:
+        """GGUFError if the mapped file shrank since it was opened: reading a tensor past the new end would
+        be a SIGBUS (a crash no Python code can catch), so every forward pass asks first."""
+        if not self.mapped or self._file is None:
+            return
+        size = os.fstat(self._file.fileno()).st_size
+        if size < self._file_size:
+            raise GGUFError(f"{self.path}: the file was truncated to {size:,} bytes after it was opened (it had "
+                            f"{self._file_size:,}); nothing was computed. Reload the model once the file is whole, "
+                            f"and load with --no-mmap (mmap=False) when files may change under a running model")
 
     # -- parsing -------------------------------------------------------------------------------
 
@@ -336,7 +355,8 @@ class GGUFFile:
         """Release the map and the file. Views handed out earlier keep the map alive until dropped."""
         if self._map is not None:
             try:
-                self._map.close()
+                if isinstance(self._map, _mmap.mmap):
+                    self._map.close()
             except BufferError:
                 pass  # views are still alive; the map is released when the last one is collected
             self._map = None
@@ -356,6 +376,26 @@ class GGUFFile:
         return f"<GGUFFile {self.path.name!r} v{getattr(self, 'version', '?')} {arch} {n} tensors>"
 
 
-def open(path: str | os.PathLike) -> GGUFFile:  # noqa: A001 - the module's verb, as in `moert.gguf.open`
-    """Open a GGUF file (memory-mapped); use as a context manager to close it."""
-    return GGUFFile(path)
+def _open_regular(path: Path):
+    """The file opened for reading, refused unless it is a regular file: a FIFO, a device or a socket would
+    block or stream forever. Opened non-blocking and checked on the descriptor, so nothing swapped in
+    between a check and the open can hang us."""
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+    try:
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):
+            kind = ("a directory" if stat.S_ISDIR(mode) else "a FIFO (named pipe)" if stat.S_ISFIFO(mode)
+                    else "a device" if stat.S_ISCHR(mode) or stat.S_ISBLK(mode) else "a socket"
+                    if stat.S_ISSOCK(mode) else "not a regular file")
+            raise GGUFError(f"{path}: is {kind}, not a GGUF file; give the path of a .gguf file on disk")
+        if hasattr(os, "O_NONBLOCK"):
+            os.set_blocking(fd, True)
+        return os.fdopen(fd, "rb")
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def open(path: str | os.PathLike, mmap: bool = True) -> GGUFFile:  # noqa: A001 - the module's verb
+    """Open a GGUF file (memory-mapped; mmap=False reads it into memory); a context manager closes it."""
+    return GGUFFile(path, mmap=mmap)

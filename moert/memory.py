@@ -143,6 +143,12 @@ def allocate_kv_cache(plan: Plan, n_ctx: int, dtype: Any = np.float32, config: A
     """Zeroed K and V, float32 (n_ctx, n_head_kv, head_dim) per layer on its attention device (accounted)."""
     s = kv_spec(config if config is not None else plan)
     cache = KVCache([], [], [], n_ctx, np.dtype(dtype))
+    need: dict[Device, int] = {}
+    for il in range(s.n_layer):       # all of it checked first: a cache that cannot fit allocates nothing
+        dev = plan.attention_device(il)
+        need[dev] = need.get(dev, 0) + s.layer_bytes(n_ctx, dtype)
+    for dev, nbytes in need.items():
+        dev.reserve(nbytes, f"the KV cache at context {n_ctx:,} (lower context_size / -c)")
     done: list[tuple[Device, Any]] = []
     try:
         for il in range(s.n_layer):

@@ -26,8 +26,9 @@ import numpy as np
 
 from moert import devices as _devices
 from moert import models
+from moert.config import MAX_CONTEXT
 from moert.devices import CPU, Device
-from moert.errors import ContextOverflowError, InvalidTokenError
+from moert.errors import ContextOverflowError, InvalidTokenError, ModelClosedError, check_int
 from moert.kernels import matmul as kmatmul
 from moert.kernels.moe import QTensor, moe_ffn
 from moert.kernels.moe_fused import PreparedExperts
@@ -38,8 +39,7 @@ from moert.stats import PHASES, ModelStats, Phase, Stats  # noqa: F401  (PHASES,
 
 _CHUNK_ELEMENTS = 1 << 24  # a dense weight larger than this is dequantized and multiplied in row chunks
 DENSE_CACHE_BYTES = 2 << 30  # default Model.dense_cache_bytes: float32 copies of CPU dense weights kept
-
-
+MAX_BATCH = 1 << 16          # n_batch above this only sizes scratch buffers nobody has memory for
 
 
 # ---------------------------------------------------------------------------------------------- load
@@ -47,28 +47,44 @@ DENSE_CACHE_BYTES = 2 << 30  # default Model.dense_cache_bytes: float32 copies o
 def load(model: Any, overrides: Any = None, gpu_layers: int | str = "all", cpu_moe: bool = False,
          n_cpu_moe: int | None = None, gpu_backend: str = "auto", gpu_memory: Any = None,
          context_size: int = 4096, threads: int | None = None, progress: Any = None, *,
-         n_batch: int = 512, warmup: bool = True, act_quant: str | None = None, **plan_options: Any) -> Model:
+         n_batch: int = 512, warmup: bool = True, act_quant: str | None = None, mmap: bool = True,
+         **plan_options: Any) -> Model:
     """Open a GGUF model, place its tensors, load them onto their devices, allocate the KV cache, and
     (warmup=True, llama.cpp's default too) run a few tokens through it and forget them, so the first real
     ones do not pay for compiling the kernels (`Model.warmup`). act_quant="int16": CPU one-token matmuls
     of Q4_K/Q6_K weights round x to int16 per 256-block; "int8": every CPU matmul of those types rounds x
-    to int8 (llama.cpp's scheme; needs AVX2); see kernels/matmul_q.py. None (default): float."""
+    to int8 (llama.cpp's scheme; needs AVX2); see kernels/matmul_q.py. None (default): float.
+    mmap=False (--no-mmap) reads the file into memory instead of mapping it, so a file truncated or
+    rewritten while the model is loaded cannot crash it (see README, "Bad input")."""
     from moert import gguf, placement
     from moert.kernels import matmul_q
     from moert.weights import load_weights
 
     matmul_q.mode(act_quant)                     # a bad or unsupported act_quant fails before any loading
-    g = model if isinstance(model, gguf.GGUFFile) else gguf.open(Path(model))
-    arch = models.get(g.architecture)
-    config = arch.Config.from_gguf(g.metadata)
-    if threads:
-        set_threads(int(threads))
-    n_ctx = min(int(context_size), config.n_ctx_train) if context_size else config.n_ctx_train
-    plan = placement.plan(g, overrides, gpu_layers=gpu_layers, cpu_moe=cpu_moe, n_cpu_moe=n_cpu_moe,
-                          gpu_backend=gpu_backend, gpu_memory=gpu_memory, context_size=n_ctx,
-                          **plan_options)
-    weights = load_weights(g, plan, progress=progress, context_size=n_ctx)
-    m = Model(g, arch, config, plan, weights, n_ctx, n_batch, act_quant=act_quant)
+    context_size = check_int("context_size", context_size, 0, MAX_CONTEXT)
+    n_batch = check_int("n_batch", n_batch, 1, MAX_BATCH)
+    if threads is not None:
+        check_int("threads", threads, 1)
+    owned = not isinstance(model, gguf.GGUFFile)
+    g = gguf.open(Path(model), mmap=mmap) if owned else model
+    try:
+        arch, config = models.read(g)
+        if threads:
+            set_threads(int(threads))
+        n_ctx = min(context_size, config.n_ctx_train) if context_size else config.n_ctx_train
+        plan = placement.plan(g, overrides, gpu_layers=gpu_layers, cpu_moe=cpu_moe, n_cpu_moe=n_cpu_moe,
+                              gpu_backend=gpu_backend, gpu_memory=gpu_memory, context_size=n_ctx,
+                              **plan_options)
+        weights = load_weights(g, plan, progress=progress, context_size=n_ctx)
+        try:
+            m = Model(g, arch, config, plan, weights, n_ctx, n_batch, act_quant=act_quant)
+        except BaseException:
+            weights.free()
+            raise
+    except BaseException:
+        if owned:
+            g.close()
+        raise
     if warmup:
         try:
             m.warmup(progress=progress is not False)
@@ -84,8 +100,7 @@ def set_threads(n: int) -> int:
     import numba
     from threadpoolctl import threadpool_limits
 
-    if n < 1:
-        raise ValueError(f"threads must be >= 1, got {n}")
+    check_int("threads", n, 1)
     n = min(n, numba.config.NUMBA_NUM_THREADS)
     numba.set_num_threads(n)
     threadpool_limits(limits=n)
@@ -102,10 +117,11 @@ class Model:
         from moert.memory import allocate_kv_cache
 
         self.gguf, self.arch, self.config, self.plan, self.weights = gguf_file, arch, config, plan, weights
-        self.context_size = int(context_size)   # KV cache length, capped at the trained context
-        self.n_batch = int(n_batch)              # a prompt is processed in chunks of at most this many tokens
+        self.context_size = check_int("context_size", context_size, 1, MAX_CONTEXT)   # KV cache length
+        self.n_batch = check_int("n_batch", n_batch, 1, MAX_BATCH)   # prompt chunks of at most this many tokens
         self.act_quant = act_quant               # None, "int16" or "int8": CPU matmuls read x quantized
-        self.position = 0                        # tokens in the context so far
+        self._position = 0                       # tokens in the context so far (`position`)
+        self._closed = False
         self._ids = np.zeros(self.context_size, dtype=np.int64)   # the token ids in the KV cache, [:position]
         self.kv = allocate_kv_cache(plan, self.context_size, np.float32, config)
         self.stats = ModelStats(config.n_layer, getattr(config, "n_expert", 0))
@@ -128,7 +144,9 @@ class Model:
         """Logits (T, n_vocab) float32 for tokens (T,), continuing the context; position advances by T.
         last_only: only the last position's logits, (1, n_vocab) (what generation needs: the output
         projection of a prompt is T times the vocabulary, 20 GMAC for 64 tokens of a 150k vocabulary)."""
+        self._check_open()
         tokens = self._check_tokens(tokens)
+        self.gguf.check_intact()     # a mapped file truncated since load: a typed error, not a SIGBUS
         self._last_only = bool(last_only)
         devs = [CPU, *self.plan.devices]
         before = {d.name: d.stats.copy() for d in devs}
@@ -140,10 +158,10 @@ class Model:
                 chunk = tokens[s:s + self.n_batch]
                 self._n, self._rope = len(chunk), {}
                 out.append(self.arch.forward(self, chunk))
-                self._ids[self.position:self.position + len(chunk)] = chunk
-                self.position += len(chunk)
+                self._ids[self._position:self._position + len(chunk)] = chunk
+                self._position += len(chunk)
         except BaseException:
-            self.position = start   # all or nothing: KV entries past `position` are simply overwritten later
+            self._position = start   # all or nothing: KV entries past `position` are simply overwritten later
             raise
         finally:
             self._call.seconds = time.perf_counter() - t0
@@ -159,7 +177,17 @@ class Model:
 
     def reset(self) -> None:
         """Empty the context (the KV cache is overwritten as new tokens arrive)."""
-        self.position = 0
+        self._position = 0
+
+    @property
+    def position(self) -> int:
+        """Tokens in the context so far: the next token's position."""
+        return self._position
+
+    @position.setter
+    def position(self, value: int) -> None:
+        """Rewind to `value` (0 <= value <= position): the first `value` tokens stay in the context."""
+        self._position = check_int("position", value, 0, self._position)
 
     @property
     def context_tokens(self) -> list[int]:
@@ -236,7 +264,8 @@ class Model:
         return chat(self, messages, max_tokens, **kwargs)
 
     def close(self) -> None:
-        """Give the KV cache and the weights back to their devices."""
+        """Give the KV cache and the weights back to their devices; later calls are a ModelClosedError."""
+        self._closed = True
         self._dense.clear()
         self._small.clear()
         self._prepared.clear()
@@ -247,6 +276,11 @@ class Model:
     def __repr__(self) -> str:
         return (f"<moert.Model {self.config.arch} {self.config.n_layer} layers, position "
                 f"{self.position}/{self.context_size}, devices {', '.join(self.plan.device_names())}>")
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise ModelClosedError(f"this {self.config.arch} model was closed (its weights and KV cache are freed); "
+                                   f"load it again with moert.load()")
 
     def _check_tokens(self, tokens) -> np.ndarray:
         t = np.asarray(tokens)

@@ -71,11 +71,11 @@ def test_allocate_kv_cache_on_each_layers_attention_device(gg):
     assert p.device("sim:1").used == 0 and p.device("sim:0").used == 0
 
 
-def test_kv_cache_oom_frees_what_it_took(gg):
-    p = quiet(plan, gg, gpu_backend="sim", gpu_memory=3 * 64 * 2 * 16 * 4 + 10)
-    with pytest.raises(DeviceOutOfMemory, match=r"blk.1 KV cache \(V\)"):
+def test_kv_cache_that_cannot_fit_allocates_nothing(gg):
+    p = quiet(plan, gg, gpu_backend="sim", gpu_memory=3 * 64 * 2 * 16 * 4 + 10)   # one layer and a half
+    with pytest.raises(DeviceOutOfMemory, match=r"the KV cache at context 64.*requested 65,536 bytes"):
         allocate_kv_cache(p, 64)
-    assert p.devices[0].used == 0
+    assert p.devices[0].used == 0 and p.devices[0].peak == 0
 
 
 # ----------------------------------------------------------------------------------------------- estimate
