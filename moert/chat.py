@@ -2,12 +2,17 @@
 
 A template is untrusted input (it comes with a downloaded file), so it runs in Jinja2's
 ImmutableSandboxedEnvironment: no attribute access to `__class__`/`__mro__`/..., no mutating
-methods; a template that tries is a ChatTemplateError, never code execution.
+methods; a template that tries is a ChatTemplateError, never code execution. The sandbox limits what
+a template may touch, not how long it runs, so moert adds a budget: `**` and string/list repetition
+are bounded, `range` is too, the output is capped at MAX_OUTPUT characters, and rendering stops at a
+deadline (a trace hook on the template's own code, which checks the clock at every line it runs).
 """
 
 from __future__ import annotations
 
 import json
+import sys
+import time
 from collections.abc import Mapping, Sequence
 from datetime import datetime
 
@@ -53,15 +58,86 @@ BUILTIN_TEMPLATES: dict[str, str] = {
 _TURN_TOKENS = {"gemma": ("<start_of_turn>", "<end_of_turn>"), "chatml": ("<|im_start|>", "<|im_end|>")}
 
 
+MAX_SECONDS = 2.0          # a real template renders in about a millisecond
+MAX_OUTPUT = 1 << 20       # characters of rendered prompt (and of any string or list a template builds)
+MAX_EXPONENT = 1024        # `a ** b` with |b| above this is refused (9 ** 999999999 never finishes)
+MAX_RANGE = 100_000        # range() length, as Jinja2's sandbox; the deadline bounds loops of ranges
+
+
 def _sandbox():
-    """Jinja2's immutable sandbox, made strict: touching an unsafe attribute raises at once, not later."""
+    """Jinja2's immutable sandbox, made strict (an unsafe attribute raises at once) and bounded (`**`,
+    repetition, range)."""
     from jinja2.sandbox import ImmutableSandboxedEnvironment, SecurityError
 
     class Sandbox(ImmutableSandboxedEnvironment):
+        intercepted_binops = frozenset({"**", "*"})
+
         def unsafe_undefined(self, obj, attribute):
             raise SecurityError(f"access to attribute {attribute!r} of a {type(obj).__name__!r} object is unsafe")
 
+        def call_binop(self, context, operator, left, right):
+            if operator == "**" and isinstance(right, (int, float)) and abs(right) > MAX_EXPONENT:
+                raise SecurityError(f"the exponent {right!r} is larger than {MAX_EXPONENT}")
+            if operator == "*":
+                for seq, n in ((left, right), (right, left)):
+                    if isinstance(seq, (str, list, tuple)) and isinstance(n, int) and len(seq) * n > MAX_OUTPUT:
+                        raise SecurityError(f"repeating a {type(seq).__name__} of {len(seq)} {n} times exceeds "
+                                            f"{MAX_OUTPUT:,} items")
+            return super().call_binop(context, operator, left, right)
+
+        def call(__self, __context, __obj, *args, **kwargs):  # noqa: N805 (Jinja2's signature)
+            # str.ljust/center/zfill/expandtabs/... with a huge width build the string before anything else
+            # could stop them: a size argument to a method of a string or list is bounded like repetition
+            if isinstance(getattr(__obj, "__self__", None), (str, list, tuple)):
+                for a in (*args, *kwargs.values()):
+                    if isinstance(a, int) and not isinstance(a, bool) and abs(a) > MAX_OUTPUT:
+                        raise SecurityError(f"{getattr(__obj, '__name__', 'a method')}() with {a:,} exceeds "
+                                            f"{MAX_OUTPUT:,} items")
+            return super().call(__context, __obj, *args, **kwargs)
+
     return Sandbox
+
+
+def _bounded(f):
+    """Filter f, refusing size arguments above MAX_OUTPUT (`|center(10**9)` would build the string first)."""
+    import functools
+
+    from jinja2.sandbox import SecurityError
+
+    @functools.wraps(f)   # keeps Jinja2's pass_context / pass_environment marks
+    def g(*args, **kwargs):
+        for a in (*args, *kwargs.values()):
+            if isinstance(a, int) and not isinstance(a, bool) and abs(a) > MAX_OUTPUT:
+                raise SecurityError(f"filter {f.__name__} with {a:,} exceeds {MAX_OUTPUT:,} items")
+        return f(*args, **kwargs)
+    return g
+
+
+def _bounded_range(*args):
+    r = range(*args)
+    if len(r) > MAX_RANGE:
+        from jinja2.sandbox import SecurityError
+
+        raise SecurityError(f"range of {len(r):,} items is larger than {MAX_RANGE:,}")
+    return r
+
+
+class _Deadline:
+    """A trace hook on the template's own frames (Jinja2 compiles templates to Python code named
+    '<template>'): at every line they run it checks the clock, and past the deadline raises inside them."""
+
+    def __init__(self, seconds: float):
+        self.deadline = time.monotonic() + seconds
+        self.seconds = seconds
+
+    def __call__(self, frame, event, arg):
+        return self._line if frame.f_code.co_filename == "<template>" else None
+
+    def _line(self, frame, event, arg):
+        if time.monotonic() > self.deadline:
+            raise ChatTemplateError(f"the chat template ran longer than {self.seconds} s (a loop that does not "
+                                    f"end, or one far too large); pass template= to use another one")
+        return self._line
 
 
 def _tojson(x, ensure_ascii=False, indent=None, separators=None, sort_keys=False) -> str:
@@ -102,12 +178,23 @@ def render(template: str, messages: Sequence[Mapping[str, object]], *, add_gener
     # the environment HF transformers gives templates (apply_chat_template), so real templates render the same
     env = _sandbox()(trim_blocks=True, lstrip_blocks=True, extensions=[jinja2.ext.loopcontrols])
     env.filters["tojson"] = _tojson
+    env.filters.update({k: _bounded(f) for k, f in env.filters.items()})
     env.globals["raise_exception"] = _raise_exception
     env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
+    env.globals["range"] = _bounded_range
+    old = sys.gettrace()
     try:
         compiled = env.from_string(template)
-        return compiled.render(messages=list(messages), add_generation_prompt=add_generation_prompt,
-                               bos_token=bos_token, eos_token=eos_token, **extra)
+        sys.settrace(_Deadline(MAX_SECONDS))
+        out, n = [], 0
+        for piece in compiled.generate(messages=list(messages), add_generation_prompt=add_generation_prompt,
+                                       bos_token=bos_token, eos_token=eos_token, **extra):
+            n += len(piece)
+            if n > MAX_OUTPUT:
+                raise ChatTemplateError(f"the chat template produced more than {MAX_OUTPUT:,} characters; "
+                                        f"pass template= to use another one")
+            out.append(piece)
+        return "".join(out)
     except ChatTemplateError:
         raise
     except SecurityError as e:
@@ -120,3 +207,5 @@ def render(template: str, messages: Sequence[Mapping[str, object]], *, add_gener
     except Exception as e:  # a template is untrusted input: whatever it trips on is the template's error
         raise ChatTemplateError(f"the chat template failed: {type(e).__name__}: {str(e).rstrip('.')}. "
                                 f"Pass template= to use another one.") from None
+    finally:
+        sys.settrace(old)
