@@ -28,6 +28,8 @@ import numpy as np
 
 from moert.errors import MoertError
 
+MAX_TOKEN_CHARS = 1024   # longest token accepted (Gemma 3's longest is 31 characters)
+
 
 class TokenizerError(MoertError, ValueError):
     """A vocabulary that cannot be built, or text / token ids that it cannot handle."""
@@ -165,6 +167,13 @@ class Tokenizer:
                                  f"(SentencePiece) and 'gpt2' (byte-level BPE) vocabularies, and 'none'.")
         self.tokens: list[str] = list(_key(md, "tokenizer.ggml.tokens", required=True))
         n = self.n_vocab = len(self.tokens)
+        if not all(isinstance(t, str) for t in self.tokens):
+            raise TokenizerError("tokenizer.ggml.tokens is not a list of strings; the file is corrupt, re-convert it.")
+        longest = max(range(n), key=lambda i: len(self.tokens[i]), default=None)
+        if longest is not None and len(self.tokens[longest]) > MAX_TOKEN_CHARS:
+            raise TokenizerError(f"token {longest} of tokenizer.ggml.tokens is {len(self.tokens[longest]):,} "
+                                 f"characters long; real vocabularies stay under {MAX_TOKEN_CHARS} (the cost of "
+                                 f"building the merges and of tokenizing grows with it): a corrupt or hostile file.")
         types = _key(md, "tokenizer.ggml.token_type")
         self.types = np.full(n, NORMAL, np.int32) if types is None else np.array(types, np.int32)
         if len(self.types) < n:
