@@ -29,6 +29,8 @@ def add_sampling_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("-b", "--batch-size", type=int, default=512, help="prompt tokens per forward chunk")
     g.add_argument("--no-warmup", dest="warmup", action="store_false", help="skip the one-token warm-up run at "
                    "load (then the first token pays for compiling the CPU kernels on a first run)")
+    g.add_argument("--no-mmap", dest="mmap", action="store_false", help="read the model into memory instead of "
+                   "mapping it (slower to load; a file truncated while the model runs cannot crash it)")
     add_act_quant_arg(g)
     g.add_argument("--stats", action="store_true", help="print llama.cpp-style timings and moert's per-device "
                    "time and transfer breakdown")
@@ -56,7 +58,8 @@ def load_from_args(model: str, args: argparse.Namespace, **overrides):
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         m = load(model, context_size=args.ctx or 4096, threads=args.threads, n_batch=args.batch_size,
-                 warmup=getattr(args, "warmup", True), act_quant=getattr(args, "act_quant", "none"), **kw)
+                 warmup=getattr(args, "warmup", True), act_quant=getattr(args, "act_quant", "none"),
+                 mmap=getattr(args, "mmap", True), **kw)
     for w in caught:
         print(f"warning: {w.message}", file=sys.stderr)
     return m
@@ -86,14 +89,36 @@ def print_stats(model, gen_stats, file=sys.stderr) -> None:
     print("\n" + str(model.stats.total), file=file)
 
 
+MAX_PROMPT_BYTES = 16 << 20   # -f FILE: a prompt file larger than this is refused (no model has that context)
+
+
+def read_prompt_file(path: str) -> str:
+    """The text of -f FILE: at most MAX_PROMPT_BYTES read (so -f /dev/zero ends), strict UTF-8."""
+    with open(path, "rb") as f:
+        raw = f.read(MAX_PROMPT_BYTES + 1)
+    if len(raw) > MAX_PROMPT_BYTES:
+        raise MoertError(f"-f {path}: the prompt file is larger than {MAX_PROMPT_BYTES >> 20} MiB; give a smaller "
+                         f"file (a prompt must fit the context anyway)")
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise MoertError(f"-f {path}: not UTF-8 text (byte {e.start}: {e.reason}); convert it, e.g. "
+                         f"iconv -t UTF-8") from None
+
+
+def check_n_predict(n: int) -> None:
+    """-n: a count >= 0, or -1 (until the end of generation or a full context), as llama.cpp."""
+    if n < -1:
+        raise MoertError(f"-n {n}: give a number of tokens >= 0, or -1 to generate until the end of generation "
+                         f"or a full context")
+
+
 def cmd_run(args: argparse.Namespace) -> int:
-    model = load_from_args(args.model, args)
-    prompt = args.prompt
-    if args.file:
-        with open(args.file, encoding="utf-8") as f:
-            prompt = f.read()
+    check_n_predict(args.n_predict)
+    prompt = read_prompt_file(args.file) if args.file else args.prompt
     if prompt is None:
         raise MoertError("no prompt: give one with -p TEXT or -f FILE")
+    model = load_from_args(args.model, args)
     if not model.tokenizer.has_vocab:  # a vocabulary-less model runs from token ids
         return _run_ids(model, prompt, args)
     text, stats = _stream_to_stdout(model, prompt, args, echo="" if args.no_display_prompt or args.json else prompt)
@@ -141,13 +166,16 @@ def _run_ids(model, prompt: str, args: argparse.Namespace) -> int:
 
 
 def cmd_chat(args: argparse.Namespace) -> int:
+    check_n_predict(args.n_predict)
     model = load_from_args(args.model, args)
     messages = [{"role": "system", "content": args.system_prompt}] if args.system_prompt else []
     interactive = sys.stdin.isatty()
     while True:
         if interactive:
             print("> ", end="", flush=True)
-        line = sys.stdin.readline()
+        line = sys.stdin.readline(MAX_PROMPT_BYTES + 1)
+        if len(line) > MAX_PROMPT_BYTES:
+            raise MoertError(f"a chat line longer than {MAX_PROMPT_BYTES >> 20} MiB; nothing was generated")
         if not line or line.strip() in ("/exit", "/quit"):
             return 0
         if not line.strip():
