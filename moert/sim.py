@@ -260,12 +260,12 @@ class SimDevice(Device):
         the capacity until it is garbage-collected, as a GPU allocator's would: so peak use is measurable."""
         owner = self._buffer(a)
         if id(owner) not in self._allocs:
-            self._reserve(owner.nbytes, what)
+            self.reserve(owner.nbytes, what)
             self._account(owner, owner.nbytes, what)
         return SimArray(a, self)
 
     def _put_uncounted(self, host: np.ndarray, what: str) -> SimArray:
-        self._reserve(host.nbytes, what)
+        self.reserve(host.nbytes, what)
         a = np.array(host, copy=True, order="C")
         self._account(a, a.nbytes, what)
         return SimArray(a, self)
@@ -279,7 +279,7 @@ class SimDevice(Device):
 
     def empty(self, shape, dtype=np.float32, what: str = "") -> SimArray:
         nbytes = int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
-        self._reserve(nbytes, what)
+        self.reserve(nbytes, what)
         a = np.empty(shape, dtype)
         self._account(a, a.nbytes, what)
         return SimArray(a, self)
