@@ -16,15 +16,18 @@ from __future__ import annotations
 from importlib import import_module
 
 from moert.errors import (
+    ArgumentError,
     ContextOverflowError,
     DeviceOutOfMemory,
     GenerationError,
     GGUFError,
     InvalidTokenError,
     KernelOptionError,
+    ModelClosedError,
     MoertError,
     PlacementError,
     PlacementWarning,
+    ShapeError,
     UnsupportedTypeError,
 )
 
@@ -49,12 +52,13 @@ _LAZY = {
     "TokenizerError": "moert.tokenizer",
     "SamplingError": "moert.sampling",
     "ChatTemplateError": "moert.chat",
+    "TensorMismatchError": "moert.models.spec",
 }
 
 __all__ = [
-    "ContextOverflowError", "DeviceOutOfMemory", "GenerationError", "GGUFError", "InvalidTokenError",
-    "KernelOptionError", "MoertError",
-    "PlacementError", "PlacementWarning", "UnsupportedTypeError", *_LAZY,
+    "ArgumentError", "ContextOverflowError", "DeviceOutOfMemory", "GenerationError", "GGUFError",
+    "InvalidTokenError", "KernelOptionError", "ModelClosedError", "MoertError", "PlacementError",
+    "PlacementWarning", "ShapeError", "UnsupportedTypeError", *_LAZY,
 ]
 
 

@@ -37,9 +37,10 @@ def get(arch: str) -> ModuleType:
 def read(g: Any) -> tuple[ModuleType, Any]:
     """(architecture module, Config) of an open GGUF file, its metadata and every tensor checked against the
     architecture's declaration: a file that lies about its model fails here, before anything is allocated."""
-    from moert.models.spec import check
+    from moert.models.spec import check, check_layers
 
     arch = get(g.architecture)
     config = arch.Config.from_gguf(g.metadata)
+    check_layers(g.path, g.tensors, config)
     check(g.path, g.tensors, arch.tensors(config), config)
     return arch, config

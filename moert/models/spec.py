@@ -3,7 +3,7 @@
 Each architecture module has `tensors(c: Config) -> list[TensorSpec]`, as llama.cpp's `create_tensor(name,
 {ne...}, flags)` calls in llama-model.cpp. `check` compares a file against it at load, before any kernel
 sees a byte: a missing tensor, a shape or type the declaration does not allow, a tensor the architecture
-does not have (a `blk.N` beyond `block_count` among them) is a `TensorMismatchError` naming the tensor,
+does not have, a `block_count` that disagrees with the `blk.N` tensors, is a `TensorMismatchError` naming the tensor,
 what was expected (and from which GGUF key) and what the file holds. Kernels then never meet a shape
 the config did not promise, so they never index out of bounds.
 
@@ -75,12 +75,25 @@ def expected_shape(config: Any, s: TensorSpec) -> tuple[int, ...]:
     return tuple(_dim(config, d)[0] for d in s.dims)
 
 
+def check_layers(path: Any, tensors: Mapping[str, Any], config: Any) -> None:
+    """block_count against the blk.N tensors present, before anything is built per layer (a block_count of
+    10^6 must not make a million layers' declarations first)."""
+    layers = {int(n.split(".")[1]) for n in tensors if n.startswith("blk.") and n.split(".")[1].isdigit()}
+    have = max(layers) + 1 if layers else 0
+    if have != config.n_layer:
+        where = getattr(path, "name", path)
+        found = f"tensors for {have} layers (blk.0 to blk.{have - 1})" if have else "no blk.N tensors"
+        raise TensorMismatchError(f"{where}: block_count is {config.n_layer:,} but the file holds {found}. The file "
+                                  f"does not match its own metadata; it is corrupt or was edited: re-convert the "
+                                  f"model with llama.cpp's convert_hf_to_gguf.py")
+
+
 def check(path: Any, tensors: Mapping[str, Any], specs: list[TensorSpec], config: Any) -> None:
     """Raise TensorMismatchError unless `tensors` (name -> TensorInfo) is exactly what `specs` declares."""
     from moert.quants import SUPPORTED
 
     where = f"{getattr(path, 'name', path)}"
-    fix = ("the file does not match its own metadata; it is corrupt or was edited: re-convert the model "
+    fix = ("The file does not match its own metadata; it is corrupt or was edited: re-convert the model "
            "with llama.cpp's convert_hf_to_gguf.py")
     declared = {s.name: s for s in specs}
     for s in specs:
@@ -103,11 +116,6 @@ def check(path: Any, tensors: Mapping[str, Any], specs: list[TensorSpec], config
                                       f"of those (llama-quantize ... Q4_K_M)")
     extra = sorted(n for n in tensors if n not in declared)
     if extra:
-        beyond = [n for n in extra if n.startswith("blk.") and n.split(".")[1].isdigit()
-                  and int(n.split(".")[1]) >= config.n_layer]
-        if beyond:
-            raise TensorMismatchError(f"{where}: tensor {beyond[0]!r} belongs to layer {beyond[0].split('.')[1]}, "
-                                      f"but block_count is {config.n_layer}. {fix}")
         more = f" (and {len(extra) - 1} more)" if len(extra) > 1 else ""
         raise TensorMismatchError(f"{where}: tensor {extra[0]!r}{more} is not part of a {config.arch} model; "
                                   f"moert would ignore it and compute something else than the file means. {fix}")
