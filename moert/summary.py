@@ -42,6 +42,7 @@ def summarize(f: GGUFFile) -> dict:
         by_role["experts" if EXPERT_RE.search(t.name) else "other"] += t.nbytes
     arch = f.metadata.get("general.architecture")
     return {
+        "check": check(f),
         "path": str(f.path),
         "gguf_version": f.version,
         "file_size": f.file_size,
@@ -61,10 +62,25 @@ def summarize(f: GGUFFile) -> dict:
     }
 
 
+def check(f: GGUFFile) -> str:
+    """Whether the file is a model moert can run: every key and tensor against its architecture's declaration."""
+    from moert import models
+    from moert.errors import MoertError
+
+    try:
+        _, config = models.read(f)
+    except models.UnsupportedArchitectureError:
+        return f"not checked: moert does not implement architecture {f.metadata.get('general.architecture')!r}"
+    except MoertError as e:
+        return f"does not match its declaration: {e}"
+    return f"every key and tensor matches the {config.arch} declaration ({len(f.tensors)} tensors)"
+
+
 def format_summary(s: dict, tensors: bool = True) -> str:
     """The human-readable table `moert inspect` prints."""
     out = [f"{s['path']}: GGUF v{s['gguf_version']}, {format_size(s['file_size'])}, {len(s['tensors'])} tensors",
-           f"architecture: {s['architecture']}" + (f"   name: {s['name']}" if s["name"] else "")]
+           f"architecture: {s['architecture']}" + (f"   name: {s['name']}" if s["name"] else ""),
+           f"check: {s['check']}"]
     if s["hyperparameters"]:
         out.append("hyperparameters:")
         out += [f"  {k:<40} {v:.7g}" if isinstance(v, float) else f"  {k:<40} {v}"

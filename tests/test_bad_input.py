@@ -375,3 +375,12 @@ def test_cli_lies_exit_1_with_one_line(tmp_path, recipe):
         assert r.returncode == 1, (args, r.stdout, r.stderr)
         lines = r.stderr.strip().splitlines()
         assert len(lines) == 1 and what in lines[0] and "Traceback" not in r.stderr, (args, r.stderr)
+
+
+def test_inspect_says_whether_the_file_matches_its_declaration(tmp_path, recipe):
+    lying = lie(tmp_path, recipe, md={"qwen3moe.expert_count": ("UINT32", 8)})
+    good = cli("inspect", str(BASE)).stdout
+    assert "check: every key and tensor matches the qwen3moe declaration (27 tensors)" in good
+    r = cli("inspect", str(lying), "--no-tensors")
+    assert r.returncode == 0 and ("check: does not match its declaration: lie.gguf: tensor "
+                                  "'blk.0.ffn_gate_inp.weight' has shape (4, 256); qwen3moe expects (8, 256)") in r.stdout
