@@ -20,13 +20,14 @@ def expect(fn: str, name: str, a: np.ndarray, shape: tuple[int | None, ...]) -> 
 
 
 def expert_ids(fn: str, ids: np.ndarray, weights: np.ndarray, n_tokens: int, n_expert: int) -> None:
-    """ids (T, K) ints in [0, n_expert) and weights (T, K), T = n_tokens, K >= 1."""
+    """ids (T, K) ints in [-1, n_expert) and weights (T, K), T = n_tokens, K >= 1; -1 marks a slot this call
+    skips (its expert lives on another device)."""
     expect(fn, "ids", ids, (n_tokens, None))
     expect(fn, "weights", weights, ids.shape)
     if ids.shape[1] < 1 or ids.shape[1] > n_expert:
         raise ShapeError(f"{fn}: {ids.shape[1]} experts per token for {n_expert} experts; need 1..{n_expert}")
-    if ids.size and (int(ids.min()) < 0 or int(ids.max()) >= n_expert):
-        bad = int(ids.min()) if int(ids.min()) < 0 else int(ids.max())
+    if ids.size and (int(ids.min()) < -1 or int(ids.max()) >= n_expert):
+        bad = int(ids.min()) if int(ids.min()) < -1 else int(ids.max())
         raise ShapeError(f"{fn}: expert id {bad} is outside [0, {n_expert}): the router and the expert tensors "
                          f"disagree on the number of experts; nothing was computed")
 

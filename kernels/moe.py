@@ -45,28 +45,33 @@ class QTensor(NamedTuple):
 
 @njit(cache=True)
 def group_by_expert(ids, n_expert):
-    """Counting sort of the T*K (token, slot) pairs by expert, stable.
-    ids (T, K) int32 -> offsets (E+1,) int64, slots (T*K,) int64 (flat index t*K + k)."""
+    """Counting sort of the T*K (token, slot) pairs by expert, stable; slots whose id is -1 are skipped (an
+    expert of another device). ids (T, K) int32 -> offsets (E+1,) int64, slots (offsets[E],) int64 (flat
+    index t*K + k)."""
     flat = ids.reshape(-1)
     offsets = np.zeros(n_expert + 1, dtype=np.int64)
     for i in range(flat.shape[0]):
-        offsets[flat[i] + 1] += 1
+        if flat[i] >= 0:
+            offsets[flat[i] + 1] += 1
     for e in range(n_expert):
         offsets[e + 1] += offsets[e]
     fill = offsets[:-1].copy()
-    slots = np.empty(flat.shape[0], dtype=np.int64)
+    slots = np.empty(offsets[n_expert], dtype=np.int64)
     for i in range(flat.shape[0]):
         e = flat[i]
-        slots[fill[e]] = i
-        fill[e] += 1
+        if e >= 0:
+            slots[fill[e]] = i
+            fill[e] += 1
     return offsets, slots
 
 
 def group_by_expert_ref(ids: np.ndarray, n_expert: int) -> tuple[np.ndarray, np.ndarray]:
     """Reference twin of group_by_expert."""
     flat = ids.reshape(-1)
-    offsets = np.concatenate([[0], np.cumsum(np.bincount(flat, minlength=n_expert))]).astype(np.int64)
-    return offsets, np.argsort(flat, kind="stable").astype(np.int64)
+    kept = flat >= 0
+    offsets = np.concatenate([[0], np.cumsum(np.bincount(flat[kept], minlength=n_expert))]).astype(np.int64)
+    order = np.argsort(flat, kind="stable")
+    return offsets, order[kept[order]].astype(np.int64)
 
 
 # ---------------------------------------------------------------------------------- SwiGLU, scatter
@@ -162,7 +167,7 @@ def moe_ffn_ref(x: np.ndarray, ids: np.ndarray, weights: np.ndarray,
                 gate: QTensor, up: QTensor, down: QTensor) -> np.ndarray:
     """Reference twin of moe_ffn: for each expert, the tokens that picked it, dequantized by NumPy."""
     out = np.zeros((x.shape[0], gate.shape[2]), dtype=np.float32)       # (T, D)
-    for e in np.unique(ids):
+    for e in np.unique(ids[ids >= 0]):                                  # -1: a slot another device runs
         tok, slot = np.nonzero(ids == e)                                # (n,), (n,)
         wg, wu, wd = (_ref_dequantize_expert(t.raw, t.type, t.shape, int(e)) for t in (gate, up, down))
         g, u = x[tok] @ wg.T, x[tok] @ wu.T                             # (n, F)

@@ -161,7 +161,7 @@ def _make_layer(g_code: int, d_code: int, linked_source: int, aq: int = 0):
                     rows(d_code, d_raw[e], g, hs, Y[p, o0:o0 + n], 0, D, b0, b1, d_f16)
         out = np.zeros((T, D), dtype=np.float32)                        # (T, D)
         w = wts.reshape(-1)
-        for q in range(T * K):                                          # grouped order: by expert
+        for q in range(offsets[E]):                                     # grouped order: by expert
             s = slots[q]
             t, c = s // K, w[s]
             for p in range(parts):
@@ -254,7 +254,7 @@ def moe_ffn_fused_ref(x: np.ndarray, ids: np.ndarray, weights: np.ndarray,
                       gate: QTensor, up: QTensor, down: QTensor) -> np.ndarray:
     """Reference twin: for each expert, its tokens through gate, up, SiLU*up, down (matmul_ref), weighted."""
     out = np.zeros((x.shape[0], gate.shape[2]), dtype=np.float32)       # (T, D)
-    for e in np.unique(ids):
+    for e in np.unique(ids[ids >= 0]):                                  # -1: a slot another device runs
         tok, slot = np.nonzero(ids == e)                                # (n,), (n,)
         w = [QTensor(*_expert(t, int(e))) for t in (gate, up, down)]
         g, u = matmul_ref(x[tok], w[0]), matmul_ref(x[tok], w[1])      # (n, F)

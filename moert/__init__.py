@@ -53,6 +53,8 @@ _LAZY = {
     "SamplingError": "moert.sampling",
     "ChatTemplateError": "moert.chat",
     "TensorMismatchError": "moert.models.spec",
+    "Trace": "moert.trace",
+    "TraceError": "moert.trace",
 }
 
 __all__ = [
@@ -65,6 +67,7 @@ __all__ = [
 def __getattr__(name: str):
     if name in _LAZY:
         return getattr(import_module(_LAZY[name]), name)
-    if name in ("gguf", "quants", "kernels", "devices", "testing", "rules", "placement", "memory", "weights", "models"):
+    if name in ("gguf", "quants", "kernels", "devices", "testing", "rules", "placement", "memory", "weights", "models",
+                "trace"):
         return import_module(f"moert.{name}")
     raise AttributeError(f"module 'moert' has no attribute {name!r}")

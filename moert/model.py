@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import copy
 import time
+from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
 from typing import Any
@@ -33,9 +34,10 @@ from moert.kernels import matmul as kmatmul
 from moert.kernels.moe import QTensor, moe_ffn
 from moert.kernels.moe_fused import PreparedExperts
 from moert.kernels.moe_fused import supports as fused_supports
-from moert.layers import rms_norm, rope_angles, swiglu
-from moert.moe import dispatch, expert_counts
+from moert.layers import rms_norm, rope_angles, silu, swiglu
+from moert.moe import dispatch
 from moert.stats import PHASES, ModelStats, Phase, Stats  # noqa: F401  (PHASES, Stats: re-exported)
+from moert.weights import SplitWeight
 
 _CHUNK_ELEMENTS = 1 << 24  # a dense weight larger than this is dequantized and multiplied in row chunks
 DENSE_CACHE_BYTES = 2 << 30  # default Model.dense_cache_bytes: float32 copies of CPU dense weights kept
@@ -48,14 +50,15 @@ def load(model: Any, overrides: Any = None, gpu_layers: int | str = "all", cpu_m
          n_cpu_moe: int | None = None, gpu_backend: str = "auto", gpu_memory: Any = None,
          context_size: int = 4096, threads: int | None = None, progress: Any = None, *,
          n_batch: int = 512, warmup: bool = True, act_quant: str | None = None, mmap: bool = True,
-         **plan_options: Any) -> Model:
+         trace: bool | str = False, **plan_options: Any) -> Model:
     """Open a GGUF model, place its tensors, load them onto their devices, allocate the KV cache, and
     (warmup=True, llama.cpp's default too) run a few tokens through it and forget them, so the first real
     ones do not pay for compiling the kernels (`Model.warmup`). act_quant="int16": CPU one-token matmuls
     of Q4_K/Q6_K weights round x to int16 per 256-block; "int8": every CPU matmul of those types rounds x
     to int8 (llama.cpp's scheme; needs AVX2); see kernels/matmul_q.py. None (default): float.
     mmap=False (--no-mmap) reads the file into memory instead of mapping it, so a file truncated or
-    rewritten while the model is loaded cannot crash it (see README, "Bad input")."""
+    rewritten while the model is loaded cannot crash it (see README, "Bad input"). trace=True records every
+    token's routing (`Model.trace`, moert/trace.py); trace="full" the router logits too."""
     from moert import gguf, placement
     from moert.kernels import matmul_q
     from moert.weights import load_weights
@@ -91,6 +94,8 @@ def load(model: Any, overrides: Any = None, gpu_layers: int | str = "all", cpu_m
         except BaseException:
             m.close()
             raise
+    if trace:
+        m.trace_start(full=trace == "full")
     return m
 
 
@@ -137,7 +142,8 @@ class Model:
         # per-call lookups done once: small float32 weights, CPU matmul and expert-layer kernels ready to call
         self._small: dict[tuple, Any] = {}
         self._prepared: dict[Any, Any] = {}
-        self._expert_home: dict[tuple, Any] = {}
+        self._expert_layouts: dict[tuple, _ExpertLayout] = {}
+        self._trace = None
 
     # -- the public interface
     def forward(self, tokens, last_only: bool = False) -> np.ndarray:
@@ -158,10 +164,14 @@ class Model:
                 chunk = tokens[s:s + self.n_batch]
                 self._n, self._rope = len(chunk), {}
                 out.append(self.arch.forward(self, chunk))
+                if self._trace is not None:
+                    self._trace.end_chunk(self._position, len(chunk))
                 self._ids[self._position:self._position + len(chunk)] = chunk
                 self._position += len(chunk)
         except BaseException:
             self._position = start   # all or nothing: KV entries past `position` are simply overwritten later
+            if self._trace is not None:
+                self._trace.drop_chunk()
             raise
         finally:
             self._call.seconds = time.perf_counter() - t0
@@ -205,6 +215,7 @@ class Model:
 
         t0, position = time.perf_counter(), self.position
         last, total = self.stats.last, copy.deepcopy(self.stats.total)
+        tracing, self._trace = self._trace, None
         counters = {d.name: d.stats.copy() for d in self.plan.devices}
         steps = [2, 1] if self.context_size - position >= 3 else [1]
         with tqdm(total=len(steps), desc="warming up (compiles the CPU kernels on a first run)", unit="step",
@@ -215,10 +226,41 @@ class Model:
                     bar.update(1)
             finally:
                 self.position, self.stats.last, self.stats.total = position, last, total
+                self._trace = tracing
                 for d in self.plan.devices:
                     d.stats.reset_to(counters[d.name])
         self.warmup_seconds = time.perf_counter() - t0
         return self.warmup_seconds
+
+    # -- routing traces (moert/trace.py)
+    def trace_start(self, full: bool = False) -> None:
+        """Record every token's routing from now on (full=True: the router logits too)."""
+        from moert import __version__
+        from moert.trace import Recorder
+
+        c = self.config
+        cfg = {k: v for k, v in vars(c).items() if isinstance(v, (int, float, str, bool))}
+        header = {"model": Path(str(self.gguf.path)).name, "architecture": c.arch, "config": cfg,
+                  "placement": {"overrides": self.plan.overrides_string(), "gpu_layers": self.plan.gpu_layers,
+                                "bytes_by_device": self.plan.bytes_by_device()}, "moert_version": __version__}
+        self._trace = Recorder(c.n_layer, getattr(c, "n_expert", 0), getattr(c, "n_expert_used", 0), full, header)
+
+    def trace_stop(self):
+        """Stop recording; the Trace recorded (None if none was started)."""
+        t, self._trace = self.trace, None
+        return t
+
+    @property
+    def trace(self):
+        """The routing recorded since trace_start / load(trace=True), as a moert.Trace (None: not tracing)."""
+        return None if self._trace is None else self._trace.trace()
+
+    def _trace_layer(self, il: int, ids_h: np.ndarray, weights, logits) -> None:
+        w = weights if isinstance(weights, np.ndarray) else self.to(weights, CPU, "trace: expert weights")
+        lg = None
+        if logits is not None and self._trace.full:
+            lg = logits if isinstance(logits, np.ndarray) else self.to(logits, CPU, "trace: router logits")
+        self._trace.layer(il, np.array(ids_h, dtype=np.int32), np.array(w, dtype=np.float32), lg)
 
     # -- text: the vocabulary from the GGUF, and the generation loop (moert/generate.py)
     @cached_property
@@ -269,7 +311,7 @@ class Model:
         self._dense.clear()
         self._small.clear()
         self._prepared.clear()
-        self._expert_home.clear()
+        self._expert_layouts.clear()
         self.kv.free()
         self.weights.free()
 
@@ -414,42 +456,81 @@ class Model:
             logits = self.linear(h, name, dev)                                         # (T, V)
         return self.to(logits, CPU, "logits")
 
-    def experts(self, il: int, x, ids, weights, names: tuple[str, str, str]):
-        """Routed SwiGLU experts of layer il: x (T, D), ids/weights (T, K) on the attention device;
-        runs where the plan put the expert tensors and returns (T, D) on the attention device."""
+    def experts(self, il: int, x, ids, weights, names: tuple[str, str, str], logits=None):
+        """Routed SwiGLU experts of layer il: x (T, D), ids/weights (T, K) on the attention device; returns
+        (T, D) there. Each expert runs where the plan put its weights; only activations move:
+          one device holds the layer's experts   x, ids, weights go there, the output comes back;
+          experts split over devices             each device runs the (token, slot) pairs of its experts
+                                                 (the others marked -1), partial outputs summed here;
+          gate/up/down of an expert apart        each matmul runs where its weight is, activations move.
+        logits: the router's (T, E), for traces with trace="full" (optional)."""
         src = _devices.device_of(x, self.plan.devices)
-        home = self._expert_home.get(names)
-        if home is None:   # the one device all three live on, or None when the plan split them
-            where = {self.plan.device(n).name: self.plan.device(n) for n in names}
-            home = self._expert_home[names] = next(iter(where.values())) if len(where) == 1 else False
-        dev = home or src                                               # split tensors: compute at src
+        layout = self._expert_layouts.get(names)
+        if layout is None:
+            layout = self._expert_layouts[names] = _ExpertLayout.of(self.weights, names, self.config.n_expert)
+        ids_h = ids if src is CPU else self.to(ids, CPU, "expert ids")          # (T, K) host: counts, masks
+        counts = np.bincount(ids_h.reshape(-1), minlength=self.config.n_expert)
+        if self._call is not None:
+            self._call.expert_counts[il] += counts
+        if self._trace is not None:
+            self._trace_layer(il, ids_h, weights, logits)
+        if layout.home is not None:
+            return self._experts_on(layout.home, names, x, ids_h if layout.home is CPU else ids, weights, counts,
+                                    src)
+        if layout.owner is None:                                        # tensors of one expert apart
+            with self.phase("experts", src):
+                return dispatch(x, ids, weights, counts, self._expert_by_matmul(names, src), src.xp)
+        owner = layout.owner[ids_h]                                     # (T, K) device index of each slot
+        y = None
+        for j, dev in enumerate(layout.devices):
+            mask = owner == j
+            if not mask.any():
+                continue
+            ids_d = np.where(mask, ids_h, -1).astype(np.int32)          # (T, K): -1 = another device's slot
+            part = self._experts_on(dev, names, x, ids_d, weights, np.where(layout.owner == j, counts, 0), src)
+            y = part if y is None else y + part
+        return y
+
+    def _experts_on(self, dev: Device, names, x, ids, weights, counts: np.ndarray, src: Device):
+        """The experts of `names` that `ids` selects (-1: skipped), all held by dev, run on dev; (T, D) on src."""
         if src is not dev:
             ids, weights, x = self.to(ids, dev, "expert ids"), self.to(weights, dev, "expert weights"), \
                 self.to(x, dev, "hidden")
-        if dev is CPU:
-            counts = np.bincount(ids.reshape(-1), minlength=self.config.n_expert)
-        else:
-            counts = self.to(expert_counts(ids, self.config.n_expert, dev.xp), CPU, "expert counts")
-        if self._call is not None:
-            self._call.expert_counts[il] += counts
         with self.phase("experts", dev):
-            if dev is CPU and home:                 # the quantized bytes, read by the Numba kernels
+            if dev is CPU:                          # the quantized bytes, read by the Numba kernels
                 y = self._cpu_experts(names)(x, ids, weights)
             else:
                 ts = [self.weights[n] for n in names]
 
                 def run(e: int, xs):
-                    g, u, d = (self._expert(n, t, e, dev) for n, t in zip(names, ts))
-                    return swiglu(xs, g, u, d, dev.xp)
+                    return swiglu(xs, *(t.dequantize_expert(e) for t in ts), dev.xp)
                 y = dispatch(x, ids, weights, counts, run, dev.xp)
         return y if src is dev else self.to(y, src, "expert output")
 
+    def _expert_by_matmul(self, names, src: Device):
+        """run(e, xs) for dispatch on src when expert e's gate, up and down live on different devices: each
+        matmul runs where its weight is; xs, the hidden units and the output move (counted)."""
+        gate, up, down = (self.weights[n] for n in names)
+
+        def at(t, e: int) -> Device:
+            return t.device_of(e) if isinstance(t, SplitWeight) else t.device
+
+        def run(e: int, xs):
+            dg, du, dd = at(gate, e), at(up, e), at(down, e)
+            g = self.to(xs, dg, "hidden") @ gate.dequantize_expert(e).T                # (n, F) on dg
+            u = self.to(xs, du, "hidden") @ up.dequantize_expert(e).T                  # (n, F) on du
+            h = silu(self.to(g, dd, "expert hidden"), dd.xp) * self.to(u, dd, "expert hidden")
+            return self.to(h @ down.dequantize_expert(e).T, src, "expert output")     # (n, D) on src
+        return run
+
     def _cpu_experts(self, names: tuple[str, str, str]):
         """f(x, ids, weights) for a CPU expert layer: one parallel region for the layer
-        (kernels/moe_fused.py), or kernels/moe.py for types the fused kernel does not take."""
+        (kernels/moe_fused.py), or kernels/moe.py for types the fused kernel does not take. Ids of -1 are
+        skipped. A tensor split over experts is read through its CPU piece's view of the whole tensor."""
         f = self._prepared.get(names)
         if f is None:
-            qs = [QTensor(t.data, t.type, tuple(t.shape)) for t in (self.weights[n] for n in names)]
+            qs = [QTensor(_cpu_view(self.weights[n]), self.weights[n].type, tuple(self.weights[n].shape))
+                  for n in names]
             if fused_supports(*qs):
                 f = PreparedExperts(*qs, act_quant=self.act_quant)
             else:
@@ -458,9 +539,37 @@ class Model:
             self._prepared[names] = f
         return f
 
-    def _expert(self, name: str, t, e: int, dev: Device):
-        """Expert e of a stacked expert tensor, float32 on dev (dequantized where it lives, then moved)."""
-        return self.to(t.dequantize_expert(e), dev, f"{name}[{e}]")
+
+@dataclass
+class _ExpertLayout:
+    """Where a layer's experts live: one device (`home`), or a device per expert the same for gate, up and
+    down (`owner[e]` indexes `devices`), or neither (each expert's tensors apart: both None)."""
+
+    home: Device | None
+    devices: list[Device]
+    owner: np.ndarray | None
+
+    @classmethod
+    def of(cls, store, names, n_expert: int) -> _ExpertLayout:
+        per = []
+        for n in names:
+            w = store[n]
+            per.append([w.device_of(e) for e in range(n_expert)] if isinstance(w, SplitWeight)
+                       else [w.device] * n_expert)
+        if any(p != per[0] for p in per[1:]):
+            return cls(None, [], None)
+        devices = list(dict.fromkeys(per[0]))
+        if len(devices) == 1:
+            return cls(devices[0], devices, None)
+        return cls(None, devices, np.array([devices.index(d) for d in per[0]], dtype=np.int64))
+
+
+def _cpu_view(w) -> np.ndarray:
+    """The CPU bytes of a weight for the fused kernels: its data, or a split tensor's CPU piece (a view of the
+    whole tensor, experts of other devices included and never read)."""
+    if isinstance(w, SplitWeight):
+        return next(p.data for p in w.pieces if p.device is CPU)
+    return w.data
 
 
 def _dequantize(raw, type_name: str, shape, dev: Device):

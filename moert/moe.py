@@ -62,16 +62,17 @@ def expert_counts(ids, n_expert: int, xp=np):
 def dispatch(x, ids, weights, counts: np.ndarray, run_expert: Callable, xp=np):
     """Grouped expert dispatch: out[t] = sum_k weights[t, k] * run_expert(ids[t, k], x[t]).
 
-    x (T, D), ids (T, K), weights (T, K) on one device; counts (E,) host ints (`expert_counts`, moved to
+    x (T, D), ids (T, K), weights (T, K) on one device; counts (E,) host ints of the ids >= 0 (moved to
     the host by the caller, who also records them); run_expert(e, xs (n, D)) -> (n, D) on that device.
-    Each expert with tokens runs once, on all of its tokens together.
+    Each expert with tokens runs once, on all of its tokens together. Slots with id -1 are skipped (their
+    expert runs on another device).
     """
     T, K = ids.shape
     order = xp.argsort(ids.reshape(-1), kind="stable")                  # (T*K,) slots grouped by expert
     tok = order // K                                                    # (T*K,) token of each slot
     w = weights.reshape(-1)[order][:, None]                             # (T*K, 1)
     out = xp.zeros(x.shape, dtype=xp.float32)                           # (T, D)
-    start = 0
+    start = T * K - int(sum(counts.tolist()))                           # the -1 slots sort first
     for e, n in enumerate(counts.tolist()):
         if n:
             t = tok[start:start + n]                                    # (n,) distinct: a token picks e once

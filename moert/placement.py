@@ -36,6 +36,7 @@ from moert.rules import (  # noqa: F401  (rules are re-exported: moert.placement
     TensorOverride,
     compile_pattern,
     expert_layer_regex,
+    format_experts,
     format_overrides,
     moe_rules,
     normalize_overrides,
@@ -64,12 +65,17 @@ class Placement:
     rule_index: int | None
     reason: str                           # in words, for explain()
     layer: int | None                     # repeating block index, n_layer for the output layer, None for input
-    experts: tuple[int, int] | None = None  # None = the whole tensor (expert ranges: room to grow)
+    experts: tuple[int, ...] | None = None  # None = the whole tensor; else the expert ids this piece holds
     tied_to: str | None = None            # output.weight duplicated from token_embd.weight when absent
 
     @property
     def decided_by(self) -> str:
         return f"rule #{self.rule_index} {self.rule}" if self.rule is not None else f"default: {self.reason}"
+
+    @property
+    def label(self) -> str:
+        """The tensor name, with the expert set of a piece: blk.0.ffn_up_exps.weight[0-31]."""
+        return self.name if self.experts is None else f"{self.name}[{format_experts(self.experts)}]"
 
 
 @dataclass
@@ -120,11 +126,13 @@ class Plan:
 
     def __init__(self, model: _Model, rules: list[TensorOverride], entries: dict[str, Placement],
                  devices: list[Device], gpu_layers: int, gpu_backend: str, split: str, messages: list[str],
-                 shares: tuple[float, ...] | None = None):
+                 shares: tuple[float, ...] | None = None,
+                 split_tensors: dict[str, tuple[Placement, ...]] | None = None):
         self.model = model
         self.path, self.arch, self.metadata, self.n_layer = model.path, model.arch, model.metadata, model.n_layer
         self.rules = rules
-        self.entries = entries
+        self.entries = entries            # whole tensors: name -> Placement
+        self.split_tensors = split_tensors or {}   # tensors split over experts: name -> pieces, each a Placement
         self.devices = devices            # the GPU devices (cpu is moert.devices.CPU)
         self.gpu_layers = gpu_layers      # layers (of n_layer + 1) whose default device is a GPU
         self.gpu_backend = gpu_backend    # "cupy", "sim" or "none" (what is actually used)
@@ -134,28 +142,67 @@ class Plan:
 
     # -- questions
     def __getitem__(self, name: str) -> Placement:
+        """The placement of a whole tensor (a tensor split over experts: see `pieces`)."""
+        if name in self.split_tensors:
+            raise PlacementError(f"{name} is split over experts ({self._split_summary(name)}); ask "
+                                 f"plan.pieces(name) or plan.device_of(name, expert=e)")
         try:
             return self.entries[name]
         except KeyError:
-            raise KeyError(f"the plan has no tensor {name!r} ({len(self.entries)} tensors; "
-                           f"Plan.explain() lists them)") from None
+            raise KeyError(f"the plan has no tensor {name!r} ({len(self.entries) + len(self.split_tensors)} "
+                           f"tensors; Plan.explain() lists them)") from None
 
     def __contains__(self, name: str) -> bool:
-        return name in self.entries
+        return name in self.entries or name in self.split_tensors
 
     def __iter__(self):
-        return iter(self.entries.values())
+        """Every placed piece: whole tensors, then the expert slices of split tensors."""
+        yield from self.entries.values()
+        for pieces in self.split_tensors.values():
+            yield from pieces
 
     def __len__(self) -> int:
-        return len(self.entries)
+        return len(self.entries) + sum(len(p) for p in self.split_tensors.values())
 
-    def device_of(self, name: str) -> str:
-        """The device name of a tensor: "cpu", "cuda:0", "sim:1"."""
-        return self[name].device
+    def names(self) -> list[str]:
+        """Every tensor name of the plan, split or whole."""
+        return [*self.entries, *self.split_tensors]
 
-    def device(self, name: str) -> Device:
-        """The Device object for a tensor name or a device name ("cpu", "sim:0")."""
-        dev = self.entries[name].device if name in self.entries else name
+    def pieces(self, name: str) -> tuple[Placement, ...]:
+        """The placed pieces of a tensor: one (experts=None) unless it is split over experts."""
+        if name in self.split_tensors:
+            return self.split_tensors[name]
+        return (self[name],)
+
+    def _split_summary(self, name: str) -> str:
+        return ", ".join(f"experts {format_experts(p.experts)} on {p.device}" for p in self.split_tensors[name])
+
+    def device_of(self, name: str, expert: int | None = None) -> str:
+        """The device name of a tensor ("cpu", "cuda:0", "sim:1"); of one expert of it with expert=e."""
+        if expert is None or name not in self.split_tensors:
+            if expert is not None:
+                self._check_expert(name, expert)
+            return self[name].device
+        self._check_expert(name, expert)
+        return next(p.device for p in self.split_tensors[name] if expert in p.experts)
+
+    def _check_expert(self, name: str, expert: int) -> None:
+        e = self.pieces(name)[0]
+        if not _has_expert_axis(name, e.shape) or not 0 <= expert < e.shape[0]:
+            raise PlacementError(f"{name} {e.shape} has no expert {expert}")
+
+    def expert_devices(self, name: str) -> list[str]:
+        """The device of each expert of an expert tensor, by expert id."""
+        pieces = self.pieces(name)
+        out = [pieces[0].device] * pieces[0].shape[0]
+        for p in pieces:
+            for e in p.experts or ():
+                out[e] = p.device
+        return out
+
+    def device(self, name: str, expert: int | None = None) -> Device:
+        """The Device object for a tensor name (of expert `expert` of it) or a device name ("cpu", "sim:0")."""
+        dev = self.device_of(name, expert) if name in self else name
         if dev == "cpu":
             return CPU
         for d in self.devices:
@@ -224,14 +271,14 @@ class Plan:
             n, b = count[i]
             lines.append(f"  #{i:<3} {str(r):<48} {r.source:<9} {n:>5} tensors {format_size(b):>12}")
         lines.append("")
-        w = max([len(e.name) for e in self] + [6])
+        w = max([len(e.label) for e in self] + [6])
         lines.append(f"{'tensor':<{w}}  {'type':<6} {'shape':<18} {'bytes':>11}  {'device':<7} decided by")
         pat = None if only is None else compile_pattern(only, "explain(only=...)")
         shown = [e for e in self if pat is None or search(pat, e.name, f"explain(only={only!r})")]
         for e in shown:
             shape = "x".join(map(str, e.shape))
             tied = f" (tied to {e.tied_to})" if e.tied_to else ""
-            lines.append(f"{e.name:<{w}}  {e.type:<6} {shape:<18} {format_size(e.nbytes):>11}  {e.device:<7} "
+            lines.append(f"{e.label:<{w}}  {e.type:<6} {shape:<18} {format_size(e.nbytes):>11}  {e.device:<7} "
                          f"{e.decided_by}{tied}")
         if len(shown) < len(self):
             lines.append(f"... {len(self) - len(shown)} more tensors (all of them: moert inspect MODEL --plan)")
@@ -256,7 +303,8 @@ class Plan:
             "tensor_split": list(self.tensor_split) if self.tensor_split else None,
             "devices": {d: (None if d == "cpu" else self.device(d).capacity) for d in self.device_names()},
             "rules": [{"pattern": r.pattern, "device": r.device, "spelling": r.device_spelling(),
-                       "source": r.source} for r in self.rules],
+                       "source": r.source, **({"experts": list(r.experts)} if r.experts else {})}
+                      for r in self.rules],
             "overrides": self.overrides_string(),
             "tensors": [{"name": e.name, "type": e.type, "shape": list(e.shape), "bytes": e.nbytes,
                          "device": e.device, "rule": e.rule_index, "decided_by": e.decided_by,
@@ -276,12 +324,16 @@ class Plan:
     # -- used by fit: re-decide some default-placed tensors with an appended rule, without re-matching
     def _with_rule(self, rule: TensorOverride, names: Iterable[str]) -> Plan:
         rules = [*self.rules, rule]
-        entries = dict(self.entries)
+        entries, split_tensors = dict(self.entries), dict(self.split_tensors)
         dev = "cpu" if rule.device == "cpu" else self.devices[rule.device_index].name
         for n in names:
-            entries[n] = replace(entries[n], device=dev, rule=rule, rule_index=len(rules) - 1)
+            if n in split_tensors:     # only the experts no rule decided
+                split_tensors[n] = tuple(replace(p, device=dev, rule=rule, rule_index=len(rules) - 1)
+                                         if p.rule is None else p for p in split_tensors[n])
+            else:
+                entries[n] = replace(entries[n], device=dev, rule=rule, rule_index=len(rules) - 1)
         return Plan(self.model, rules, entries, self.devices, self.gpu_layers, self.gpu_backend, self.split,
-                    self.messages, self.tensor_split)
+                    self.messages, self.tensor_split, split_tensors)
 
 
 def _layer_gpu(il: int, n_layer: int, gpu_layers: int, devices: list[Device],
@@ -365,10 +417,6 @@ def _split(split: str, tensor_split: Sequence[float] | None) -> str | tuple[floa
 def _build(info: _Model, rules: list[TensorOverride], n_gpu: int, gpu_backend: str, gpu_memory: Any,
            split: str | tuple[float, ...], strict: bool, devices: list[Device] | None, stacklevel: int = 2,
            warn: bool = True) -> Plan:
-    for r in rules:
-        if r.experts is not None:
-            raise PlacementError(f"rule {r}: expert-range rules (experts={r.experts}) are not supported yet; "
-                                 f"place whole *_exps tensors")
     backend = (gpu_backend or "auto").lower()
     gpus = list(devices) if devices is not None else get_devices(backend, gpu_memory)
     messages: list[str] = []
@@ -417,6 +465,7 @@ def _build(info: _Model, rules: list[TensorOverride], n_gpu: int, gpu_backend: s
         shares = tuple(float(g.capacity) for g in gpus) if split == "layer" else None
 
     entries: dict[str, Placement] = {}
+    split_tensors: dict[str, tuple[Placement, ...]] = {}
     matched = [0] * len(rules)
     decided = [0] * len(rules)
     shadowed_by: list[int | None] = [None] * len(rules)
@@ -431,17 +480,35 @@ def _build(info: _Model, rules: list[TensorOverride], n_gpu: int, gpu_backend: s
             matched[i] += 1
             if i != hits[0] and shadowed_by[i] is None:
                 shadowed_by[i] = hits[0]
-        if hits:
-            i = hits[0]
+        base = Placement(name, typ, shape, nbytes, "", None, None, "", layer, None, tied.get(name))
+
+        def placed(i: int | None, experts: tuple[int, ...] | None = None, base: Placement = base) -> Placement:
+            """The placement rule i (None: the default) gives this tensor, or its experts `experts`."""
+            if i is None:
+                dev, reason = _default(base.layer, info.n_layer, n_gpu, n_gpu_eff, gpus, shares, fallback)
+                return replace(base, device=dev, reason=reason, experts=experts,
+                               nbytes=_piece_bytes(base, experts))
             r = rules[i]
-            decided[i] += 1
             dev = "cpu" if (r.device == "cpu" or fallback) else gpus[r.device_index].name
             reason = f"rule #{i}" + (" (no GPU: CPU fallback)" if fallback and r.device != "cpu" else "")
-            entries[name] = Placement(name, typ, shape, nbytes, dev, r, i, reason, layer, tied_to=tied.get(name))
-        else:
-            dev, reason = _default(layer, info.n_layer, n_gpu, n_gpu_eff, gpus, shares, fallback)
-            entries[name] = Placement(name, typ, shape, nbytes, dev, None, None, reason, layer,
-                                      tied_to=tied.get(name))
+            return replace(base, device=dev, rule=r, rule_index=i, reason=reason, experts=experts,
+                           nbytes=_piece_bytes(base, experts))
+
+        owners = _expert_owners(name, shape, hits, rules) if any(rules[i].experts for i in hits) else None
+        if owners is None:                              # the first matching rule takes the whole tensor
+            if hits:
+                decided[hits[0]] += 1
+            entries[name] = placed(hits[0] if hits else None)
+        else:                                           # first match wins per (tensor, expert)
+            for i in {o for o in owners if o is not None}:
+                decided[i] += 1
+            groups: dict[int | None, list[int]] = {}
+            for e, o in enumerate(owners):
+                groups.setdefault(o, []).append(e)
+            if len(groups) == 1:
+                entries[name] = placed(owners[0])
+            else:
+                split_tensors[name] = tuple(placed(o, tuple(ids)) for o, ids in groups.items())
 
     for i, r in enumerate(rules):
         if matched[i] == 0:
@@ -458,7 +525,41 @@ def _build(info: _Model, rules: list[TensorOverride], n_gpu: int, gpu_backend: s
     if warn:
         for m in messages:
             warnings.warn(m, PlacementWarning, stacklevel=stacklevel + 1)
-    return Plan(info, rules, entries, gpus, n_gpu_eff, used_backend, split, messages, shares)
+    return Plan(info, rules, entries, gpus, n_gpu_eff, used_backend, split, messages, shares, split_tensors)
+
+
+def _piece_bytes(p: Placement, experts: tuple[int, ...] | None) -> int:
+    """Bytes of experts `experts` of tensor p (all of it for None): each expert is an equal slice."""
+    return p.nbytes if experts is None else p.nbytes // p.shape[0] * len(experts)
+
+
+_EXPERT_TENSOR_RE = re.compile(r"_(ch|)exps\.")
+
+
+def _has_expert_axis(name: str, shape: tuple[int, ...]) -> bool:
+    """Whether axis 0 of this tensor indexes experts (blk.N.ffn_*_exps.weight / .bias)."""
+    return _EXPERT_TENSOR_RE.search(name) is not None and len(shape) >= 2
+
+
+def _expert_owners(name: str, shape: tuple[int, ...], hits: list[int], rules: list[TensorOverride]) -> list:
+    """For each expert of tensor `name`, the index of the first matching rule that takes it (None: none does).
+    A rule with an expert set takes only those experts; one without takes every expert still undecided."""
+    for i in hits:
+        r = rules[i]
+        if r.experts is None:
+            continue
+        if not _has_expert_axis(name, shape):
+            raise PlacementError(f"rule #{i} {r} has an expert set but matches {name} {shape}, which has no "
+                                 f"expert axis; narrow the pattern to the *_exps tensors")
+        if r.experts[-1] >= shape[0]:
+            raise PlacementError(f"rule #{i} {r} names expert {r.experts[-1]} but {name} has {shape[0]} experts "
+                                 f"(ids 0-{shape[0] - 1})")
+    owners: list[int | None] = [None] * shape[0]
+    for i in hits:
+        for e in (range(shape[0]) if rules[i].experts is None else rules[i].experts):
+            if owners[e] is None:
+                owners[e] = i
+    return owners
 
 
 def _layer_of(name: str, n_layer: int) -> int | None:

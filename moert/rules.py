@@ -2,7 +2,8 @@
 
     TensorOverride.cpu(r"\\.ffn_.*_exps\\.weight")     LM-Kit.NET's TensorOverride.Cpu(pattern)
     TensorOverride.gpu(r"blk\\.(0|1)\\.attn", 0)       LM-Kit.NET's TensorOverride.Gpu(pattern, gpuIndex)
-    parse_overrides("pat1=CPU,pat2=CUDA0")            llama.cpp's -ot / --override-tensor syntax
+    TensorOverride.gpu(r"_exps", 0, experts=range(32)) experts 0-31 of every expert tensor on GPU 0
+    parse_overrides("pat1=CPU,pat2=CUDA0@0-31+40")    llama.cpp's -ot / --override-tensor syntax (+ expert sets)
     moe_rules(cpu_moe=True) / moe_rules(n_cpu_moe=N)  llama.cpp's --cpu-moe / --n-cpu-moe
 
 A new placement strategy is a function that returns rules; moert/placement.py turns rules into a plan.
@@ -78,12 +79,14 @@ class TensorOverride:
     pattern: str
     device: str = "cpu"
     backend: str | None = None    # "cuda" / "sim" when the rule was spelled CUDA0 / sim:0; None = any GPU
-    source: str = "user"          # who made it: user, cpu_moe, n_cpu_moe, fit
-    # Room to grow: a later rule kind may place only experts [start, stop) of an *_exps tensor.
-    experts: tuple[int, int] | None = None
+    source: str = "user"          # who made it: user, cpu_moe, n_cpu_moe, fit, hot_experts, ...
+    experts: Any = None           # None: whole tensors; else expert ids (any iterable: range(32), [3, 17]),
+    #                               kept as a sorted tuple; a rule with a set decides only those experts
     regex: Any = field(init=False, repr=False, compare=False)   # compiled by the `regex` engine
 
     def __post_init__(self):
+        if self.experts is not None:
+            object.__setattr__(self, "experts", _expert_set(self.experts, f"rule {self.pattern!r}"))
         device, backend = _parse_device(self.device)
         object.__setattr__(self, "device", device)
         if self.backend is None:
@@ -91,16 +94,16 @@ class TensorOverride:
         object.__setattr__(self, "regex", compile_pattern(self.pattern, f"rule {self.pattern!r} -> {self.device}"))
 
     @classmethod
-    def cpu(cls, pattern: str) -> TensorOverride:
-        """Tensors matching `pattern` go to the CPU."""
-        return cls(pattern, "cpu")
+    def cpu(cls, pattern: str, experts: Iterable[int] | None = None) -> TensorOverride:
+        """Tensors matching `pattern` (only experts `experts` of expert tensors, if given) go to the CPU."""
+        return cls(pattern, "cpu", experts=experts)
 
     @classmethod
-    def gpu(cls, pattern: str, index: int = 0) -> TensorOverride:
-        """Tensors matching `pattern` go to GPU `index`."""
+    def gpu(cls, pattern: str, index: int = 0, experts: Iterable[int] | None = None) -> TensorOverride:
+        """Tensors matching `pattern` (only experts `experts` of expert tensors, if given) go to GPU `index`."""
         if isinstance(index, bool) or not isinstance(index, int) or index < 0:
             raise PlacementError(f"rule {pattern!r}: GPU index must be an int >= 0, got {index!r}")
-        return cls(pattern, f"gpu:{index}")
+        return cls(pattern, f"gpu:{index}", experts=experts)
 
     @property
     def device_index(self) -> int:
@@ -119,11 +122,52 @@ class TensorOverride:
         return {"cuda": f"CUDA{i}", "sim": f"sim:{i}"}.get(self.backend or "", f"GPU{i}")
 
     def __str__(self) -> str:
-        return f"{self.pattern}={self.device_spelling()}"
+        at = "" if self.experts is None else "@" + format_experts(self.experts)
+        return f"{self.pattern}={self.device_spelling()}{at}"
+
+
+def _expert_set(experts: Any, what: str) -> tuple[int, ...]:
+    """A sorted tuple of distinct expert ids >= 0 from any iterable of ints."""
+    import numbers
+
+    try:
+        ids = list(experts)
+    except TypeError:
+        raise PlacementError(f"{what}: experts must be an iterable of expert ids (range(0, 32), [3, 17]), "
+                             f"got {experts!r:.60}") from None
+    if not ids or not all(isinstance(e, numbers.Integral) and not isinstance(e, bool) and e >= 0 for e in ids):
+        raise PlacementError(f"{what}: experts must be a non-empty set of ids >= 0, got {ids!r:.80}")
+    return tuple(sorted({int(e) for e in ids}))
+
+
+def format_experts(ids: Iterable[int]) -> str:
+    """Expert ids compactly, as the -ot spelling writes them: (0..31, 40, 41) -> '0-31+40-41'."""
+    ids = sorted(ids)
+    runs, start = [], None
+    for i, e in enumerate(ids):
+        if start is None:
+            start = e
+        if i + 1 == len(ids) or ids[i + 1] != e + 1:
+            runs.append(str(e) if start == e else f"{start}-{e}")
+            start = None
+    return "+".join(runs)
+
+
+def parse_experts(text: str, what: str) -> tuple[int, ...]:
+    """'0-31+40+41' -> (0, ..., 31, 40, 41): ranges and ids joined by '+' (no commas: -ot lists split on them)."""
+    ids: list[int] = []
+    for part in text.split("+"):
+        a, sep, b = part.strip().partition("-")
+        if not a.isdigit() or (sep and not b.isdigit()) or (sep and int(b) < int(a)):
+            raise PlacementError(f"{what}: expert set {text!r} is not ids and ranges joined by '+', e.g. "
+                                 f"'0-31+40+41'")
+        ids.extend(range(int(a), int(b) + 1) if sep else [int(a)])
+    return _expert_set(ids, what)
 
 
 def parse_overrides(text: str | Iterable[str]) -> list[TensorOverride]:
-    """Rules from llama.cpp's -ot syntax: "pat1=CPU,pat2=CUDA0" (several strings are concatenated)."""
+    """Rules from llama.cpp's -ot syntax: "pat1=CPU,pat2=CUDA0" (several strings are concatenated). moert's
+    extension for expert sets: "pat=CUDA0@0-31+40+41" places only those experts of the matching tensors."""
     if not isinstance(text, str):
         return [r for t in text for r in parse_overrides(t)]
     # llama.cpp splits on every comma; a comma inside a regex ({1,2}) would break that, so a piece
@@ -144,7 +188,9 @@ def parse_overrides(text: str | Iterable[str]) -> list[TensorOverride]:
         if not pattern:
             raise PlacementError(f"-ot item #{k} {item!r}: empty pattern; write pattern=DEVICE")
         try:
-            rules.append(TensorOverride(pattern.strip(), device.strip()))
+            device, at, expert_set = device.partition("@")      # DEVICE@0-31+40: only those experts
+            experts = parse_experts(expert_set, f"-ot item #{k} {item!r}") if at else None
+            rules.append(TensorOverride(pattern.strip(), device.strip(), experts=experts))
         except PlacementError as e:
             raise PlacementError(f"-ot item #{k} {item!r}: {e}") from None
     return rules

@@ -11,6 +11,10 @@ Layout of `Weight.data` (the same on every device):
     everything else  uint8 GGUF bytes shaped (*shape[:-1], row_bytes): data[e] is expert e of an
                      *_exps tensor, data[..., r, :] row r; quantized blocks never straddle a row.
 On the cpu `data` is a zero-copy view of the memory-mapped file; on a GPU it is one upload of those bytes.
+
+A tensor the plan split over experts is a `SplitWeight`: one `Weight` piece per device, each holding only
+its experts' bytes on a GPU (data[i] is expert experts[i]), and on the cpu the zero-copy view of the whole
+tensor (so the fused kernel reads its experts in place; pages of experts placed elsewhere are never read).
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ import numpy as np
 from moert.devices import CPU, Device, format_size
 from moert.errors import DeviceOutOfMemory, MoertError, PlacementError
 from moert.placement import Plan
+from moert.rules import format_experts
 
 
 class LoadCancelled(MoertError):
@@ -40,12 +45,15 @@ class Weight:
     shape: tuple[int, ...]           # NumPy order: (n_expert, n_ff, n_embd) for blk.N.ffn_up_exps.weight
     device: Device
     data: Any                        # see the module docstring for the layout
-    experts: tuple[int, int] | None = None   # None: all experts; (start, stop): this piece holds only those
+    experts: tuple[int, ...] | None = None   # None: all experts; else the experts this piece holds
     tied_to: str | None = None       # output.weight loaded from token_embd.weight
 
     @property
     def nbytes(self) -> int:
-        return int(self.data.nbytes)
+        """Bytes this piece holds (its experts' share of a whole-tensor cpu view)."""
+        if self.experts is None:
+            return int(self.data.nbytes)
+        return int(self.data.nbytes) // int(self.data.shape[0]) * len(self.experts)
 
     def _dequantize(self, raw: Any, shape: tuple[int, ...]) -> Any:
         from moert import quants
@@ -63,10 +71,13 @@ class Weight:
 
     def raw_expert(self, e: int) -> Any:
         """The bytes (or float32 rows) of expert e of an *_exps tensor, on this device: a view."""
-        lo, hi = self.experts or (0, self.shape[0])
-        if len(self.shape) < 3 or not lo <= e < hi:
-            raise IndexError(f"{self.name} {self.shape}: no expert {e} here (holds experts {lo}..{hi - 1})")
-        return self.data[e - lo]
+        held = range(self.shape[0]) if self.experts is None else self.experts
+        if len(self.shape) < 2 or e not in held:
+            raise IndexError(f"{self.name} {self.shape}: no expert {e} here (holds experts "
+                             f"{format_experts(held)})")
+        if self.data.shape[0] == self.shape[0]:                         # the whole tensor's view
+            return self.data[e]
+        return self.data[self.experts.index(e)]
 
     def dequantize_expert(self, e: int) -> Any:
         """Expert e of an *_exps tensor as float32 (shape[1:]) on this device."""
@@ -83,6 +94,38 @@ class Weight:
                 f"{format_size(self.nbytes)})")
 
 
+@dataclass(eq=False)
+class SplitWeight:
+    """A tensor split over experts: its pieces, one per (device, deciding rule)."""
+
+    name: str
+    type: str
+    shape: tuple[int, ...]
+    pieces: list[Weight]
+
+    @property
+    def nbytes(self) -> int:
+        return sum(p.nbytes for p in self.pieces)
+
+    def piece_of(self, e: int) -> Weight:
+        """The piece holding expert e."""
+        for p in self.pieces:
+            if e in p.experts:
+                return p
+        raise IndexError(f"{self.name} {self.shape}: no expert {e}")
+
+    def device_of(self, e: int) -> Device:
+        return self.piece_of(e).device
+
+    def dequantize_expert(self, e: int) -> Any:
+        """Expert e as float32 on the device that holds it."""
+        return self.piece_of(e).dequantize_expert(e)
+
+    def __repr__(self) -> str:
+        where = ", ".join(f"{format_experts(p.experts)} on {p.device.name}" for p in self.pieces)
+        return f"SplitWeight({self.name!r}, {self.type}, {self.shape}: {where})"
+
+
 class WeightStore(dict):
     """name -> Weight, with the plan that placed them and the open GGUF file their cpu views come from."""
 
@@ -91,15 +134,20 @@ class WeightStore(dict):
         self.plan = plan
         self.gguf = gguf  # kept open: cpu weights are views of its memory map
 
+    def pieces(self):
+        """Every placed Weight: whole tensors and the pieces of split ones."""
+        for w in self.values():
+            yield from (w.pieces if isinstance(w, SplitWeight) else (w,))
+
     def bytes_by_device(self) -> dict[str, int]:
         out = dict.fromkeys(self.plan.device_names(), 0)
-        for w in self.values():
+        for w in self.pieces():
             out[w.device.name] += w.nbytes
         return out
 
     def free(self) -> None:
         """Give every device allocation back (cpu views just drop) and empty the store."""
-        for w in self.values():
+        for w in self.pieces():
             if w.device.kind != "cpu":
                 w.device.free(w.data)
         self.clear()
@@ -153,12 +201,17 @@ def load_weights(gguf: Any, plan: Plan, progress: Callable[[float], bool] | bool
     done = 0
     try:
         for e in plan:
-            dev = plan.device(e.name)
+            dev = plan.device(e.device)
             host = _host_view(gguf, e.tied_to or e.name, e.type, e.shape)
-            if e.experts is not None:
-                host = host[e.experts[0]:e.experts[1]]
-            data = host if dev is CPU else dev.put(host, what=e.name)
-            store[e.name] = Weight(e.name, e.type, tuple(e.shape), dev, data, e.experts, e.tied_to)
+            if e.experts is not None and dev is not CPU:                 # a GPU gets only its experts' bytes
+                lo, hi = e.experts[0], e.experts[-1] + 1
+                host = host[lo:hi] if hi - lo == len(e.experts) else host[list(e.experts)]
+            data = host if dev is CPU else dev.put(host, what=e.label)
+            w = Weight(e.name, e.type, tuple(e.shape), dev, data, e.experts, e.tied_to)
+            if e.experts is None:
+                store[e.name] = w
+            else:
+                store.setdefault(e.name, SplitWeight(e.name, e.type, tuple(e.shape), [])).pieces.append(w)
             done += e.nbytes
             if report is not None and report(done / total) is False:
                 raise LoadCancelled(f"loading {gguf.path} was cancelled by the progress callback after "
@@ -199,4 +252,4 @@ def _with_suggestion(err: DeviceOutOfMemory, plan: Plan, context_size: int) -> D
     return new
 
 
-__all__ = ["LoadCancelled", "Weight", "WeightStore", "load_weights"]
+__all__ = ["LoadCancelled", "SplitWeight", "Weight", "WeightStore", "load_weights"]

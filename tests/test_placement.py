@@ -275,13 +275,6 @@ def test_unused_and_shadowed_rules_warn_and_strict_makes_them_errors():
     quiet_plan(names(2), ["exps=CPU", "attn_q=CPU"], gpu_backend="sim", strict=True)
 
 
-def test_expert_range_rules_are_reserved():
-    r = TensorOverride("ffn_up_exps", "GPU0", experts=(0, 16))
-    assert r.experts == (0, 16)
-    with pytest.raises(PlacementError, match="not supported yet"):
-        plan(names(2), [r], gpu_backend="sim")
-
-
 # --------------------------------------------------------------------------------------------- the plan
 
 def test_plan_of_a_file(model_file):

@@ -82,5 +82,5 @@ def block(m, il: int, x):
 
     # the routed experts run where their tensors are (CPU: Numba kernels on the quantized bytes)
     y = m.experts(il, h, ids, weights, (b + "ffn_gate_exps.weight", b + "ffn_up_exps.weight",
-                                        b + "ffn_down_exps.weight"))    # (T, D) on dev
+                                        b + "ffn_down_exps.weight"), logits=logits)    # (T, D) on dev
     return x + y
