@@ -84,9 +84,42 @@ def _stream_to_stdout(model, prompt, args, *, add_bos=None, echo: str = "") -> t
 
 
 def print_stats(model, gen_stats, file=sys.stderr) -> None:
-    """llama.cpp's three timing lines, then moert's per-phase/per-device time and transfer table."""
+    """llama.cpp's three timing lines, moert's per-phase/per-device time and transfer table, and the
+    memory each device used beside the estimate (as llama.cpp prints its memory breakdown)."""
     print("\n" + gen_stats.report(), file=file)
     print("\n" + str(model.stats.total), file=file)
+    print("\n" + memory_breakdown(model), file=file)
+
+
+def memory_breakdown(model) -> str:
+    """Per device: the estimate (weights, KV, scratch) and the measured peak of what moert allocated there."""
+    from moert.devices import CPU, format_size
+    from moert.memory import estimate
+
+    est = estimate(model.plan, model.context_size, model.n_batch)
+    lines = [f"{'memory':<8} {'weights':>11} {'KV':>11} {'scratch':>11} {'estimate':>11} {'measured peak':>14}"]
+    for name, d in est.devices.items():
+        dev = model.plan.device(name)
+        mapped = model.weights.bytes_by_device()[name] if dev is CPU else 0   # file views: not allocations
+        peak = f"{format_size(dev.peak + mapped)}"
+        lines.append(f"{name:<8} {format_size(d.weights):>11} {format_size(d.kv):>11} {format_size(d.scratch):>11} "
+                     f"{format_size(d.total):>11} {peak:>14}")
+    lines.append("measured peak: what moert allocated there at its highest (cpu: plus the mapped weights); "
+                 "the CPU's NumPy temporaries are not counted")
+    return "\n".join(lines)
+
+
+def finish(model, args: argparse.Namespace) -> None:
+    """What run does after generating, with or without a vocabulary: the trace file, the expert plot."""
+    if getattr(args, "trace", None):
+        t = model.trace_stop()
+        print(f"routing trace: {t.save(args.trace)} ({len(t)} tokens; `moert trace {args.trace}` summarises it)",
+              file=sys.stderr)
+    if args.expert_plot:
+        from moert.plots import expert_heatmap
+
+        print(f"expert selections: {expert_heatmap(model.stats.total.expert_counts, args.expert_plot)}",
+              file=sys.stderr)
 
 
 MAX_PROMPT_BYTES = 16 << 20   # -f FILE: a prompt file larger than this is refused (no model has that context)
@@ -118,23 +151,18 @@ def cmd_run(args: argparse.Namespace) -> int:
     prompt = read_prompt_file(args.file) if args.file else args.prompt
     if prompt is None:
         raise MoertError("no prompt: give one with -p TEXT or -f FILE")
-    model = load_from_args(args.model, args)
+    model = load_from_args(args.model, args, trace=bool(getattr(args, "trace", None)))
     if not model.tokenizer.has_vocab:  # a vocabulary-less model runs from token ids
         return _run_ids(model, prompt, args)
     text, stats = _stream_to_stdout(model, prompt, args, echo="" if args.no_display_prompt or args.json else prompt)
     if args.json:
         print(json.dumps({"prompt": prompt, "text": text, "stop_reason": stats.stop_reason,
-                          "timings": stats_dict(stats), "stats": model.stats.total.to_dict()
-                          if hasattr(model.stats.total, "to_dict") else None}, indent=1))
+                          "timings": stats_dict(stats), "stats": model.stats.to_dict()}, indent=1))
     else:
         print()
     if args.stats:
         print_stats(model, stats)
-    if args.expert_plot:
-        from moert.plots import expert_heatmap
-
-        print(f"expert selections: {expert_heatmap(model.stats.total.expert_counts, args.expert_plot)}",
-              file=sys.stderr)
+    finish(model, args)
     return 0
 
 
@@ -158,10 +186,11 @@ def _run_ids(model, prompt: str, args: argparse.Namespace) -> int:
     kw.pop("stop")
     stats = GenerationStats()
     out = generate_ids(model, ids, args.n_predict, SamplingParams(**kw), stats)
-    print(json.dumps({"prompt": ids, "tokens": out, "timings": stats_dict(stats)}) if args.json
-          else " ".join(map(str, out)))
+    print(json.dumps({"prompt": ids, "tokens": out, "timings": stats_dict(stats), "stats": model.stats.to_dict()})
+          if args.json else " ".join(map(str, out)))
     if args.stats:
         print_stats(model, stats)
+    finish(model, args)
     return 0
 
 
@@ -239,6 +268,8 @@ def add_commands(sub) -> None:
     r.add_argument("--json", action="store_true", help="print one JSON object (text, timings) at the end")
     r.add_argument("--expert-plot", default=None, metavar="PNG", help="save a heatmap of which experts each "
                    "layer selected (needs matplotlib: the `plot` extra)")
+    r.add_argument("--trace", default=None, metavar="NPZ", help="record every token's routing (ids, weights) "
+                   "and save it (`moert trace NPZ` summarises it)")
     add_sampling_args(r)
     add_placement_args(r)
     r.set_defaults(func=cmd_run)

@@ -16,7 +16,6 @@ through `to` (moert.devices.transfer underneath), so the sim device catches any 
 
 from __future__ import annotations
 
-import copy
 import time
 from dataclasses import dataclass
 from functools import cached_property
@@ -144,6 +143,7 @@ class Model:
         self._prepared: dict[Any, Any] = {}
         self._expert_layouts: dict[tuple, _ExpertLayout] = {}
         self._trace = None
+        self._layer: int | None = None            # the block being computed (per-layer times)
 
     # -- the public interface
     def forward(self, tokens, last_only: bool = False) -> np.ndarray:
@@ -176,9 +176,8 @@ class Model:
         finally:
             self._call.seconds = time.perf_counter() - t0
             self._call.transfers = {d.name: d.stats - before[d.name] for d in devs if d.is_gpu}
-            self.stats.last = self._call
-            self.stats.total += self._call
-            self._call, self._phases = None, []
+            self.stats.add(self._call)
+            self._call, self._phases, self._layer = None, [], None
         if not out:
             return np.zeros((0, self.config.n_vocab), dtype=np.float32)
         if last_only:
@@ -214,7 +213,7 @@ class Model:
         from tqdm import tqdm
 
         t0, position = time.perf_counter(), self.position
-        last, total = self.stats.last, copy.deepcopy(self.stats.total)
+        saved = self.stats.snapshot()
         tracing, self._trace = self._trace, None
         counters = {d.name: d.stats.copy() for d in self.plan.devices}
         steps = [2, 1] if self.context_size - position >= 3 else [1]
@@ -225,7 +224,8 @@ class Model:
                     self.forward(np.zeros(n, dtype=np.int64))
                     bar.update(1)
             finally:
-                self.position, self.stats.last, self.stats.total = position, last, total
+                self.position = position
+                self.stats.restore(saved)
                 self._trace = tracing
                 for d in self.plan.devices:
                     d.stats.reset_to(counters[d.name])
@@ -240,7 +240,8 @@ class Model:
 
         c = self.config
         cfg = {k: v for k, v in vars(c).items() if isinstance(v, (int, float, str, bool))}
-        header = {"model": Path(str(self.gguf.path)).name, "architecture": c.arch, "config": cfg,
+        header = {"model": Path(str(self.gguf.path)).name, "model_path": str(Path(str(self.gguf.path)).resolve()),
+                  "architecture": c.arch, "config": cfg,
                   "placement": {"overrides": self.plan.overrides_string(), "gpu_layers": self.plan.gpu_layers,
                                 "bytes_by_device": self.plan.bytes_by_device()}, "moert_version": __version__}
         self._trace = Recorder(c.n_layer, getattr(c, "n_expert", 0), getattr(c, "n_expert_used", 0), full, header)
@@ -345,7 +346,9 @@ class Model:
 
     # -- the runtime an architecture file calls
     def attention_device(self, il: int) -> Device:
-        """Where layer il's attention (and KV cache, router) runs."""
+        """Where layer il's attention (and KV cache, router) runs. Every block asks this first, so the time
+        measured from here to the next block (or the output) is counted as layer il's (Stats.layer_time)."""
+        self._layer = il
         return self.kv.devices[il]
 
     def kv_cache(self, il: int):
@@ -370,7 +373,7 @@ class Model:
 
     def _add_time(self, phase: str, dev: str, s: float) -> None:
         if self._call is not None:
-            self._call.add_time(phase, dev, s)
+            self._call.add_time(phase, dev, s, self._layer)
 
     def _name(self, name: str) -> str:
         if name not in self.weights and name == "output.weight":   # tied to the embedding
@@ -448,6 +451,7 @@ class Model:
         ((1, V): the last position, when the forward call asked for last_only)."""
         name = self._name(name)
         dev = self.plan.device(name)
+        self._layer = None                                              # not a layer's time from here on
         if self._last_only:
             x = x[-1:]                                                  # (1, D)
         x = self.to(x, dev, "hidden")

@@ -1,6 +1,7 @@
 """Pictures for what people would rather look at than read (matplotlib, the `plot` extra, imported lazily).
 
     expert_heatmap(counts, path)    which experts each layer selected: the raw material of placement research
+    coverage_plot(trace, path)      how many of the hottest experts per layer cover how many selections
     placement_bars(plan, path)      bytes per device, split by rule: what each rule did
     speed_bars(speeds, path)        tokens/s per engine and test (bench/e2e.py --plot): who is faster, where
 """
@@ -29,14 +30,44 @@ def expert_heatmap(counts: np.ndarray, path: str | Path, title: str = "expert se
     counts = np.asarray(counts)
     if counts.ndim != 2 or counts.size == 0:
         raise ValueError(f"expert counts must be a non-empty (n_layer, n_expert) table, got shape {counts.shape}")
+    from matplotlib.colors import PowerNorm
+
     n_layer, n_expert = counts.shape
+    share = counts / np.maximum(counts.sum(axis=1, keepdims=True), 1)   # each layer's own distribution
     fig, ax = plt.subplots(figsize=(max(7, min(16, 2 + n_expert * 0.12)), max(3, min(12, 1.5 + n_layer * 0.3))))
-    im = ax.imshow(counts, aspect="auto", interpolation="nearest", cmap="viridis")
+    # a square-root scale: one hot expert does not wash out every other cell
+    im = ax.imshow(share, aspect="auto", interpolation="nearest", cmap="viridis",
+                   norm=PowerNorm(0.5, vmin=0, vmax=max(float(share.max()), 1e-9)))
     ax.set_xlabel("expert")
     ax.set_ylabel("layer (blk.N)")
+    ax.yaxis.set_major_locator(plt.MaxNLocator(integer=True))
+    ax.xaxis.set_major_locator(plt.MaxNLocator(integer=True))
     total = int(counts.sum())
     ax.set_title(f"{title}: {total:,} selections over {n_layer} layers x {n_expert} experts")
-    fig.colorbar(im, ax=ax, label="times selected")
+    fig.colorbar(im, ax=ax, label="share of the layer\n(square-root scale)")
+    fig.tight_layout()
+    path = Path(path)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
+def coverage_plot(trace, path: str | Path) -> Path:
+    """Share of selections the k hottest experts of each layer cover, k = 0..E, against uniform routing."""
+    plt = _pyplot()
+    curve = trace.coverage_curve()
+    E = trace.n_expert
+    k = np.arange(E + 1)
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    ax.plot(k, curve, marker="o" if E <= 32 else None, ms=3, label="this trace")
+    ax.plot(k, k / E, ls="--", color="gray", label="uniform routing")
+    ax.set_xlabel("hottest experts kept per layer (k)")
+    ax.set_ylabel("share of expert selections covered")
+    ax.set_ylim(0, 1.02)
+    ax.set_xlim(0, E)
+    ax.grid(alpha=0.3)
+    ax.legend(loc="lower right")
+    ax.set_title(f"coverage: {len(trace)} tokens, {trace.n_layer} layers, {E} experts, top-{trace.ids.shape[2]}")
     fig.tight_layout()
     path = Path(path)
     fig.savefig(path, dpi=120)

@@ -1,20 +1,22 @@
 """What a forward call measured: time per phase and device, transfers, expert selections (`Model.stats`).
 
     Stats        counters of one forward call, or of several added up
-    ModelStats   `last` (the latest call) and `total` (every call since load or reset())
+    ModelStats   `last` (the latest call), `total` (every call since load or reset()), and `prefill` /
+                 `decode` (the calls of several tokens / of one); `to_dict()` for --json
     Phase        `with m.phase("attention", dev):` the timer the architecture files use
 """
 
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
 from moert.devices import Device, TransferStats
 
 PHASES = ("embed", "attention", "router", "experts", "ffn", "transfers", "output")
+_PHASE_INDEX = {p: i for i, p in enumerate(PHASES)}
 
 
 @dataclass
@@ -29,14 +31,19 @@ class Stats:
     time: dict[str, dict[str, float]] = field(default_factory=dict)    # phase -> device -> seconds
     transfers: dict[str, TransferStats] = field(default_factory=dict)  # device -> its counted transfers
     expert_counts: np.ndarray = None    # (n_layer, n_expert) int64: how often each expert was selected
+    layer_time: np.ndarray = None       # (n_layer, len(PHASES)) seconds per layer and phase
 
     def __post_init__(self):
         if self.expert_counts is None:
             self.expert_counts = np.zeros((self.n_layer, self.n_expert), dtype=np.int64)
+        if self.layer_time is None:
+            self.layer_time = np.zeros((self.n_layer, len(PHASES)), dtype=np.float64)
 
-    def add_time(self, phase: str, device: str, seconds: float) -> None:
+    def add_time(self, phase: str, device: str, seconds: float, layer: int | None = None) -> None:
         d = self.time.setdefault(phase, {})
         d[device] = d.get(device, 0.0) + seconds
+        if layer is not None and phase in _PHASE_INDEX:
+            self.layer_time[layer, _PHASE_INDEX[phase]] += seconds
 
     def __iadd__(self, other: Stats) -> Stats:
         self.calls += other.calls
@@ -48,7 +55,21 @@ class Stats:
         for dev, t in other.transfers.items():
             self.transfers[dev] = self.transfers.get(dev, TransferStats()) + t
         self.expert_counts += other.expert_counts
+        self.layer_time += other.layer_time
         return self
+
+    def to_dict(self) -> dict:
+        """Plain data for --json: per phase and device (ms), transfers per device and direction, expert
+        counts (n_layer x n_expert), and per layer the ms of each phase."""
+        return {
+            "calls": self.calls, "tokens": self.tokens, "ms": self.seconds * 1e3,
+            "tokens_per_s": self.tokens / self.seconds if self.seconds else None,
+            "time_ms": {p: {d: s * 1e3 for d, s in sorted(per.items())} for p, per in self.time.items()},
+            "transfers": {d: asdict(t) for d, t in sorted(self.transfers.items())},
+            "expert_counts": self.expert_counts.tolist(),
+            "layer_time_ms": {p: (self.layer_time[:, i] * 1e3).round(4).tolist() for i, p in enumerate(PHASES)
+                              if self.layer_time[:, i].any()},
+        }
 
     @property
     def transfer_bytes(self) -> int:
@@ -77,16 +98,36 @@ class Stats:
 
 
 class ModelStats:
-    """`last`: the latest forward call; `total`: every call since load (or `reset()`)."""
+    """`last`: the latest forward call; `total`: every call since load (or `reset()`); `prefill` and
+    `decode`: the calls of several tokens, and of one."""
 
     def __init__(self, n_layer: int, n_expert: int):
         self._shape = (n_layer, n_expert)
-        self.last = Stats(*self._shape)
-        self.total = Stats(*self._shape)
+        self.reset()
 
     def reset(self) -> None:
-        """Zero both."""
+        """Zero them all."""
         self.last, self.total = Stats(*self._shape), Stats(*self._shape)
+        self.prefill, self.decode = Stats(*self._shape), Stats(*self._shape)
+
+    def snapshot(self) -> dict:
+        """A copy of every counter, for `restore` (the warm-up leaves the stats as they were)."""
+        import copy
+
+        return copy.deepcopy(vars(self))
+
+    def restore(self, snapshot: dict) -> None:
+        vars(self).update(snapshot)
+
+    def add(self, call: Stats) -> None:
+        """Count a finished forward call."""
+        self.last = call
+        self.total += call
+        (self.prefill if call.tokens > 1 else self.decode).__iadd__(call)
+
+    def to_dict(self) -> dict:
+        return {"total": self.total.to_dict(), "prefill": self.prefill.to_dict(), "decode": self.decode.to_dict(),
+                "last": self.last.to_dict()}
 
     def __str__(self) -> str:
         return f"last call:\n{self.last}\n\ncumulative:\n{self.total}"
