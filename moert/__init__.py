@@ -3,9 +3,9 @@
 The pipeline, one module per stage:
     gguf.open(path)            moert/gguf.py        the file: metadata and zero-copy tensor views
     quants.dequantize(...)     moert/quants/        GGML block formats (NumPy/CuPy reference), kernels/ (Numba)
-    TensorOverride, -ot        moert/rules.py       placement rules: regex -> device (llama.cpp / LM-Kit semantics)
-    plan(model, rules)         moert/placement.py   first-match regex rules -> a device per tensor
-    estimate / fit             moert/memory.py      pre-flight memory per device
+    TensorOverride, -ot        moert/placement/     rules.py: regex (+ expert set) -> device (llama.cpp, LM-Kit)
+    plan(model, rules)                              plan.py: first match wins, per tensor and expert
+    estimate / fit                                  memory.py: pre-flight bytes; strategies.py: rules that fit
     load_weights(gguf, plan)   moert/weights.py     tensors onto cpu / cuda:N / sim:N (moert/devices.py)
     load(path, ...) -> Model   moert/model.py       KV cache + forward; architectures in moert/models/
     generate / stream / chat   moert/generate.py    tokenizer.py, sampling.py, chat.py
@@ -35,13 +35,14 @@ __version__ = "0.1.0"
 
 # Public names resolved lazily, so `import moert` stays cheap (no Numba compile, no CuPy probe).
 _LAZY = {
-    "TensorOverride": "moert.rules",
-    "parse_overrides": "moert.rules",
+    "TensorOverride": "moert.placement",
+    "parse_overrides": "moert.placement",
     "plan": "moert.placement",
     "Plan": "moert.placement",
-    "estimate": "moert.memory",
-    "fit": "moert.memory",
-    "FitResult": "moert.memory",
+    "estimate": "moert.placement",
+    "fit": "moert.placement",
+    "FitResult": "moert.placement",
+    "hot_experts": "moert.placement",
     "load_weights": "moert.weights",
     "get_devices": "moert.devices",
     "load": "moert.model",
@@ -67,7 +68,7 @@ __all__ = [
 def __getattr__(name: str):
     if name in _LAZY:
         return getattr(import_module(_LAZY[name]), name)
-    if name in ("gguf", "quants", "kernels", "devices", "testing", "rules", "placement", "memory", "weights", "models",
+    if name in ("gguf", "quants", "kernels", "devices", "testing", "placement", "kvcache", "weights", "models",
                 "trace"):
         return import_module(f"moert.{name}")
     raise AttributeError(f"module 'moert' has no attribute {name!r}")

@@ -18,7 +18,7 @@ def _placement_requested(args: argparse.Namespace) -> bool:
 
 def cmd_inspect(args: argparse.Namespace) -> int:
     from moert import gguf
-    from moert.placement_cli import format_placement
+    from moert.placement.cli import format_placement
     from moert.summary import format_summary, summarize
 
     with gguf.open(args.model) as f:
@@ -33,11 +33,12 @@ def cmd_inspect(args: argparse.Namespace) -> int:
         if placed:
             print("\n" + format_placement(args.model, args))
     if args.plot:
-        from moert.placement import plan
-        from moert.placement_cli import placement_from_args
+        from moert.placement import auto_plan
+        from moert.placement.cli import placement_from_args
         from moert.plots import placement_bars
 
-        print(f"placement plot: {placement_bars(plan(args.model, **placement_from_args(args)), args.plot)}",
+        p = auto_plan(args.model, args.ctx or 0, **placement_from_args(args))
+        print(f"placement plot: {placement_bars(p, args.plot)}",
               file=sys.stderr)
     return 0
 
@@ -45,7 +46,7 @@ def cmd_inspect(args: argparse.Namespace) -> int:
 def build_parser() -> argparse.ArgumentParser:
     from moert import cli_bench, cli_trace
     from moert.cli_generate import add_commands
-    from moert.placement_cli import add_fit_args, add_placement_args
+    from moert.placement.cli import add_fit_args, add_placement_args
 
     p = argparse.ArgumentParser(prog="moert", description="MoE inference on GGUF files with explicit tensor placement")
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")

@@ -61,7 +61,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
 def add_commands(sub) -> None:
     """Register bench on the top-level subparsers."""
     from moert.cli_generate import add_act_quant_arg
-    from moert.placement_cli import add_placement_args
+    from moert.placement.cli import add_placement_args
 
     b = sub.add_parser("bench", help="measure prompt processing and generation speed (like llama-bench)",
                        description="Time prompt processing (pp: one forward of -p token ids from an empty "

@@ -52,7 +52,7 @@ def add_act_quant_arg(g) -> None:
 def load_from_args(model: str, args: argparse.Namespace, **overrides):
     """moert.load with the placement, context, thread and batch flags; PlacementWarnings go to stderr."""
     from moert.model import load
-    from moert.placement_cli import placement_from_args
+    from moert.placement.cli import placement_from_args
 
     kw = {**placement_from_args(args), **overrides}
     with warnings.catch_warnings(record=True) as caught:
@@ -94,7 +94,7 @@ def print_stats(model, gen_stats, file=sys.stderr) -> None:
 def memory_breakdown(model) -> str:
     """Per device: the estimate (weights, KV, scratch) and the measured peak of what moert allocated there."""
     from moert.devices import CPU, format_size
-    from moert.memory import estimate
+    from moert.placement.memory import estimate
 
     est = estimate(model.plan, model.context_size, model.n_batch)
     lines = [f"{'memory':<8} {'weights':>11} {'KV':>11} {'scratch':>11} {'estimate':>11} {'measured peak':>14}"]
@@ -230,7 +230,7 @@ def _demo_backend() -> str:
 def cmd_demo(args: argparse.Namespace) -> int:
     from moert.demo import demo_model_path
     from moert.gguf import open as open_gguf
-    from moert.memory import estimate
+    from moert.placement.memory import estimate
     from moert.summary import format_summary, summarize
 
     t0 = time.perf_counter()
@@ -258,7 +258,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 def add_commands(sub) -> None:
     """Register run, chat and demo on the top-level subparsers."""
-    from moert.placement_cli import add_placement_args
+    from moert.placement.cli import add_placement_args
 
     r = sub.add_parser("run", help="generate text from a prompt, streaming tokens (like llama-cli -p)")
     r.add_argument("model", help="path of a .gguf file")

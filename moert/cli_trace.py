@@ -16,7 +16,7 @@ def cmd_trace(args: argparse.Namespace) -> int:
         import warnings
 
         from moert.placement import plan as make_plan
-        from moert.placement_cli import placement_from_args
+        from moert.placement.cli import placement_from_args
 
         model = args.model or t.header.get("model_path")
         if not model:
@@ -66,7 +66,7 @@ def format_trace(t, s: dict) -> str:
 
 
 def add_commands(sub) -> None:
-    from moert.placement_cli import add_placement_args
+    from moert.placement.cli import add_placement_args
 
     p = sub.add_parser("trace", help="summarise a routing trace (moert run --trace FILE): counts, coverage, "
                                      "and the share of selections a placement would serve from each device")

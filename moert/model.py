@@ -2,9 +2,9 @@
 
     g    = gguf.open(path)                      the file (moert/gguf.py)
     cfg  = models.get(arch).Config.from_gguf()  hyperparameters from GGUF keys only (moert/config.py)
-    plan = placement.plan(g, rules, ...)        a device per tensor (moert/placement.py)
+    plan = placement.plan(g, rules, ...)        a device per tensor and expert (moert/placement/)
     w    = weights.load_weights(g, plan)        tensors onto cpu / cuda:N / sim:N (moert/weights.py)
-    kv   = memory.allocate_kv_cache(plan, n)    K and V on each layer's attention device (moert/memory.py)
+    kv   = kvcache.allocate_kv_cache(plan, n)   K and V on each layer's attention device (moert/kvcache.py)
     models.<arch>.forward(model, tokens)        the architecture's forward, against the runtime below
 
 The Model is the runtime an architecture file calls: `w(name, dev)` a weight as float32 on `dev`,
@@ -58,8 +58,10 @@ def load(model: Any, overrides: Any = None, gpu_layers: int | str = "all", cpu_m
     mmap=False (--no-mmap) reads the file into memory instead of mapping it, so a file truncated or
     rewritten while the model is loaded cannot crash it (see README, "Bad input"). trace=True records every
     token's routing (`Model.trace`, moert/trace.py); trace="full" the router logits too."""
-    from moert import gguf, placement
+    from moert import gguf
+    from moert.errors import DeviceOutOfMemory
     from moert.kernels import matmul_q
+    from moert.placement.strategies import auto_plan, with_fit_suggestion
     from moert.weights import load_weights
 
     matmul_q.mode(act_quant)                     # a bad or unsupported act_quant fails before any loading
@@ -74,10 +76,12 @@ def load(model: Any, overrides: Any = None, gpu_layers: int | str = "all", cpu_m
         if threads:
             set_threads(int(threads))
         n_ctx = min(context_size, config.n_ctx_train) if context_size else config.n_ctx_train
-        plan = placement.plan(g, overrides, gpu_layers=gpu_layers, cpu_moe=cpu_moe, n_cpu_moe=n_cpu_moe,
-                              gpu_backend=gpu_backend, gpu_memory=gpu_memory, context_size=n_ctx,
-                              **plan_options)
-        weights = load_weights(g, plan, progress=progress, context_size=n_ctx)
+        plan = auto_plan(g, n_ctx, overrides=overrides, gpu_layers=gpu_layers, cpu_moe=cpu_moe,
+                         n_cpu_moe=n_cpu_moe, gpu_backend=gpu_backend, gpu_memory=gpu_memory, **plan_options)
+        try:
+            weights = load_weights(g, plan, progress=progress)
+        except DeviceOutOfMemory as err:
+            raise with_fit_suggestion(err, plan, n_ctx) from None
         try:
             m = Model(g, arch, config, plan, weights, n_ctx, n_batch, act_quant=act_quant)
         except BaseException:
@@ -118,7 +122,7 @@ class Model:
 
     def __init__(self, gguf_file, arch, config, plan, weights, context_size: int, n_batch: int = 512,
                  act_quant: str | None = None):
-        from moert.memory import allocate_kv_cache
+        from moert.kvcache import allocate_kv_cache
 
         self.gguf, self.arch, self.config, self.plan, self.weights = gguf_file, arch, config, plan, weights
         self.context_size = check_int("context_size", context_size, 1, MAX_CONTEXT)   # KV cache length

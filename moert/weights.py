@@ -19,7 +19,6 @@ tensor (so the fused kernel reads its experts in place; pages of experts placed 
 
 from __future__ import annotations
 
-import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -29,7 +28,7 @@ import numpy as np
 from moert.devices import CPU, Device, format_size
 from moert.errors import DeviceOutOfMemory, MoertError, PlacementError
 from moert.placement import Plan
-from moert.rules import format_experts
+from moert.placement.rules import format_experts
 
 
 class LoadCancelled(MoertError):
@@ -176,13 +175,11 @@ def _progress_bar(total: int) -> Callable[[float], bool]:
     return update
 
 
-def load_weights(gguf: Any, plan: Plan, progress: Callable[[float], bool] | bool | None = None,
-                 *, context_size: int = 4096) -> WeightStore:
+def load_weights(gguf: Any, plan: Plan, progress: Callable[[float], bool] | bool | None = None) -> WeightStore:
     """Place every tensor of `plan` on its device; `progress(fraction) -> False` cancels (LoadCancelled).
 
     `gguf` is an open GGUFFile (or a path, opened and kept open by the store). progress=None shows a tqdm
-    bar, False shows nothing. A DeviceOutOfMemory frees what was placed and names the tensor, its bytes,
-    and rules that `fit` finds for `context_size`.
+    bar, False shows nothing. A DeviceOutOfMemory frees what was placed and names the tensor and its bytes.
     """
     if not hasattr(gguf, "raw"):
         from moert import gguf as gguf_module
@@ -218,7 +215,7 @@ def load_weights(gguf: Any, plan: Plan, progress: Callable[[float], bool] | bool
                                     f"{len(store)} of {len(plan)} tensors; everything placed so far was freed")
     except DeviceOutOfMemory as err:
         store.free()
-        raise _with_suggestion(err, plan, context_size) from None
+        raise _named(err) from None
     except BaseException:
         store.free()
         raise
@@ -228,28 +225,10 @@ def load_weights(gguf: Any, plan: Plan, progress: Callable[[float], bool] | bool
     return store
 
 
-def _with_suggestion(err: DeviceOutOfMemory, plan: Plan, context_size: int) -> DeviceOutOfMemory:
-    """The same error, naming the tensor and its bytes, plus the rules `fit` finds for these GPUs."""
-    from moert.memory import fit
-
-    hint = ""
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")  # the plan's own warnings were given already
-            r = fit(plan.model, context_size=context_size, overrides=plan.rules, gpu_layers=plan.gpu_layers,
-                    split=plan.split, tensor_split=plan.tensor_split, devices=plan.devices, margin=0)
-        if r.success:
-            hint = (f" A plan that fits (context {r.context_size}): -ot \"{r.overrides_string()}\" "
-                    f"-ngl {r.gpu_layers}.")
-        else:
-            hint = f" `moert fit` finds no plan for these GPUs: {r.message}."
-    except Exception as e:  # the suggestion must never hide the real error
-        hint = f" (fit could not suggest a plan: {e})"
-    new = DeviceOutOfMemory(err.device, err.requested, err.used, err.capacity,
-                            f"tensor {err.what} ({format_size(err.requested)})")
-    new.args = (str(new) + hint,)
-    new.suggestion = hint.strip()
-    return new
+def _named(err: DeviceOutOfMemory) -> DeviceOutOfMemory:
+    """The same error, naming the tensor and its size (strategies.with_fit_suggestion adds a plan that fits)."""
+    return DeviceOutOfMemory(err.device, err.requested, err.used, err.capacity,
+                             f"tensor {err.what} ({format_size(err.requested)})")
 
 
 __all__ = ["LoadCancelled", "SplitWeight", "Weight", "WeightStore", "load_weights"]

@@ -47,8 +47,9 @@ def test_cuda_devices_put_to_host_and_capacity():
 
 
 def test_plan_load_and_dequantize_on_cuda(gg):
-    from moert.memory import allocate_kv_cache, estimate
+    from moert.kvcache import allocate_kv_cache
     from moert.placement import plan
+    from moert.placement.memory import estimate
     from moert.weights import load_weights
 
     p = plan(gg, [r"\.ffn_.*_exps=CPU"], gpu_backend="cupy")

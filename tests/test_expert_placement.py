@@ -11,7 +11,7 @@ import pytest
 import moert
 from moert import PlacementError, Trace
 from moert import TensorOverride as T
-from moert.rules import format_experts, format_overrides, parse_overrides
+from moert.placement.rules import format_experts, format_overrides, parse_overrides
 from moert.testing import write_qwen3moe
 
 D, L, E, K = 64, 3, 8, 2
@@ -184,3 +184,80 @@ def test_warmup_and_failed_calls_record_nothing(path):
     assert len(m.trace) == 0
     m.forward([1, 2])
     assert len(m.trace) == 2
+
+
+# ------------------------------------------------------------------------------------- the hot strategy
+
+@pytest.fixture(scope="module")
+def trace(path):
+    from moert.generate import generate_ids
+    from moert.sampling import SamplingParams
+
+    m = load(path, trace=True, gpu_layers=0)
+    generate_ids(m, list(range(1, 17)), 24, SamplingParams(temperature=0))
+    return m.trace
+
+
+@pytest.mark.parametrize("mem", ["700KiB", "800KiB", "1MiB"])
+def test_hot_experts_fills_the_gpu_with_the_most_selected_experts(path, trace, mem):
+    from moert.placement import estimate, hot_experts, plan
+
+    rules = hot_experts(str(path), trace, gpu_memory=mem, context_size=64, gpu_backend="sim")
+    p = plan(str(path), rules, gpu_backend="sim", gpu_memory=mem)
+    assert estimate(p, 64).fits()
+    counts = trace.counts()
+    chosen = {(il, e) for il in range(L) for e in range(E) if p.device_of(f"blk.{il}.ffn_up_exps.weight", e) != "cpu"}
+    assert chosen and all(counts[x] > 0 for x in chosen)
+    # every expert left on the CPU was selected at most as often as the least-selected one on the GPU
+    left = max((counts[il, e] for il in range(L) for e in range(E) if (il, e) not in chosen), default=0)
+    assert left <= min(counts[x] for x in chosen)
+    assert trace.hits(p)["sim:0"] == pytest.approx(sum(counts[x] for x in chosen) / counts.sum())
+
+
+def test_hot_experts_more_memory_never_fewer_hits(path, trace):
+    from moert.placement import hot_experts, plan
+
+    shares = []
+    for mem in ("700KiB", "750KiB", "800KiB", "1MiB", "2MiB"):
+        p = plan(str(path), hot_experts(str(path), trace, gpu_memory=mem, context_size=64, gpu_backend="sim"),
+                 gpu_backend="sim", gpu_memory=mem)
+        shares.append(trace.hits(p).get("sim:0", 0.0))
+    assert shares == sorted(shares) and shares[-1] == pytest.approx(1.0) and shares[0] < 1.0
+
+
+def test_hot_experts_refuses_what_cannot_work(path, trace):
+    from moert.placement import hot_experts
+
+    with pytest.raises(PlacementError, match="before any expert"):
+        hot_experts(str(path), trace, gpu_memory="64KiB", context_size=64, gpu_backend="sim")
+    with pytest.raises(PlacementError, match="there is none"):
+        hot_experts(str(path), trace, context_size=64, devices=[])
+
+
+def test_cli_trace_and_hot_fit(path, tmp_path):
+    import json
+    import subprocess
+    import sys
+
+    def moert_cli(*args):
+        return subprocess.run([sys.executable, "-m", "moert", *map(str, args)], capture_output=True, text=True,
+                              timeout=300)
+
+    npz, png = tmp_path / "t.npz", tmp_path / "e.png"
+    r = moert_cli("run", path, "-p", "1 2 3 4", "-n", "6", "--temp", "0", "-ngl", "0", "--trace", npz,
+                  "--expert-plot", png, "--json")
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    assert out["stats"]["prefill"]["tokens"] == 4 and out["stats"]["decode"]["calls"] == 5
+    assert len(out["stats"]["total"]["expert_counts"]) == L and png.stat().st_size > 1000
+    assert f"routing trace: {npz} (9 tokens" in r.stderr and f"expert selections: {png}" in r.stderr
+    s = json.loads(moert_cli("trace", npz, "--json", "-m", path, "--gpu-backend", "sim", "-ot",
+                             "_exps=CPU@0-3").stdout)
+    t = Trace.load(npz)
+    assert s["tokens"] == 9 and s["counts"] == t.counts().tolist()
+    assert s["hits"]["cpu"] == pytest.approx(t.counts()[:, :4].sum() / t.counts().sum())
+    r = moert_cli("fit", path, "--strategy", "hot", "--trace", npz, "--gpu-backend", "sim", "--gpu-mem", "1MiB",
+                  "-c", "64")
+    assert r.returncode == 0 and "fits" in r.stdout and "-ot '" in r.stdout and "served by the GPU" in r.stdout
+    r = moert_cli("fit", path, "--strategy", "hot", "--gpu-backend", "sim", "--gpu-mem", "1MiB")
+    assert r.returncode == 1 and "--strategy hot needs --trace NPZ" in r.stderr

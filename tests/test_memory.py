@@ -12,8 +12,10 @@ import pytest
 import moert
 from moert.devices import get_devices
 from moert.errors import DeviceOutOfMemory, PlacementError, PlacementWarning
-from moert.memory import KVSpec, allocate_kv_cache, estimate, fit, kv_cache_bytes, kv_spec
+from moert.kvcache import KVSpec, allocate_kv_cache, kv_cache_bytes, kv_spec
 from moert.placement import EXPERT_REGEX, TensorOverride, expert_layer_regex, plan
+from moert.placement.memory import estimate
+from moert.placement.strategies import auto_plan, fit
 from moert.weights import load_weights
 
 N_LAYER, N_CTX = 4, 256
@@ -201,12 +203,14 @@ def test_fit_failure_and_gpu_layers_auto(gg):
     a = quiet(fit, gg, context_size=N_CTX, gpu_backend="sim", gpu_memory="1MiB", gpu_layers="auto")
     assert a.success and 0 < a.gpu_layers < N_LAYER + 1 and "with gpu_layers=" in a.message
     assert a.estimate.devices["sim:0"].total <= 1 << 20
-    p = quiet(plan, gg, gpu_layers="auto", context_size=N_CTX, gpu_backend="sim", gpu_memory="1MiB")
+    p = quiet(auto_plan, gg, N_CTX, gpu_layers="auto", gpu_backend="sim", gpu_memory="1MiB")
     assert p.gpu_layers == a.gpu_layers and p.rules == a.rules
-    tiny = quiet(plan, gg, gpu_layers="auto", context_size=N_CTX, gpu_backend="sim", gpu_memory="16KiB")
+    tiny = quiet(auto_plan, gg, N_CTX, gpu_layers="auto", gpu_backend="sim", gpu_memory="16KiB")
     assert tiny.gpu_layers == 0 and set(tiny.bytes_by_device().values()) == {0, sum(e.nbytes for e in tiny)}
     with pytest.raises(PlacementError, match="gpu_layers='auto': does not fit"):  # the user's rule needs a GPU
-        plan(gg, ["attn=GPU0"], gpu_layers="auto", context_size=N_CTX, gpu_backend="sim", gpu_memory="16KiB")
+        auto_plan(gg, N_CTX, overrides=["attn=GPU0"], gpu_layers="auto", gpu_backend="sim", gpu_memory="16KiB")
+    with pytest.raises(PlacementError, match="gpu_layers='auto' is a strategy, not a plan"):
+        plan(gg, gpu_layers="auto", gpu_backend="sim")
 
 
 def test_fit_margin_and_no_gpu(gg):

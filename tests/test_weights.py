@@ -115,21 +115,25 @@ def test_progress_reports_and_cancels_cleanly(gg):
 
 
 def test_out_of_memory_during_load_frees_and_suggests_a_fit(gg):
-    from moert.memory import estimate
+    from moert.placement.memory import estimate
 
     full = plan(gg, gpu_backend="sim").bytes_by_device()["sim:0"]
     cap = estimate(plan(gg, gpu_backend="sim", cpu_moe=True), 64).devices["sim:0"].total  # fits, experts on cpu
     assert cap < full
     p = plan(gg, gpu_backend="sim", gpu_memory=cap)
     with pytest.raises(DeviceOutOfMemory) as e:
-        load_weights(gg, p, progress=False, context_size=64)
+        load_weights(gg, p, progress=False)
     err = e.value
     msg = str(err)
     assert err.device == "sim:0" and err.capacity == cap and err.requested > 0
     assert err.what.startswith("tensor blk.") and str(err.requested) not in ("0",)
     assert f"{err.requested:,} bytes" in msg
-    assert "A plan that fits (context 64): -ot " in msg and "_exps" in msg and "-ngl 3" in msg
     assert p.devices[0].used == 0  # everything placed before the failure was freed
+    with pytest.raises(DeviceOutOfMemory) as e:                     # moert.load adds what fit finds
+        moert.load(gg.path, gpu_backend="sim", gpu_memory=cap, context_size=64, warmup=False, progress=False)
+    msg = str(e.value)
+    assert e.value.what.startswith("tensor blk.") and f"{e.value.requested:,} bytes" in msg
+    assert "A plan that fits (context 64): -ot " in msg and "_exps" in msg and "-ngl 3" in msg
 
 
 def test_plan_must_match_the_file(gg, tied):

@@ -75,12 +75,12 @@ def placement_from_args(args: argparse.Namespace) -> dict:
 def format_placement(model: str, args: argparse.Namespace, as_json: bool = False) -> str:
     """`moert inspect`'s placement part: Plan.explain() and the per-device estimate (or JSON of both)."""
     from moert import gguf
-    from moert.memory import estimate
-    from moert.placement import plan
+    from moert.placement.memory import estimate
+    from moert.placement.strategies import auto_plan
 
     kw = placement_from_args(args)
     with gguf.open(model) as g:
-        p = plan(g, **kw, context_size=args.ctx or 0)
+        p = auto_plan(g, args.ctx or 0, **kw)
     ctx = args.ctx if args.ctx else _trained_context(p)
     est = estimate(p, ctx)
     if as_json:
@@ -100,15 +100,58 @@ def add_fit_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
                         help="memory to keep free on each GPU (default: 512MiB on CUDA, 0 on sim)")
     parser.add_argument("--expert-order", choices=("last", "first"), default="last",
                         help="which layers' experts move to the CPU first (default: last)")
+    parser.add_argument("--strategy", choices=("fit", "hot"), default="fit",
+                        help="fit: llama.cpp's --fit (whole layers' experts to the CPU until the rest fits); hot: "
+                        "the most-selected experts of --trace on the GPU first (default: fit)")
+    parser.add_argument("--trace", default=None, metavar="NPZ", help="a routing trace (moert run --trace), "
+                        "for --strategy hot")
     parser.add_argument("--json", action="store_true", help="print JSON instead of text")
     parser.set_defaults(func=cmd_fit)
     return parser
 
 
+def cmd_fit_hot(args: argparse.Namespace) -> int:
+    """`moert fit --strategy hot --trace T`: the trace's hottest experts on the GPU, as -ot rules."""
+    from moert.errors import PlacementError
+    from moert.placement.build import plan
+    from moert.placement.memory import estimate
+    from moert.placement.strategies import hot_experts
+    from moert.trace import Trace
+
+    if not args.trace:
+        raise PlacementError("--strategy hot needs --trace NPZ (record one with: moert run MODEL ... --trace NPZ)")
+    kw = placement_from_args(args)
+    ctx = args.ctx or 4096
+    trace = Trace.load(args.trace)
+    rules = hot_experts(args.model, trace, gpu_memory=kw["gpu_memory"], context_size=ctx,
+                        gpu_backend=kw["gpu_backend"], margin=args.margin)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        p = plan(args.model, rules, gpu_backend=kw["gpu_backend"], gpu_memory=kw["gpu_memory"])
+    est = estimate(p, ctx)
+    hits = trace.hits(p)
+    gpu_share = sum(v for d, v in hits.items() if d != "cpu")
+    ok = est.fits()
+    if getattr(args, "json", False):
+        print(json.dumps({"success": ok, "strategy": "hot", "context_size": ctx, "overrides": p.overrides_string(),
+                          "hits": hits, "estimate": est.to_dict()}, indent=1))
+        return 0 if ok else 1
+    print(f"hot experts of {args.trace} ({len(trace)} tokens) on {', '.join(d.name for d in p.devices)}, "
+          f"context {ctx}: {'fits' if ok else 'DOES NOT FIT'}")
+    print(f"  flags: -c {ctx} -ot {shlex.quote(p.overrides_string())}")
+    print(f"  the trace's expert selections served by the GPU: {gpu_share:.1%} "
+          f"({', '.join(f'{d} {v:.1%}' for d, v in hits.items())})")
+    print()
+    print(est.table())
+    return 0 if ok else 1
+
+
 def cmd_fit(args: argparse.Namespace) -> int:
     """`moert fit`: the context, the -ot rules and the per-device breakdown that fit the GPUs (1 if none)."""
-    from moert.memory import fit
+    from moert.placement.strategies import fit
 
+    if getattr(args, "strategy", "fit") == "hot":
+        return cmd_fit_hot(args)
     kw = placement_from_args(args)
     strict = kw.pop("strict")
     with warnings.catch_warnings(record=True) as caught:

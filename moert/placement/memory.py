@@ -1,0 +1,149 @@
+"""Pre-flight memory: what a plan needs on each device (`estimate`); strategies.py finds plans that fit.
+
+The estimate, per device d, for a context of n_ctx tokens processed in chunks of at most T = min(n_batch,
+n_ctx) tokens (legend: E embedding, H / Hkv query / KV heads, Dk Dv head dims, X experts, K experts
+used, F expert hidden, V vocabulary, s = bytes per KV element, f32 = 4 bytes):
+
+    weights(d) = sum of the GGUF bytes of the tensors placed on d (quantized bytes: no dequantization at load)
+    kv(d)      = sum over layers whose attention runs on d of  n_ctx * Hkv * (Dk + Dv) * s
+    scratch(d) = temporaries of one chunk, an upper bound over the layers on d:
+                 4 * T * E * f32                           hidden, residual, normed, attention/FFN output
+               + T * (2 * H * max(Dk, Dv) + 2 * Hkv * Dk) * f32      q, attention output, new k and v
+               + 2 * H * T * n_ctx * f32                   scores and their softmax
+               + 2 * T * X * f32                           router logits and probabilities
+               + T * K * (3 * F + E) * f32                 gate, up, activation, expert output (if experts on d)
+               + T * V * f32                               logits (if the output layer is on d)
+               + 2 * largest dequantized matrix on d * f32 (one expert of an *_exps tensor)
+    total(d)   = weights + kv + scratch;  on a GPU it must be <= capacity (fit also keeps `margin` free)
+
+`estimate` is an upper bound of what `load_weights` plus `allocate_kv_cache` really allocate on a sim
+device (tests/test_memory.py checks it on a sim GPU whose capacity is exactly the estimate); the scratch
+term assumes the forward pass works in chunks of at most n_batch tokens and dequantizes one expert at a time.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from moert.devices import format_size
+from moert.errors import PlacementError
+from moert.kvcache import KVSpec
+from moert.placement.plan import EXPERT_REGEX, Plan
+
+F32 = 4
+EXPERT_TENSORS = re.compile(EXPERT_REGEX)
+
+
+# --------------------------------------------------------------------------------------------- estimate
+
+@dataclass
+class DeviceEstimate:
+    """Bytes one device needs: weights + KV + scratch."""
+
+    device: str
+    capacity: int | None
+    weights: int = 0
+    kv: int = 0
+    scratch: int = 0
+
+    @property
+    def total(self) -> int:
+        return self.weights + self.kv + self.scratch
+
+    @property
+    def free(self) -> int | None:
+        return None if self.capacity is None else self.capacity - self.total
+
+    def fits(self, margin: int = 0) -> bool:
+        return self.capacity is None or self.total + margin <= self.capacity
+
+
+@dataclass
+class Estimate:
+    """Per-device memory of a plan at a context size (see the module docstring for the formula)."""
+
+    context_size: int
+    n_batch: int
+    kv_dtype: str
+    devices: dict[str, DeviceEstimate]
+
+    def fits(self, margin: int = 0) -> bool:
+        return all(d.fits(margin) for d in self.devices.values())
+
+    def total_by_device(self) -> dict[str, int]:
+        return {n: d.total for n, d in self.devices.items()}
+
+    def table(self) -> str:
+        """llama.cpp-style memory breakdown: device, capacity, weights, KV, scratch, total, free."""
+        head = f"{'device':<8} {'capacity':>11} {'weights':>11} {'KV':>11} {'scratch':>11} {'total':>11} {'free':>11}"
+        rows = [f"memory at context {self.context_size} (KV {self.kv_dtype}, batch {self.n_batch}):", head]
+        for d in self.devices.values():
+            rows.append(f"{d.device:<8} {format_size(d.capacity):>11} {format_size(d.weights):>11} "
+                        f"{format_size(d.kv):>11} {format_size(d.scratch):>11} {format_size(d.total):>11} "
+                        f"{format_size(d.free):>11}")
+        return "\n".join(rows)
+
+    def to_dict(self) -> dict:
+        return {"context_size": self.context_size, "n_batch": self.n_batch, "kv_dtype": self.kv_dtype,
+                "devices": {n: {"capacity": d.capacity, "weights": d.weights, "kv": d.kv, "scratch": d.scratch,
+                                "total": d.total, "free": d.free} for n, d in self.devices.items()}}
+
+
+def metadata_int(md: dict, key: str, default: int = 0) -> int:
+    v = md.get(f"{md.get('general.architecture')}.{key}", default)
+    return int(max(v) if isinstance(v, (list, tuple)) else v)
+
+
+def estimate(plan: Plan, context_size: int, n_batch: int = 512, kv_dtype: Any = np.float32) -> Estimate:
+    """Bytes of weights + KV cache + compute scratch per device, for `context_size` tokens."""
+    if context_size < 0:
+        raise PlacementError(f"context_size must be >= 0, got {context_size}")
+    md = plan.metadata
+    devs = {n: DeviceEstimate(n, plan.device(n).capacity) for n in plan.device_names()}
+    for e in plan:
+        devs[e.device].weights += e.nbytes
+    n_ctx = int(context_size)
+    T = max(min(n_batch, n_ctx), 1)
+    spec = KVSpec.from_metadata(md) if md else None
+    if spec is None:  # a names-only plan: weights only
+        return Estimate(n_ctx, n_batch, np.dtype(kv_dtype).name, devs)
+    E, H = metadata_int(md, "embedding_length"), metadata_int(md, "attention.head_count")
+    X, K = metadata_int(md, "expert_count"), metadata_int(md, "expert_used_count")
+    F = metadata_int(md, "expert_feed_forward_length")
+    V = metadata_int(md, "vocab_size") or (plan["token_embd.weight"].shape[0] if "token_embd.weight" in plan else 0)
+    Dk, Dv, Hkv = spec.head_dim_k, spec.head_dim_v, spec.n_head_kv
+
+    attn_on: set[str] = set()
+    for il in range(spec.n_layer):
+        d = plan.attention_device(il).name
+        devs[d].kv += spec.layer_bytes(n_ctx, kv_dtype)
+        attn_on.add(d)
+    experts_on = {e.device for e in plan if EXPERT_TENSORS.search(e.name)}
+    logits_on = {plan.device_of("output.weight")} if "output.weight" in plan else set()
+    biggest: dict[str, int] = {}
+    for e in plan:
+        if e.type in ("F32", "?") or len(e.shape) < 2:
+            continue
+        n = int(np.prod(e.shape[-2:] if len(e.shape) >= 3 else e.shape, dtype=np.int64)) * F32
+        biggest[e.device] = max(biggest.get(e.device, 0), n)
+    for name, d in devs.items():
+        if d.weights == 0 and d.kv == 0:
+            continue
+        s = 0
+        if name in attn_on:
+            s += 4 * T * E * F32 + T * (2 * H * max(Dk, Dv) + 2 * Hkv * Dk) * F32 + 2 * H * T * n_ctx * F32
+            s += 2 * T * X * F32
+        if name in experts_on:
+            s += 4 * T * E * F32 + T * K * (3 * F + E) * F32
+        if name in logits_on:
+            s += T * V * F32
+        s += 2 * biggest.get(name, 0)
+        d.scratch = s
+    return Estimate(n_ctx, n_batch, np.dtype(kv_dtype).name, devs)
+
+
+__all__ = ["DeviceEstimate", "Estimate", "estimate"]
