@@ -23,6 +23,7 @@ from __future__ import annotations
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
+from functools import cached_property
 
 from moert.errors import ContextOverflowError, GenerationError
 from moert.sampling import Sampler, SamplingParams
@@ -287,3 +288,43 @@ def chat(model, messages: Sequence[Mapping[str, object]], max_tokens: int | None
     text, add_bos = chat_prompt(model, messages, template)
     return generate(model, text, max_tokens, temperature, top_k, top_p, min_p, repeat_penalty, seed, stop,
                     add_bos=add_bos, special=True, **kwargs)
+
+
+class TextAPI:
+    """What moert.Model offers for text: its vocabulary, tokenize/detokenize, generate, stream, chat."""
+
+    @cached_property
+    def tokenizer(self):
+        """The GGUF's vocabulary (moert/tokenizer.py), built on first use; NoVocab for 'none'."""
+        from moert.tokenizer import Tokenizer
+
+        return Tokenizer.from_gguf(self.gguf.metadata)
+
+    @property
+    def n_vocab(self) -> int:
+        return self.config.n_vocab
+
+    @property
+    def eos_ids(self) -> set[int]:
+        """Ids that end generation (EOS, EOT and the vocabulary's other end-of-generation tokens)."""
+        return set(self.tokenizer.eog_ids)
+
+    def tokenize(self, text: str, add_bos: bool | None = None, special: bool = False) -> list[int]:
+        """Text -> token ids with the model's vocabulary (add_bos None: as the GGUF says)."""
+        return self.tokenizer.tokenize(text, add_bos=add_bos, special=special)
+
+    def detokenize(self, ids, special: bool = False) -> str:
+        """Token ids -> text."""
+        return self.tokenizer.detokenize(ids, special=special)
+
+    def generate(self, prompt, max_tokens: int | None = 128, **kwargs) -> str:
+        """Generated text for a prompt (str or ids); sampling options as moert.generate.generate."""
+        return generate(self, prompt, max_tokens, **kwargs)
+
+    def stream(self, prompt, max_tokens: int | None = 128, **kwargs):
+        """Text pieces as they decode; the returned stream's `.stats` has llama.cpp-style timings."""
+        return stream(self, prompt, max_tokens, **kwargs)
+
+    def chat(self, messages, max_tokens: int | None = 256, **kwargs) -> str:
+        """The assistant's reply to [{'role': ..., 'content': ...}, ...] via the GGUF's chat template."""
+        return chat(self, messages, max_tokens, **kwargs)

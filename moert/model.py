@@ -17,8 +17,6 @@ through `to` (moert.devices.transfer underneath), so the sim device catches any 
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
-from functools import cached_property
 from pathlib import Path
 from typing import Any
 
@@ -29,14 +27,13 @@ from moert import models
 from moert.config import MAX_CONTEXT
 from moert.devices import CPU, Device
 from moert.errors import ContextOverflowError, InvalidTokenError, ModelClosedError, check_int
+from moert.experts import run_experts
+from moert.generate import TextAPI
 from moert.kernels import matmul as kmatmul
-from moert.kernels.moe import QTensor, moe_ffn
-from moert.kernels.moe_fused import PreparedExperts
-from moert.kernels.moe_fused import supports as fused_supports
-from moert.layers import rms_norm, rope_angles, silu, swiglu
-from moert.moe import dispatch
+from moert.kernels.moe import QTensor
+from moert.layers import rms_norm, rope_angles
 from moert.stats import PHASES, ModelStats, Phase, Stats  # noqa: F401  (PHASES, Stats: re-exported)
-from moert.weights import SplitWeight
+from moert.trace import Tracing
 
 _CHUNK_ELEMENTS = 1 << 24  # a dense weight larger than this is dequantized and multiplied in row chunks
 DENSE_CACHE_BYTES = 2 << 30  # default Model.dense_cache_bytes: float32 copies of CPU dense weights kept
@@ -117,8 +114,9 @@ def set_threads(n: int) -> int:
 
 # --------------------------------------------------------------------------------------------- model
 
-class Model:
-    """A loaded model: `forward(tokens)` continues from `position`; `reset()` empties the context."""
+class Model(TextAPI, Tracing):
+    """A loaded model: `forward(tokens)` continues from `position`; `reset()` empties the context. The text
+    API (tokenize, generate, stream, chat) is in moert/generate.py, tracing in moert/trace.py."""
 
     def __init__(self, gguf_file, arch, config, plan, weights, context_size: int, n_batch: int = 512,
                  act_quant: str | None = None):
@@ -145,7 +143,6 @@ class Model:
         # per-call lookups done once: small float32 weights, CPU matmul and expert-layer kernels ready to call
         self._small: dict[tuple, Any] = {}
         self._prepared: dict[Any, Any] = {}
-        self._expert_layouts: dict[tuple, _ExpertLayout] = {}
         self._trace = None
         self._layer: int | None = None            # the block being computed (per-layer times)
 
@@ -236,79 +233,25 @@ class Model:
         self.warmup_seconds = time.perf_counter() - t0
         return self.warmup_seconds
 
-    # -- routing traces (moert/trace.py)
-    def trace_start(self, full: bool = False) -> None:
-        """Record every token's routing from now on (full=True: the router logits too)."""
-        from moert import __version__
-        from moert.trace import Recorder
-
-        c = self.config
-        cfg = {k: v for k, v in vars(c).items() if isinstance(v, (int, float, str, bool))}
-        header = {"model": Path(str(self.gguf.path)).name, "model_path": str(Path(str(self.gguf.path)).resolve()),
-                  "architecture": c.arch, "config": cfg,
-                  "placement": {"overrides": self.plan.overrides_string(), "gpu_layers": self.plan.gpu_layers,
-                                "bytes_by_device": self.plan.bytes_by_device()}, "moert_version": __version__}
-        self._trace = Recorder(c.n_layer, getattr(c, "n_expert", 0), getattr(c, "n_expert_used", 0), full, header)
-
-    def trace_stop(self):
-        """Stop recording; the Trace recorded (None if none was started)."""
-        t, self._trace = self.trace, None
-        return t
-
-    @property
-    def trace(self):
-        """The routing recorded since trace_start / load(trace=True), as a moert.Trace (None: not tracing)."""
-        return None if self._trace is None else self._trace.trace()
-
-    def _trace_layer(self, il: int, ids_h: np.ndarray, weights, logits) -> None:
+    def record_routing(self, il: int, counts: np.ndarray, ids_h: np.ndarray, weights, logits=None) -> None:
+        """What layer il's router chose, for the stats (counts (E,)) and, when tracing, the trace (ids (T, K)
+        on the host, weights (T, K) and logits (T, E) moved there, counted)."""
+        if self._call is not None:
+            self._call.expert_counts[il] += counts
+        if self._trace is None:
+            return
         w = weights if isinstance(weights, np.ndarray) else self.to(weights, CPU, "trace: expert weights")
         lg = None
         if logits is not None and self._trace.full:
             lg = logits if isinstance(logits, np.ndarray) else self.to(logits, CPU, "trace: router logits")
         self._trace.layer(il, np.array(ids_h, dtype=np.int32), np.array(w, dtype=np.float32), lg)
 
-    # -- text: the vocabulary from the GGUF, and the generation loop (moert/generate.py)
-    @cached_property
-    def tokenizer(self):
-        """The GGUF's vocabulary (moert/tokenizer.py), built on first use; NoVocab for 'none'."""
-        from moert.tokenizer import Tokenizer
-
-        return Tokenizer.from_gguf(self.gguf.metadata)
-
-    @property
-    def n_vocab(self) -> int:
-        return self.config.n_vocab
-
-    @property
-    def eos_ids(self) -> set[int]:
-        """Ids that end generation (EOS, EOT and the vocabulary's other end-of-generation tokens)."""
-        return set(self.tokenizer.eog_ids)
-
-    def tokenize(self, text: str, add_bos: bool | None = None, special: bool = False) -> list[int]:
-        """Text -> token ids with the model's vocabulary (add_bos None: as the GGUF says)."""
-        return self.tokenizer.tokenize(text, add_bos=add_bos, special=special)
-
-    def detokenize(self, ids, special: bool = False) -> str:
-        """Token ids -> text."""
-        return self.tokenizer.detokenize(ids, special=special)
-
-    def generate(self, prompt, max_tokens: int | None = 128, **kwargs) -> str:
-        """Generated text for a prompt (str or ids); sampling options as moert.generate.generate."""
-        from moert.generate import generate
-
-        return generate(self, prompt, max_tokens, **kwargs)
-
-    def stream(self, prompt, max_tokens: int | None = 128, **kwargs):
-        """Text pieces as they decode; the returned stream's `.stats` has llama.cpp-style timings."""
-        from moert.generate import stream
-
-        return stream(self, prompt, max_tokens, **kwargs)
-
-    def chat(self, messages, max_tokens: int | None = 256, **kwargs) -> str:
-        """The assistant's reply to [{'role': ..., 'content': ...}, ...] via the GGUF's chat template."""
-        from moert.generate import chat
-
-        return chat(self, messages, max_tokens, **kwargs)
+    def cached(self, key, make):
+        """A per-model value made once (prepared CPU kernels, expert layouts); freed by close()."""
+        v = self._prepared.get(key)
+        if v is None:
+            v = self._prepared[key] = make()
+        return v
 
     def close(self) -> None:
         """Give the KV cache and the weights back to their devices; later calls are a ModelClosedError."""
@@ -316,7 +259,6 @@ class Model:
         self._dense.clear()
         self._small.clear()
         self._prepared.clear()
-        self._expert_layouts.clear()
         self.kv.free()
         self.weights.free()
 
@@ -465,119 +407,10 @@ class Model:
         return self.to(logits, CPU, "logits")
 
     def experts(self, il: int, x, ids, weights, names: tuple[str, str, str], logits=None):
-        """Routed SwiGLU experts of layer il: x (T, D), ids/weights (T, K) on the attention device; returns
-        (T, D) there. Each expert runs where the plan put its weights; only activations move:
-          one device holds the layer's experts   x, ids, weights go there, the output comes back;
-          experts split over devices             each device runs the (token, slot) pairs of its experts
-                                                 (the others marked -1), partial outputs summed here;
-          gate/up/down of an expert apart        each matmul runs where its weight is, activations move.
-        logits: the router's (T, E), for traces with trace="full" (optional)."""
-        src = _devices.device_of(x, self.plan.devices)
-        layout = self._expert_layouts.get(names)
-        if layout is None:
-            layout = self._expert_layouts[names] = _ExpertLayout.of(self.weights, names, self.config.n_expert)
-        ids_h = ids if src is CPU else self.to(ids, CPU, "expert ids")          # (T, K) host: counts, masks
-        counts = np.bincount(ids_h.reshape(-1), minlength=self.config.n_expert)
-        if self._call is not None:
-            self._call.expert_counts[il] += counts
-        if self._trace is not None:
-            self._trace_layer(il, ids_h, weights, logits)
-        if layout.home is not None:
-            return self._experts_on(layout.home, names, x, ids_h if layout.home is CPU else ids, weights, counts,
-                                    src)
-        if layout.owner is None:                                        # tensors of one expert apart
-            with self.phase("experts", src):
-                return dispatch(x, ids, weights, counts, self._expert_by_matmul(names, src), src.xp)
-        owner = layout.owner[ids_h]                                     # (T, K) device index of each slot
-        y = None
-        for j, dev in enumerate(layout.devices):
-            mask = owner == j
-            if not mask.any():
-                continue
-            ids_d = np.where(mask, ids_h, -1).astype(np.int32)          # (T, K): -1 = another device's slot
-            part = self._experts_on(dev, names, x, ids_d, weights, np.where(layout.owner == j, counts, 0), src)
-            y = part if y is None else y + part
-        return y
-
-    def _experts_on(self, dev: Device, names, x, ids, weights, counts: np.ndarray, src: Device):
-        """The experts of `names` that `ids` selects (-1: skipped), all held by dev, run on dev; (T, D) on src."""
-        if src is not dev:
-            ids, weights, x = self.to(ids, dev, "expert ids"), self.to(weights, dev, "expert weights"), \
-                self.to(x, dev, "hidden")
-        with self.phase("experts", dev):
-            if dev is CPU:                          # the quantized bytes, read by the Numba kernels
-                y = self._cpu_experts(names)(x, ids, weights)
-            else:
-                ts = [self.weights[n] for n in names]
-
-                def run(e: int, xs):
-                    return swiglu(xs, *(t.dequantize_expert(e) for t in ts), dev.xp)
-                y = dispatch(x, ids, weights, counts, run, dev.xp)
-        return y if src is dev else self.to(y, src, "expert output")
-
-    def _expert_by_matmul(self, names, src: Device):
-        """run(e, xs) for dispatch on src when expert e's gate, up and down live on different devices: each
-        matmul runs where its weight is; xs, the hidden units and the output move (counted)."""
-        gate, up, down = (self.weights[n] for n in names)
-
-        def at(t, e: int) -> Device:
-            return t.device_of(e) if isinstance(t, SplitWeight) else t.device
-
-        def run(e: int, xs):
-            dg, du, dd = at(gate, e), at(up, e), at(down, e)
-            g = self.to(xs, dg, "hidden") @ gate.dequantize_expert(e).T                # (n, F) on dg
-            u = self.to(xs, du, "hidden") @ up.dequantize_expert(e).T                  # (n, F) on du
-            h = silu(self.to(g, dd, "expert hidden"), dd.xp) * self.to(u, dd, "expert hidden")
-            return self.to(h @ down.dequantize_expert(e).T, src, "expert output")     # (n, D) on src
-        return run
-
-    def _cpu_experts(self, names: tuple[str, str, str]):
-        """f(x, ids, weights) for a CPU expert layer: one parallel region for the layer
-        (kernels/moe_fused.py), or kernels/moe.py for types the fused kernel does not take. Ids of -1 are
-        skipped. A tensor split over experts is read through its CPU piece's view of the whole tensor."""
-        f = self._prepared.get(names)
-        if f is None:
-            qs = [QTensor(_cpu_view(self.weights[n]), self.weights[n].type, tuple(self.weights[n].shape))
-                  for n in names]
-            if fused_supports(*qs):
-                f = PreparedExperts(*qs, act_quant=self.act_quant)
-            else:
-                def f(x, ids, weights, qs=qs):
-                    return moe_ffn(x, ids, weights, *qs)
-            self._prepared[names] = f
-        return f
-
-
-@dataclass
-class _ExpertLayout:
-    """Where a layer's experts live: one device (`home`), or a device per expert the same for gate, up and
-    down (`owner[e]` indexes `devices`), or neither (each expert's tensors apart: both None)."""
-
-    home: Device | None
-    devices: list[Device]
-    owner: np.ndarray | None
-
-    @classmethod
-    def of(cls, store, names, n_expert: int) -> _ExpertLayout:
-        per = []
-        for n in names:
-            w = store[n]
-            per.append([w.device_of(e) for e in range(n_expert)] if isinstance(w, SplitWeight)
-                       else [w.device] * n_expert)
-        if any(p != per[0] for p in per[1:]):
-            return cls(None, [], None)
-        devices = list(dict.fromkeys(per[0]))
-        if len(devices) == 1:
-            return cls(devices[0], devices, None)
-        return cls(None, devices, np.array([devices.index(d) for d in per[0]], dtype=np.int64))
-
-
-def _cpu_view(w) -> np.ndarray:
-    """The CPU bytes of a weight for the fused kernels: its data, or a split tensor's CPU piece (a view of the
-    whole tensor, experts of other devices included and never read)."""
-    if isinstance(w, SplitWeight):
-        return next(p.data for p in w.pieces if p.device is CPU)
-    return w.data
+        """Routed SwiGLU experts of layer il: x (T, D), ids/weights (T, K) on the attention device -> (T, D)
+        there; each expert runs where the plan put it and only activations move (moert/experts.py). logits:
+        the router's (T, E), recorded by traces with trace="full"."""
+        return run_experts(self, il, x, ids, weights, names, logits)
 
 
 def _dequantize(raw, type_name: str, shape, dev: Device):

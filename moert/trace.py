@@ -185,3 +185,29 @@ class Recorder:
         cols = list(zip(*self._done))
         return Trace(self.n_expert, np.concatenate(cols[0]), np.concatenate(cols[1]), np.concatenate(cols[2]),
                      np.concatenate(cols[3]), np.concatenate(cols[4]) if self.full else None, dict(self.header))
+
+
+class Tracing:
+    """moert.Model's tracing: trace_start, trace_stop, trace (a Model records through `record_routing`)."""
+
+    def trace_start(self, full: bool = False) -> None:
+        """Record every token's routing from now on (full=True: the router logits too)."""
+        from moert import __version__
+
+        c = self.config
+        cfg = {k: v for k, v in vars(c).items() if isinstance(v, (int, float, str, bool))}
+        header = {"model": Path(str(self.gguf.path)).name, "model_path": str(Path(str(self.gguf.path)).resolve()),
+                  "architecture": c.arch, "config": cfg,
+                  "placement": {"overrides": self.plan.overrides_string(), "gpu_layers": self.plan.gpu_layers,
+                                "bytes_by_device": self.plan.bytes_by_device()}, "moert_version": __version__}
+        self._trace = Recorder(c.n_layer, getattr(c, "n_expert", 0), getattr(c, "n_expert_used", 0), full, header)
+
+    def trace_stop(self):
+        """Stop recording; the Trace recorded (None if none was started)."""
+        t, self._trace = self.trace, None
+        return t
+
+    @property
+    def trace(self):
+        """The routing recorded since trace_start / load(trace=True), as a moert.Trace (None: not tracing)."""
+        return None if self._trace is None else self._trace.trace()
