@@ -133,18 +133,36 @@ def check_experts(fn: str, gate: QTensor, up: QTensor, down: QTensor) -> tuple[i
     return E, F, D
 
 
+def check_biases(fn: str, biases: tuple | None, E: int, F: int, D: int) -> tuple[np.ndarray, ...]:
+    """(bg (E, F), bu (E, F), bd (E, D)) float32, C-contiguous; (0, 0) arrays for none; else a ShapeError."""
+    if biases is None:
+        z = np.zeros((0, 0), dtype=np.float32)
+        return z, z, z
+    if len(biases) != 3:
+        raise ShapeError(f"{fn}: biases must be (gate, up, down) bias arrays, got {len(biases)} of them")
+    out = tuple(np.ascontiguousarray(b, dtype=np.float32) for b in biases)
+    for name, b, want in zip(("gate bias", "up bias", "down bias"), out, ((E, F), (E, F), (E, D))):
+        checks.expect(fn, name, b, want)
+    return out
+
+
 def check_inputs(fn: str, x: np.ndarray, ids: np.ndarray, weights: np.ndarray, E: int, D: int) -> None:
     """ShapeError unless x (T, D), ids and weights (T, K), every id in [0, E)."""
     checks.expect(fn, "x", x, (None, D))
     checks.expert_ids(fn, ids, weights, x.shape[0], E)
 
 
-def moe_ffn(x: np.ndarray, ids: np.ndarray, weights: np.ndarray,
-            gate: QTensor, up: QTensor, down: QTensor) -> np.ndarray:
-    """Routed SwiGLU experts of one layer: sum_k weights[t, k] * expert_{ids[t, k]}(x[t]) -> (T, D).
-    x (T, D) float32, ids (T, K) int, weights (T, K) float32; gate/up (E, F, D), down (E, D, F)."""
+def moe_ffn(x: np.ndarray, ids: np.ndarray, weights: np.ndarray, gate: QTensor, up: QTensor, down: QTensor,
+            act: str = "swiglu", biases: tuple | None = None) -> np.ndarray:
+    """Routed gated experts of one layer: sum_k weights[t, k] * expert_{ids[t, k]}(x[t]) -> (T, D).
+    x (T, D) float32, ids (T, K) int, weights (T, K) float32; gate/up (E, F, D), down (E, D, F); act one of
+    moert.layers.ACTS, biases None or (bg (E, F), bu (E, F), bd (E, D))."""
+    from moert.layers import glu
+
     E, F, D = check_experts("moe_ffn", gate, up, down)
     check_inputs("moe_ffn", x, ids, weights, E, D)
+    if biases is not None:
+        biases = check_biases("moe_ffn", biases, E, F, D)
     K = ids.shape[1]
     offsets, slots = group_by_expert(np.ascontiguousarray(ids, dtype=np.int32), E)
     w_flat = np.ascontiguousarray(weights, dtype=np.float32).reshape(-1)
@@ -157,20 +175,26 @@ def moe_ffn(x: np.ndarray, ids: np.ndarray, weights: np.ndarray,
         xs = x[tok]                                                     # (n, D)
         g = xs @ dequantize_expert(gate, e, wg).T                       # (n, F)
         u = xs @ dequantize_expert(up, e, wu).T                         # (n, F)
-        silu_mul(g, u)                                                  # g = silu(g) * u
+        if act == "swiglu" and biases is None:
+            silu_mul(g, u)                                              # g = silu(g) * u
+        else:
+            g = glu(g + biases[0][e], u + biases[1][e], act) if biases is not None else glu(g, u, act)
         y = g @ dequantize_expert(down, e, wd).T                        # (n, D)
+        if biases is not None:
+            y += biases[2][e]
         scatter_add(out, y, tok, w_flat[s])
     return out
 
 
-def moe_ffn_ref(x: np.ndarray, ids: np.ndarray, weights: np.ndarray,
-                gate: QTensor, up: QTensor, down: QTensor) -> np.ndarray:
+def moe_ffn_ref(x: np.ndarray, ids: np.ndarray, weights: np.ndarray, gate: QTensor, up: QTensor, down: QTensor,
+                act: str = "swiglu", biases: tuple | None = None) -> np.ndarray:
     """Reference twin of moe_ffn: for each expert, the tokens that picked it, dequantized by NumPy."""
+    from moert.layers import glu_ffn
+
     out = np.zeros((x.shape[0], gate.shape[2]), dtype=np.float32)       # (T, D)
     for e in np.unique(ids[ids >= 0]):                                  # -1: a slot another device runs
         tok, slot = np.nonzero(ids == e)                                # (n,), (n,)
         wg, wu, wd = (_ref_dequantize_expert(t.raw, t.type, t.shape, int(e)) for t in (gate, up, down))
-        g, u = x[tok] @ wg.T, x[tok] @ wu.T                             # (n, F)
-        silu_mul_ref(g, u)
-        scatter_add_ref(out, g @ wd.T, tok, weights[tok, slot])
+        b = None if biases is None else tuple(np.asarray(bb, np.float32)[e] for bb in biases)
+        scatter_add_ref(out, glu_ffn(x[tok], wg, wu, wd, act, b), tok, weights[tok, slot])
     return out

@@ -36,7 +36,8 @@ from numba import njit, prange
 from moert.kernels import matmul_q
 from moert.kernels.matmul import BLOCK, TYPE_CODES, matmul_ref, no_sums, rows, sums32, table, threads
 from moert.kernels.matmul_q import quantize_rows, quantized, rows_q
-from moert.kernels.moe import QTensor, check_experts, check_inputs, group_by_expert
+from moert.kernels.moe import QTensor, check_biases, check_experts, check_inputs, group_by_expert
+from moert.layers import ACTS, OAI_ALPHA, OAI_LIMIT, glu
 from moert.quants.dequant import lookup, slice_expert
 
 __all__ = ["PreparedExperts", "layer_kernel", "moe_ffn_fused", "moe_ffn_fused_ref", "parts_for", "supports"]
@@ -47,13 +48,30 @@ _LINKED_SOURCE = int(hashlib.sha1(b"".join((Path(__file__).parent / f).read_byte
                                           for f in _LINKED_FILES)).hexdigest()[:15], 16)
 
 
+ACT_CODES = {a: i for i, a in enumerate(ACTS)}     # swiglu 0, geglu 1, swiglu_oai 2 (moert.layers.ACTS)
+
+
 @njit(cache=True, fastmath={"reassoc", "contract"}, inline="always")
-def _silu_mul(g, u, f0, f1):
-    """g[:, f0:f1] = silu(g) * u there (sigmoid through tanh, as moert.layers.silu)."""
+def _act_mul(g, u, f0, f1, act, gb, ub, e):
+    """g[:, f0:f1] = act(g + gb[e], u + ub[e]) there (no bias when gb is (0, 0)); moert.layers.glu's math,
+    sigmoids through tanh as moert.layers.silu."""
+    half, one = np.float32(0.5), np.float32(1.0)
     for i in range(g.shape[0]):
         for j in range(f0, f1):
-            v = g[i, j]
-            g[i, j] = v * (np.float32(0.5) * (np.float32(1.0) + np.tanh(np.float32(0.5) * v))) * u[i, j]
+            v, w = g[i, j], u[i, j]
+            if gb.shape[1] > 0:
+                v += gb[e, j]
+                w += ub[e, j]
+            if act == 0:                                                # swiglu
+                g[i, j] = v * (half * (one + np.tanh(half * v))) * w
+            elif act == 1:                                              # geglu (gelu, tanh approximation)
+                c = np.float32(0.7978845608028654)
+                g[i, j] = half * v * (one + np.tanh(c * (v + np.float32(0.044715) * v * v * v))) * w
+            else:                                                       # swiglu_oai (gpt-oss)
+                v = min(v, np.float32(OAI_LIMIT))
+                w = min(max(w, np.float32(-OAI_LIMIT)), np.float32(OAI_LIMIT))
+                a = np.float32(OAI_ALPHA) * v
+                g[i, j] = v * (half * (one + np.tanh(half * a))) * (w + one)
 
 
 @njit(cache=True)
@@ -120,8 +138,9 @@ def _make_layer(g_code: int, d_code: int, linked_source: int, aq: int = 0):
 
     @njit(cache=True, parallel=True)
     def moe_layer(x, ids, wts, g_raw, g_f16, u_raw, u_f16, d_raw, d_f16, nb_in, nb_down, block_down, parts,
-                  n_threads):
-        """The whole routed-expert layer; see the module docstring. Raw tensors (E, rows, row_bytes) uint8."""
+                  act, gb, ub, db, n_threads):
+        """The whole routed-expert layer; see the module docstring. Raw tensors (E, rows, row_bytes) uint8;
+        act an ACT_CODES code; gb, ub (E, F) and db (E, D) float32 biases, or (0, 0) arrays for none."""
         assert linked_source != 0                                       # in the cache key; see above
         T, K = ids.shape
         E, F = g_raw.shape[0], g_raw.shape[1]
@@ -151,7 +170,7 @@ def _make_layer(g_code: int, d_code: int, linked_source: int, aq: int = 0):
                     xs = sums32(xe) if g_code == 4 or g_code == 5 else no_sums(xe)
                     rows(g_code, g_raw[e], xe, xs, g, f0, f1, 0, nb_in, g_f16)
                     rows(g_code, u_raw[e], xe, xs, u, f0, f1, 0, nb_in, u_f16)
-                _silu_mul(g, u, f0, f1)                                 # h = silu(g) * u
+                _act_mul(g, u, f0, f1, act, gb, ub, e)                  # h = act(g + bg, u + bu)
                 b0, b1 = f0 // block_down, f1 // block_down
                 if quantized(dq, T):
                     hq, h8, hd, hb = quantize_rows(g, dq)               # columns outside [f0, f1) are 0
@@ -161,12 +180,16 @@ def _make_layer(g_code: int, d_code: int, linked_source: int, aq: int = 0):
                     rows(d_code, d_raw[e], g, hs, Y[p, o0:o0 + n], 0, D, b0, b1, d_f16)
         out = np.zeros((T, D), dtype=np.float32)                        # (T, D)
         w = wts.reshape(-1)
-        for q in range(offsets[E]):                                     # grouped order: by expert
-            s = slots[q]
-            t, c = s // K, w[s]
-            for p in range(parts):
-                for i in range(D):
-                    out[t, i] += c * Y[p, q, i]
+        for e in range(E):                                              # grouped order: by expert
+            for q in range(offsets[e], offsets[e + 1]):
+                s = slots[q]
+                t, c = s // K, w[s]
+                for p in range(parts):
+                    for i in range(D):
+                        out[t, i] += c * Y[p, q, i]
+                if db.shape[1] > 0:
+                    for i in range(D):
+                        out[t, i] += c * db[e, i]
         return out
 
     return moe_layer
@@ -207,9 +230,11 @@ class PreparedExperts:
 
     __slots__ = ("shape", "args", "kernel")
 
-    def __init__(self, gate: QTensor, up: QTensor, down: QTensor, act_quant: str | None = None):
+    def __init__(self, gate: QTensor, up: QTensor, down: QTensor, act_quant: str | None = None,
+                 act: str = "swiglu", biases: tuple | None = None):
         """act_quant: None (float, default), "int16" (one-token calls read x quantized) or "int8" (every
-        call does); see kernels/matmul_q.py."""
+        call does); see kernels/matmul_q.py. act: the gated activation (moert.layers.ACTS); biases: None or
+        float32 (bg (E, F), bu (E, F), bd (E, D)) added to gate, up and down outputs."""
         aq = matmul_q.mode(act_quant)
         for t in (gate, up, down):
             if t.type not in TYPE_CODES:
@@ -220,8 +245,9 @@ class PreparedExperts:
                              f"row kernel (use kernels.moe.moe_ffn for mixed gate/up types)")
         bd = BLOCK[down.type]
         self.shape = (E, F, D)
+        gb, ub, db = check_biases("PreparedExperts", biases, E, F, D)
         self.args = (_raw3(gate), table(gate.type), _raw3(up), table(up.type), _raw3(down), table(down.type),
-                     D // BLOCK[gate.type], F // bd, bd, 0)
+                     D // BLOCK[gate.type], F // bd, bd, 0, _act_code(act), gb, ub, db)
         self.kernel = layer_kernel(TYPE_CODES[gate.type], TYPE_CODES[down.type], aq)
 
     def __call__(self, x: np.ndarray, ids: np.ndarray, weights: np.ndarray) -> np.ndarray:
@@ -238,11 +264,19 @@ class PreparedExperts:
         return self.kernel(x, ids, weights, *self.args, threads())
 
 
-def moe_ffn_fused(x: np.ndarray, ids: np.ndarray, weights: np.ndarray,
-                  gate: QTensor, up: QTensor, down: QTensor) -> np.ndarray:
-    """Routed SwiGLU experts of one layer in one parallel region: sum_k weights[t, k] * expert(x[t]) -> (T, D).
-    x (T, D) float32, ids (T, K) int, weights (T, K) float32; gate/up (E, F, D), down (E, D, F)."""
-    return PreparedExperts(gate, up, down)(np.asarray(x), np.asarray(ids), np.asarray(weights))
+def _act_code(act: str) -> int:
+    if act not in ACT_CODES:
+        raise ValueError(f"unknown activation {act!r}; one of {', '.join(ACTS)}")
+    return ACT_CODES[act]
+
+
+def moe_ffn_fused(x: np.ndarray, ids: np.ndarray, weights: np.ndarray, gate: QTensor, up: QTensor,
+                  down: QTensor, act: str = "swiglu", biases: tuple | None = None) -> np.ndarray:
+    """Routed gated experts of one layer in one parallel region: sum_k weights[t, k] * expert(x[t]) -> (T, D).
+    x (T, D) float32, ids (T, K) int, weights (T, K) float32; gate/up (E, F, D), down (E, D, F); act and
+    biases as PreparedExperts."""
+    return PreparedExperts(gate, up, down, act=act, biases=biases)(np.asarray(x), np.asarray(ids),
+                                                                   np.asarray(weights))
 
 
 def _expert(t: QTensor, e: int) -> tuple[np.ndarray, str, tuple[int, ...]]:
@@ -250,14 +284,18 @@ def _expert(t: QTensor, e: int) -> tuple[np.ndarray, str, tuple[int, ...]]:
     return data, t.type, shape
 
 
-def moe_ffn_fused_ref(x: np.ndarray, ids: np.ndarray, weights: np.ndarray,
-                      gate: QTensor, up: QTensor, down: QTensor) -> np.ndarray:
-    """Reference twin: for each expert, its tokens through gate, up, SiLU*up, down (matmul_ref), weighted."""
+def moe_ffn_fused_ref(x: np.ndarray, ids: np.ndarray, weights: np.ndarray, gate: QTensor, up: QTensor,
+                      down: QTensor, act: str = "swiglu", biases: tuple | None = None) -> np.ndarray:
+    """Reference twin: for each expert, its tokens through gate, up, act, down (matmul_ref), weighted."""
     out = np.zeros((x.shape[0], gate.shape[2]), dtype=np.float32)       # (T, D)
     for e in np.unique(ids[ids >= 0]):                                  # -1: a slot another device runs
         tok, slot = np.nonzero(ids == e)                                # (n,), (n,)
         w = [QTensor(*_expert(t, int(e))) for t in (gate, up, down)]
         g, u = matmul_ref(x[tok], w[0]), matmul_ref(x[tok], w[1])      # (n, F)
-        h = g * (np.float32(0.5) * (np.float32(1.0) + np.tanh(np.float32(0.5) * g))) * u
-        np.add.at(out, tok, matmul_ref(h, w[2]) * weights[tok, slot][:, None])
+        if biases is not None:
+            g, u = g + biases[0][e], u + biases[1][e]
+        y = matmul_ref(glu(g, u, act), w[2])                            # (n, D)
+        if biases is not None:
+            y = y + biases[2][e]
+        np.add.at(out, tok, y * weights[tok, slot][:, None])
     return out

@@ -23,29 +23,34 @@ from moert.devices import CPU, Device
 from moert.kernels.moe import QTensor, moe_ffn
 from moert.kernels.moe_fused import PreparedExperts
 from moert.kernels.moe_fused import supports as fused_supports
-from moert.layers import silu, swiglu
+from moert.layers import glu, glu_ffn
 from moert.moe import dispatch
 from moert.weights import SplitWeight
 
 
-def run_experts(m, il: int, x, ids, weights, names: tuple[str, str, str], logits=None):
-    """Routed SwiGLU experts of layer il: x (T, D), ids/weights (T, K) on the attention device; returns
-    (T, D) there. Each expert runs where the plan put its weights; only activations move:
+def run_experts(m, il: int, x, ids, weights, names: tuple[str, str, str], logits=None, act: str = "swiglu",
+                biases: tuple[str, str, str] | None = None):
+    """Routed gated experts of layer il: x (T, D), ids/weights (T, K) on the attention device; returns
+    (T, D) there. act: the gated activation (moert.layers.ACTS); biases: the names of the gate, up and down
+    expert bias tensors ((E, F), (E, F), (E, D)), or None. Each expert runs where the plan put its weights;
+    only activations move:
       one device holds the layer's experts   x, ids, weights go there, the output comes back;
       experts split over devices             each device runs the (token, slot) pairs of its experts
                                              (the others marked -1), partial outputs summed here;
       gate/up/down of an expert apart        each matmul runs where its weight is, activations move.
     logits: the router's (T, E), for traces with trace="full" (optional)."""
+    ffn = (names, act, biases)
     src = _devices.device_of(x, m.plan.devices)
-    layout = m.cached(("layout", names), lambda: ExpertLayout.of(m.weights, names, m.config.n_expert))
+    layout = m.cached(("layout", ffn), lambda: ExpertLayout.of(m.weights, (*names, *(biases or ())),
+                                                              m.config.n_expert))
     ids_h = ids if src is CPU else m.to(ids, CPU, "expert ids")          # (T, K) host: counts, masks
     counts = np.bincount(ids_h.reshape(-1), minlength=m.config.n_expert)
     m.record_routing(il, counts, ids_h, weights, logits)
     if layout.home is not None:
-        return _on(m, layout.home, names, x, ids_h if layout.home is CPU else ids, weights, counts, src)
+        return _on(m, layout.home, ffn, x, ids_h if layout.home is CPU else ids, weights, counts, src)
     if layout.owner is None:                                        # tensors of one expert apart
         with m.phase("experts", src):
-            return dispatch(x, ids, weights, counts, _by_matmul(m, names, src), src.xp)
+            return dispatch(x, ids, weights, counts, _by_matmul(m, ffn, src), src.xp)
     owner = layout.owner[ids_h]                                     # (T, K) device index of each slot
     y = None
     for j, dev in enumerate(layout.devices):
@@ -53,52 +58,68 @@ def run_experts(m, il: int, x, ids, weights, names: tuple[str, str, str], logits
         if not mask.any():
             continue
         ids_d = np.where(mask, ids_h, -1).astype(np.int32)          # (T, K): -1 = another device's slot
-        part = _on(m, dev, names, x, ids_d, weights, np.where(layout.owner == j, counts, 0), src)
+        part = _on(m, dev, ffn, x, ids_d, weights, np.where(layout.owner == j, counts, 0), src)
         y = part if y is None else y + part
     return y
 
-def _on(m, dev: Device, names, x, ids, weights, counts: np.ndarray, src: Device):
-    """The experts of `names` that `ids` selects (-1: skipped), all held by dev, run on dev; (T, D) on src."""
+
+def _on(m, dev: Device, ffn, x, ids, weights, counts: np.ndarray, src: Device):
+    """The experts that `ids` selects (-1: skipped), all held by dev, run on dev; (T, D) on src."""
+    names, act, biases = ffn
     if src is not dev:
         ids, weights, x = m.to(ids, dev, "expert ids"), m.to(weights, dev, "expert weights"), \
             m.to(x, dev, "hidden")
     with m.phase("experts", dev):
         if dev is CPU:                          # the quantized bytes, read by the Numba kernels
-            y = _cpu_layer(m, names)(x, ids, weights)
+            y = _cpu_layer(m, ffn)(x, ids, weights)
         else:
             ts = [m.weights[n] for n in names]
+            bs = [m.weights[n] for n in biases] if biases else None
 
             def run(e: int, xs):
-                return swiglu(xs, *(t.dequantize_expert(e) for t in ts), dev.xp)
+                b = None if bs is None else tuple(t.dequantize_expert(e) for t in bs)
+                return glu_ffn(xs, *(t.dequantize_expert(e) for t in ts), act, b, dev.xp)
             y = dispatch(x, ids, weights, counts, run, dev.xp)
     return y if src is dev else m.to(y, src, "expert output")
 
-def _by_matmul(m, names, src: Device):
+
+def _by_matmul(m, ffn, src: Device):
     """run(e, xs) for dispatch on src when expert e's gate, up and down live on different devices: each
-    matmul runs where its weight is; xs, the hidden units and the output move (counted)."""
+    matmul runs where its weight is (its bias row joins it there); xs, the hidden units and the output move
+    (counted)."""
+    names, act, biases = ffn
     gate, up, down = (m.weights[n] for n in names)
+    bg, bu, bd = (m.weights[n] for n in biases) if biases else (None, None, None)
 
     def at(t, e: int) -> Device:
         return t.device_of(e) if isinstance(t, SplitWeight) else t.device
 
+    def matmul(xs, t, b, e: int):
+        dev = at(t, e)
+        y = m.to(xs, dev, "hidden") @ t.dequantize_expert(e).T                  # (n, out) on dev
+        return y if b is None else y + m.to(b.dequantize_expert(e), dev, "expert bias")
+
     def run(e: int, xs):
-        dg, du, dd = at(gate, e), at(up, e), at(down, e)
-        g = m.to(xs, dg, "hidden") @ gate.dequantize_expert(e).T                # (n, F) on dg
-        u = m.to(xs, du, "hidden") @ up.dequantize_expert(e).T                  # (n, F) on du
-        h = silu(m.to(g, dd, "expert hidden"), dd.xp) * m.to(u, dd, "expert hidden")
-        return m.to(h @ down.dequantize_expert(e).T, src, "expert output")     # (n, D) on src
+        dd = at(down, e)
+        g = m.to(matmul(xs, gate, bg, e), dd, "expert hidden")                  # (n, F) on dd
+        u = m.to(matmul(xs, up, bu, e), dd, "expert hidden")
+        return m.to(matmul(glu(g, u, act, dd.xp), down, bd, e), src, "expert output")   # (n, D) on src
     return run
 
-def _cpu_layer(m, names: tuple[str, str, str]):
+
+def _cpu_layer(m, ffn):
     """f(x, ids, weights) for a CPU expert layer: one parallel region for the layer
     (kernels/moe_fused.py), or kernels/moe.py for types the fused kernel does not take. Ids of -1 are
     skipped. A tensor split over experts is read through its CPU piece's view of the whole tensor."""
+    names, act, biases = ffn
+
     def make():
         qs = [QTensor(_cpu_view(m.weights[n]), m.weights[n].type, tuple(m.weights[n].shape)) for n in names]
+        b = None if not biases else tuple(_cpu_floats(m.weights[n]) for n in biases)
         if fused_supports(*qs):
-            return PreparedExperts(*qs, act_quant=m.act_quant)
-        return lambda x, ids, weights: moe_ffn(x, ids, weights, *qs)
-    return m.cached(("cpu experts", names), make)
+            return PreparedExperts(*qs, act_quant=m.act_quant, act=act, biases=b)
+        return lambda x, ids, weights: moe_ffn(x, ids, weights, *qs, act=act, biases=b)
+    return m.cached(("cpu experts", ffn), make)
 
 
 @dataclass
@@ -123,6 +144,12 @@ class ExpertLayout:
         if len(devices) == 1:
             return cls(devices[0], devices, None)
         return cls(None, devices, np.array([devices.index(d) for d in per[0]], dtype=np.int64))
+
+
+def _cpu_floats(w) -> np.ndarray:
+    """A bias tensor (E, n) as float32 on the CPU: its CPU data (a split one's CPU piece views it whole)."""
+    v = _cpu_view(w)
+    return v if w.type == "F32" else np.stack([w.dequantize_expert(e) for e in range(w.shape[0])])
 
 
 def _cpu_view(w) -> np.ndarray:

@@ -406,11 +406,13 @@ class Model(TextAPI, Tracing):
             logits = self.linear(h, name, dev)                                         # (T, V)
         return self.to(logits, CPU, "logits")
 
-    def experts(self, il: int, x, ids, weights, names: tuple[str, str, str], logits=None):
-        """Routed SwiGLU experts of layer il: x (T, D), ids/weights (T, K) on the attention device -> (T, D)
-        there; each expert runs where the plan put it and only activations move (moert/experts.py). logits:
+    def experts(self, il: int, x, ids, weights, names: tuple[str, str, str], logits=None, act: str = "swiglu",
+                biases: tuple[str, str, str] | None = None):
+        """Routed gated experts of layer il: x (T, D), ids/weights (T, K) on the attention device -> (T, D)
+        there; each expert runs where the plan put it and only activations move (moert/experts.py). act: the
+        gated activation (moert.layers.ACTS); biases: names of per-expert gate/up/down bias tensors; logits:
         the router's (T, E), recorded by traces with trace="full"."""
-        return run_experts(self, il, x, ids, weights, names, logits)
+        return run_experts(self, il, x, ids, weights, names, logits, act, biases)
 
 
 def _dequantize(raw, type_name: str, shape, dev: Device):

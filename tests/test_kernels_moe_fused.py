@@ -61,6 +61,47 @@ def test_fused_matches_reference(types, T):
     assert np.all(np.abs(got - moe_ffn(x, ids, w, gate, up, down)) <= tol)  # the existing CPU path agrees
 
 
+@pytest.mark.parametrize("act", ["swiglu", "geglu", "swiglu_oai"])
+@pytest.mark.parametrize("with_bias", [False, True])
+def test_activations_and_biases_match_the_twin(act, with_bias):
+    """The expert executor takes the semantics (mlx-lm's SwitchGLU(activation=, bias=)): the fused kernel,
+    the per-expert CPU path and the twin agree for every activation, with and without per-expert biases.
+    Gates are scaled up so swiglu_oai's clamps at +-7 are reached."""
+    E, F, D, K, T = 6, 512, 256, 2, 9
+    gate, up, down = experts("Q8_0", "Q4_K", E, F, D, seed=4)
+    rng = np.random.default_rng(5)
+    x = rng.standard_normal((T, D), dtype=np.float32) * 8
+    ids, w = routing(T, E, K, seed=5)
+    b = (tuple(rng.standard_normal(s, dtype=np.float32) for s in ((E, F), (E, F), (E, D))) if with_bias else None)
+    want = mf.moe_ffn_fused_ref(x, ids, w, gate, up, down, act=act, biases=b)
+    got = mf.moe_ffn_fused(x, ids, w, gate, up, down, act=act, biases=b)
+    slow = moe_ffn(x, ids, w, gate, up, down, act=act, biases=b)
+    tol = 2e-4 * (np.abs(want).max() + 1)
+    assert np.abs(got - want).max() <= tol and np.abs(slow - want).max() <= tol
+    if act == "swiglu_oai":      # the clamps matter on these inputs: without them the result differs
+        assert np.abs(mf.moe_ffn_fused_ref(x, ids, w, gate, up, down, act="swiglu", biases=b) - want).max() > 10 * tol
+    skip = ids.copy()
+    skip[::2, 0] = -1                                                   # slots another device runs
+    np.testing.assert_allclose(mf.moe_ffn_fused(x, skip, w, gate, up, down, act=act, biases=b),
+                               mf.moe_ffn_fused_ref(x, skip, w, gate, up, down, act=act, biases=b), atol=tol, rtol=0)
+
+
+def test_glu_definitions():
+    """moert.layers.glu against the formulas written out (llama.cpp ggml_swiglu_oai for gpt-oss)."""
+    from moert.layers import glu
+
+    g = np.array([-9.0, -1.0, 0.5, 3.0, 8.0], np.float32)
+    u = np.array([-8.0, 2.0, -0.5, 1.0, 9.0], np.float32)
+    sig = lambda v: 1 / (1 + np.exp(-v.astype(np.float64)))
+    np.testing.assert_allclose(glu(g, u, "swiglu"), g * sig(g) * u, rtol=1e-5, atol=1e-6)   # float32 tanh
+    gelu = 0.5 * g * (1 + np.tanh(np.sqrt(2 / np.pi) * (g + 0.044715 * g**3)))
+    np.testing.assert_allclose(glu(g, u, "geglu"), gelu * u, rtol=1e-5, atol=1e-6)
+    gc, uc = np.minimum(g, 7.0), np.clip(u, -7.0, 7.0)
+    np.testing.assert_allclose(glu(g, u, "swiglu_oai"), gc * sig(1.702 * gc) * (uc + 1), rtol=1e-5, atol=1e-6)
+    with pytest.raises(ValueError, match="unknown activation 'relu'"):
+        glu(g, u, "relu")
+
+
 def test_random_bytes_and_odd_sizes():
     """Fully random Q4_K/Q6_K bytes (any quant values, finite scales), F = 768 (3 down blocks), 17 tokens."""
     rng = np.random.default_rng(9)
@@ -95,7 +136,8 @@ def test_same_result_for_any_threads_and_parts():
     assert mf.parts_for(8, 3, 2) == 1 and mf.parts_for(8, 3, 16) == 3 and mf.parts_for(1, 3, 2) == 3
     args = [a for t in (gate, up, down) for a in (mf._raw3(t), mf.table(t.type))]
     kernel = mf.layer_kernel(mf.TYPE_CODES[gate.type], mf.TYPE_CODES[down.type])
-    split = kernel(x, ids, w, *args, D // 256, 3, 256, 3, 2)           # 3 parts of 256 hidden units
+    none = np.zeros((0, 0), np.float32)                                 # no biases
+    split = kernel(x, ids, w, *args, D // 256, 3, 256, 3, 0, none, none, none, 2)   # 3 parts of 256 hidden units
     tol = 1e-4 * scale(x, ids, w, gate, up, down)
     assert np.all(np.abs(split - one) <= tol)
 
