@@ -124,6 +124,12 @@ class Config:
         cfg.validate()
         return cfg
 
+    @classmethod
+    def required_keys(cls, arch: str) -> list[str]:
+        """The GGUF keys this Config cannot do without (no default), for architecture `arch`."""
+        return [f.metadata["key"].format(arch=arch) for f in dataclasses.fields(cls)
+                if f.metadata["default"] is _REQUIRED]
+
     def validate(self) -> None:
         """Cross-field checks; subclasses extend them."""
         self._check(self.n_head % self.n_head_kv == 0, "attention.head_count_kv",

@@ -7,11 +7,12 @@
     kv   = kvcache.allocate_kv_cache(plan, n)   K and V on each layer's attention device (moert/kvcache.py)
     models.<arch>.forward(model, tokens)        the architecture's forward, against the runtime below
 
-The Model is the runtime an architecture file calls: `w(name, dev)` a weight as float32 on `dev`,
-`linear(x, name, dev)` x @ W.T (CPU dense weights dequantized once, not per token), `to(x, dev)` an
-explicit, counted move, `phase(name, dev)` time attribution, `experts(...)` the shared
-routed-expert execution wherever the plan put the expert tensors. Nothing moves between devices except
-through `to` (moert.devices.transfer underneath), so the sim device catches any forgotten move.
+The Model is the runtime an architecture file calls (its contract: moert/runtime.py, a typed Protocol):
+`w(name, dev)` a weight as float32 on `dev`, `linear(x, name, dev)` x @ W.T (CPU dense weights dequantized
+once, not per token), `to(x, dev)` an explicit, counted move, `phase(name, dev)` time attribution,
+`experts(...)` the shared routed-expert execution wherever the plan put the expert tensors. Nothing moves
+between devices except through `to` (moert.devices.transfer underneath), so the sim device catches any
+forgotten move.
 """
 
 from __future__ import annotations
@@ -303,6 +304,10 @@ class Model(TextAPI, Tracing):
 
     def device_of(self, name: str) -> Device:
         return self.plan.device(self._name(name))
+
+    def has(self, name: str) -> bool:
+        """Whether the model holds the (optional) tensor `name` (output.weight: also when tied)."""
+        return name in self.weights or (name == "output.weight" and "token_embd.weight" in self.weights)
 
     def to(self, x, dev: Device, what: str = ""):
         """x moved to dev (explicit, counted, timed as a transfer); x itself when it is there already."""

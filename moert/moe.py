@@ -39,15 +39,28 @@ def softmax_topk(logits, k: int, xp=np, renorm: bool = True, fast: bool = True):
 
 
 def topk_softmax(logits, k: int, xp=np):
-    """Top k logits, then softmax over those k only (Mixtral)."""
+    """Top k logits, then softmax over those k only (Mixtral, gpt-oss; equal to softmax -> top-k ->
+    renormalize)."""
     ids, top = _topk(logits, k, xp)
     return ids, softmax(top, xp).astype(xp.float32)
 
 
-def sigmoid_topk(logits, k: int, bias, xp=np, renorm: bool = True, scale: float = 1.0):
-    """Sigmoid scores; select by score + bias, weight by the unbiased score (DeepSeek-V3, no groups)."""
+def sigmoid_topk(logits, k: int, bias, xp=np, renorm: bool = True, scale: float = 1.0, n_group: int = 1,
+                 topk_group: int = 1):
+    """DeepSeek-V3 / GLM-4.7-Flash: sigmoid scores; select by score + bias (`exp_probs_b`) among the best
+    `topk_group` of `n_group` expert groups (a group's merit: the sum of its two best biased scores), weight
+    by the unbiased scores, renormalized if `renorm`, times `scale` (llama.cpp build_moe_ffn)."""
     s = 1.0 / (1.0 + xp.exp(-logits))                                   # (T, E)
-    ids, _ = _topk(s + bias, k, xp)
+    sel = s + (0.0 if bias is None else bias)                           # (T, E) selection scores
+    if n_group > 1:
+        T, E = sel.shape
+        g = sel.reshape(T, n_group, E // n_group)                       # (T, G, E/G)
+        top2 = -xp.sort(-g, axis=-1)[:, :, :2].sum(axis=-1)             # (T, G)
+        keep, _ = _topk(top2, topk_group, xp)                           # (T, topk_group) best groups
+        mask = xp.zeros((T, n_group), dtype=bool)
+        xp.put_along_axis(mask, keep.astype(xp.int64), True, axis=-1)
+        sel = xp.where(xp.repeat(mask, E // n_group, axis=-1), sel, -xp.inf)
+    ids, _ = _topk(sel, k, xp)
     w = xp.take_along_axis(s, ids.astype(xp.int64), axis=-1)            # (T, K)
     if renorm:
         w = w / xp.sum(w, axis=-1, keepdims=True)

@@ -253,3 +253,67 @@ def gpt2_vocab_metadata(n_vocab: int = 1024, pre: str = "qwen2", corpus: str = V
         "tokenizer.ggml.add_bos_token": False,
         "tokenizer.chat_template": CHATML_TEMPLATE,
     }
+
+
+# ------------------------------------------------------------------- any architecture, from its declaration
+
+def write_arch(path: str | Path, arch: str, hparams: Mapping[str, object], *, optional: Iterable[str] = (),
+               tied_output: bool = False, qtype: str = "Q8_0", types: Mapping[str, str] | None = None,
+               n_vocab: int = 256, seed: int = 0) -> Path:
+    """A small random model of any registered architecture: `hparams` are its GGUF keys without the
+    "{arch}." prefix; the tensors are the ones the architecture declares (moert/models/spec.py), optional
+    ones only where a regex of `optional` matches their name (output.weight unless tied_output)."""
+    from moert import models
+    from moert.models.spec import expected_shape
+
+    rng = np.random.default_rng(seed)
+    metadata = {"general.name": f"synthetic-{arch}", "general.architecture": arch, "tokenizer.ggml.model": "none",
+                f"{arch}.vocab_size": n_vocab, **{f"{arch}.{k}": v for k, v in hparams.items()}}
+    module = models.get(arch)
+    config = module.Config.from_gguf(metadata)
+    want = [re.compile(p) for p in optional] + ([] if tied_output else [re.compile(r"^output\.weight$")])
+
+    def value(name: str, shape: tuple[int, ...]) -> np.ndarray:
+        if name.endswith("_norm.weight"):
+            return (1.0 + 0.1 * rng.standard_normal(shape, dtype=np.float32)).astype(np.float32)
+        if len(shape) == 1 or name.endswith(".bias") or name == "token_embd.weight" or "gate_inp" in name:
+            return rng.standard_normal(shape, dtype=np.float32) * (1.0 if len(shape) > 1 else 0.1)
+        return rng.standard_normal(shape, dtype=np.float32) * np.float32(shape[-1] ** -0.5)
+
+    specs = [s for s in module.tensors(config) if not s.optional or any(p.search(s.name) for p in want)]
+    tensors = []
+    for s in specs:
+        shape = expected_shape(config, s)
+        x = value(s.name, shape)
+        typ = "F32" if s.types is not None and "F32" in s.types else tensor_type(s.name, shape, qtype, types)
+        tensors.append((s.name, x, "F32" if x.ndim == 1 or s.name.endswith(".bias") else typ))
+    return write_gguf(path, arch, {k: v for k, v in metadata.items() if k != "general.architecture"}, tensors)
+
+
+_COMMON = {"block_count": 2, "context_length": 256, "embedding_length": 64, "attention.head_count": 4,
+           "attention.head_count_kv": 2, "attention.layer_norm_rms_epsilon": 1e-6, "rope.freq_base": 10000.0}
+
+# A tiny model of each registered architecture, for the shared runner (tests/test_architectures.py):
+# hyperparameters as the real family has them, shrunk. Every architecture brings one line here.
+TINY: dict[str, dict] = {
+    "qwen3moe": dict(hparams={**_COMMON, "attention.key_length": 16, "attention.value_length": 16,
+                              "feed_forward_length": 64, "expert_feed_forward_length": 32, "expert_count": 8,
+                              "expert_used_count": 2}),
+    "gemma3": dict(hparams={**_COMMON, "block_count": 3, "attention.head_count_kv": 1, "attention.key_length": 32,
+                            "attention.value_length": 32, "feed_forward_length": 96, "attention.sliding_window": 4},
+                   tied_output=True),
+    "llama": dict(hparams={**_COMMON, "feed_forward_length": 64, "expert_count": 4, "expert_used_count": 2}),
+    "llama-dense": dict(arch="llama", hparams={**_COMMON, "feed_forward_length": 96}),
+    "qwen2moe": dict(hparams={**_COMMON, "feed_forward_length": 64, "expert_feed_forward_length": 32,
+                              "expert_shared_feed_forward_length": 96, "expert_count": 8, "expert_used_count": 2},
+                     optional=[r"attn_[qkv]\.bias$"]),
+    "olmoe": dict(hparams={**_COMMON, "attention.head_count_kv": 4, "feed_forward_length": 32, "expert_count": 8,
+                           "expert_used_count": 2}),
+}
+
+
+def write_tiny(path: str | Path, name: str, seed: int = 0, **kw) -> Path:
+    """The TINY model `name` (an architecture, or a variant such as "llama-dense")."""
+    spec = dict(TINY[name])
+    arch = spec.pop("arch", name)
+    return write_arch(path, arch, **{**spec, **kw}, seed=seed)

@@ -17,6 +17,9 @@ from moert.errors import GGUFError
 
 ARCHITECTURES: dict[str, str] = {
     "gemma3": "moert.models.gemma3",
+    "llama": "moert.models.llama",
+    "olmoe": "moert.models.olmoe",
+    "qwen2moe": "moert.models.qwen2moe",
     "qwen3moe": "moert.models.qwen3moe",
 }
 

@@ -1,4 +1,5 @@
-"""Sub-blocks several architectures share, written against the runtime `m` (weights by their GGUF names).
+"""Sub-blocks several architectures share, written against the runtime `m` (moert/runtime.py; weights by
+their GGUF names), each beside the declaration of the tensors it reads.
 
 Dimension legend: T tokens, D hidden, H query heads, Hk KV heads, Dh head dim, Dv value head dim.
 """
@@ -7,7 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from moert.layers import attention, cpu_arrays, rms_norm, rope
+from moert.layers import attention, cpu_arrays, glu, rms_norm, rope
 from moert.models.spec import TensorSpec, spec
 
 
@@ -44,3 +45,82 @@ def qk_norm_attention(m, il: int, h, dev, rope_base: float, *, neox: bool = True
     q, k = rope(q, cos, sin, neox, xp), rope(k, cos, sin, neox, xp)
     a = attention(q, k, v, k_cache, v_cache, m.position, xp, scale=scale, window=window)  # (T, H*Dv)
     return m.linear(a, b + "attn_output.weight", dev)                                     # (T, D)
+
+
+# -------------------------------------------------------------------- attention without per-head norms
+
+def attention_tensors(b: str, qk_norm: str | None = None) -> list[TensorSpec]:
+    """What gqa_attention reads: q/k/v/output, optional q/k/v/output biases, full-width q/k norms (OLMoE)."""
+    out = [spec(b + "attn_q.weight", ("n_head", "head_dim"), "n_embd"),
+           spec(b + "attn_k.weight", ("n_head_kv", "head_dim"), "n_embd"),
+           spec(b + "attn_v.weight", ("n_head_kv", "head_dim_v"), "n_embd"),
+           spec(b + "attn_output.weight", "n_embd", ("n_head", "head_dim_v")),
+           spec(b + "attn_q.bias", ("n_head", "head_dim"), optional=True),
+           spec(b + "attn_k.bias", ("n_head_kv", "head_dim"), optional=True),
+           spec(b + "attn_v.bias", ("n_head_kv", "head_dim_v"), optional=True),
+           spec(b + "attn_output.bias", "n_embd", optional=True)]
+    if qk_norm == "full":
+        out += [spec(b + "attn_q_norm.weight", ("n_head", "head_dim")),
+                spec(b + "attn_k_norm.weight", ("n_head_kv", "head_dim"))]
+    return out
+
+
+def _biased(m, x, name: str, dev):
+    """x + the bias `name` when the file has it (Qwen2's q/k/v), else x."""
+    return x + m.w(name, dev) if m.has(name) else x
+
+
+def gqa_attention(m, il: int, h, dev, rope_base: float, *, neox: bool, qk_norm: str | None = None,
+                  scale: float | None = None, window: int | None = None):
+    """GQA attention with optional q/k/v/output biases (Qwen2-MoE) and optional RMSNorm over the whole q and
+    k projections (qk_norm="full": OLMoE), on dev: h (T, D), already normed -> (T, D)."""
+    c, b, xp = m.config, f"blk.{il}.", dev.xp
+    T = h.shape[0]
+    q = _biased(m, m.linear(h, b + "attn_q.weight", dev), b + "attn_q.bias", dev)      # (T, H*Dh)
+    k = _biased(m, m.linear(h, b + "attn_k.weight", dev), b + "attn_k.bias", dev)      # (T, Hk*Dh)
+    v = _biased(m, m.linear(h, b + "attn_v.weight", dev), b + "attn_v.bias", dev)      # (T, Hk*Dv)
+    if qk_norm == "full":
+        q = rms_norm(q, m.w(b + "attn_q_norm.weight", dev), c.rms_eps, xp)
+        k = rms_norm(k, m.w(b + "attn_k_norm.weight", dev), c.rms_eps, xp)
+    q = q.reshape(T, c.n_head, c.head_dim)
+    k = k.reshape(T, c.n_head_kv, c.head_dim)
+    v = v.reshape(T, c.n_head_kv, c.head_dim_v)
+    cos, sin = m.rope(dev, c.head_dim, rope_base)                                        # (T, Dh/2) each
+    q, k = rope(q, cos, sin, neox, xp), rope(k, cos, sin, neox, xp)
+    k_cache, v_cache = m.kv_cache(il)
+    a = attention(q, k, v, k_cache, v_cache, m.position, xp, scale=scale, window=window)  # (T, H*Dv)
+    return _biased(m, m.linear(a, b + "attn_output.weight", dev), b + "attn_output.bias", dev)
+
+
+# ----------------------------------------------------------------------------- FFNs: dense, shared expert
+
+def ffn_tensors(b: str, n_ff: str, suffix: str = "", bias: bool = False) -> list[TensorSpec]:
+    """gate/up (n_ff, D) and down (D, n_ff) of a dense FFN (suffix "_shexp": a shared expert), optional biases."""
+    out = [spec(f"{b}ffn_gate{suffix}.weight", n_ff, "n_embd"), spec(f"{b}ffn_up{suffix}.weight", n_ff, "n_embd"),
+           spec(f"{b}ffn_down{suffix}.weight", "n_embd", n_ff)]
+    if bias:
+        out += [spec(f"{b}ffn_gate{suffix}.bias", n_ff, optional=True),
+                spec(f"{b}ffn_up{suffix}.bias", n_ff, optional=True),
+                spec(f"{b}ffn_down{suffix}.bias", "n_embd", optional=True)]
+    return out
+
+
+def dense_ffn(m, b: str, h, dev, act: str = "swiglu", suffix: str = ""):
+    """down(act(gate h, up h)) with the blk's ffn_{gate,up,down}{suffix} weights (biases when present), on dev."""
+    g = _biased(m, m.linear(h, f"{b}ffn_gate{suffix}.weight", dev), f"{b}ffn_gate{suffix}.bias", dev)  # (T, F)
+    u = _biased(m, m.linear(h, f"{b}ffn_up{suffix}.weight", dev), f"{b}ffn_up{suffix}.bias", dev)      # (T, F)
+    y = m.linear(glu(g, u, act, dev.xp), f"{b}ffn_down{suffix}.weight", dev)                            # (T, D)
+    return _biased(m, y, f"{b}ffn_down{suffix}.bias", dev)
+
+
+def shared_expert(m, b: str, h, dev, gated: bool):
+    """The shared expert (ffn_*_shexp), where its weights are, returned on dev; gated: times
+    sigmoid(ffn_gate_inp_shexp . h) per token (Qwen2-MoE)."""
+    sdev = m.device_of(b + "ffn_up_shexp.weight")
+    hs = m.to(h, sdev, "hidden")
+    with m.phase("ffn", sdev):
+        y = dense_ffn(m, b, hs, sdev, suffix="_shexp")                                    # (T, D)
+        if gated:
+            z = hs @ m.w(b + "ffn_gate_inp_shexp.weight", sdev).reshape(-1, 1)            # (T, 1)
+            y = y * (np.float32(0.5) * (np.float32(1.0) + sdev.xp.tanh(np.float32(0.5) * z)))   # sigmoid
+    return m.to(y, dev, "shared expert output")

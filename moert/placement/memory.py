@@ -2,7 +2,8 @@
 
 The estimate, per device d, for a context of n_ctx tokens processed in chunks of at most T = min(n_batch,
 n_ctx) tokens (legend: E embedding, H / Hkv query / KV heads, Dk Dv head dims, X experts, K experts
-used, F expert hidden, V vocabulary, s = bytes per KV element, f32 = 4 bytes):
+used, F expert hidden (expert_feed_forward_length, else feed_forward_length), Ff the widest dense FFN or
+shared expert, V vocabulary, s = bytes per KV element, f32 = 4 bytes):
 
     weights(d) = sum of the GGUF bytes of the tensors placed on d (quantized bytes: no dequantization at load)
     kv(d)      = sum over layers whose attention runs on d of  n_ctx * Hkv * (Dk + Dv) * s
@@ -12,8 +13,10 @@ used, F expert hidden, V vocabulary, s = bytes per KV element, f32 = 4 bytes):
                + 2 * H * T * n_ctx * f32                   scores and their softmax
                + 2 * T * X * f32                           router logits and probabilities
                + T * K * (3 * F + E) * f32                 gate, up, activation, expert output (if experts on d)
+               + 2 * T * E * f32 + T * (3 * Ff + E) * f32  the same for a dense FFN / shared expert on d
                + T * V * f32                               logits (if the output layer is on d)
-               + 2 * largest dequantized matrix on d * f32 (one expert of an *_exps tensor)
+               + 3 * largest dequantized matrix on d * f32 (one expert of an *_exps tensor; three copies:
+                                                           a dequantized output.weight is alive three times)
     total(d)   = weights + kv + scratch;  on a GPU it must be <= capacity (fit also keeps `margin` free)
 
 `estimate` is an upper bound of what `load_weights` plus `allocate_kv_cache` really allocate on a sim
@@ -36,6 +39,7 @@ from moert.placement.plan import EXPERT_REGEX, Plan
 
 F32 = 4
 EXPERT_TENSORS = re.compile(EXPERT_REGEX)
+DENSE_FFN = re.compile(r"\.ffn_(gate|up|down)(_shexp)?\.weight$")      # dense FFNs and shared experts
 
 
 # --------------------------------------------------------------------------------------------- estimate
@@ -113,7 +117,9 @@ def estimate(plan: Plan, context_size: int, n_batch: int = 512, kv_dtype: Any = 
         return Estimate(n_ctx, n_batch, np.dtype(kv_dtype).name, devs)
     E, H = metadata_int(md, "embedding_length"), metadata_int(md, "attention.head_count")
     X, K = metadata_int(md, "expert_count"), metadata_int(md, "expert_used_count")
-    F = metadata_int(md, "expert_feed_forward_length")
+    F_dense = metadata_int(md, "feed_forward_length")
+    F = metadata_int(md, "expert_feed_forward_length") or F_dense     # olmoe, llama: experts of feed_forward_length
+    F_ffn = max(F_dense, metadata_int(md, "expert_shared_feed_forward_length"))   # dense FFNs, shared experts
     V = metadata_int(md, "vocab_size") or (plan["token_embd.weight"].shape[0] if "token_embd.weight" in plan else 0)
     Dk, Dv, Hkv = spec.head_dim_k, spec.head_dim_v, spec.n_head_kv
 
@@ -123,6 +129,7 @@ def estimate(plan: Plan, context_size: int, n_batch: int = 512, kv_dtype: Any = 
         devs[d].kv += spec.layer_bytes(n_ctx, kv_dtype)
         attn_on.add(d)
     experts_on = {e.device for e in plan if EXPERT_TENSORS.search(e.name)}
+    ffn_on = {e.device for e in plan if DENSE_FFN.search(e.name)}
     logits_on = {plan.device_of("output.weight")} if "output.weight" in plan else set()
     biggest: dict[str, int] = {}
     for e in plan:
@@ -139,9 +146,11 @@ def estimate(plan: Plan, context_size: int, n_batch: int = 512, kv_dtype: Any = 
             s += 2 * T * X * F32
         if name in experts_on:
             s += 4 * T * E * F32 + T * K * (3 * F + E) * F32
+        if name in ffn_on:
+            s += 2 * T * E * F32 + T * (3 * F_ffn + E) * F32
         if name in logits_on:
             s += T * V * F32
-        s += 2 * biggest.get(name, 0)
+        s += 3 * biggest.get(name, 0)       # a dequantized matrix, its transpose's product, and a chunk's copy
         d.scratch = s
     return Estimate(n_ctx, n_batch, np.dtype(kv_dtype).name, devs)
 

@@ -1,0 +1,130 @@
+"""Float oracles for the architecture family: transformers in float32 on the same weights, per architecture.
+
+    python tests/reference/make_arch_refs.py        # writes tests/fixtures/arch/<name>.gguf and .npz
+
+Needs torch + transformers; the test suite reads the committed fixtures only (tests/test_architectures.py).
+For each TINY model of moert.testing (llama with experts = Mixtral's layout, dense llama, qwen2moe, olmoe)
+a small random GGUF is written (Q8_0 matrices, committed), every tensor is dequantized by gguf-py (not by
+moert) and mapped to the Hugging Face class of that family (MixtralForCausalLM, LlamaForCausalLM,
+Qwen2MoeForCausalLM, OlmoeForCausalLM; eager attention, float32); its logits for a fixed prompt are the
+oracle. llama.cpp stores llama q/k rows permuted for its RoPE mode: they are un-permuted here for HF.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import numpy as np
+from common import versions
+from make_qwen3moe_refs import gguf_tensors
+
+ROOT = Path(__file__).resolve().parents[2]
+OUT = ROOT / "tests" / "fixtures" / "arch"
+N_TOKENS = 24
+MODELS = {"llama": 11, "llama-dense": 12, "qwen2moe": 13, "olmoe": 14}     # TINY name -> seed
+
+
+def unpermute(w: np.ndarray, n_head: int) -> np.ndarray:
+    """Undo convert_hf_to_gguf.py's LlamaModel.permute of q/k rows (for llama.cpp's normal RoPE mode)."""
+    return w.reshape(n_head, w.shape[0] // n_head // 2, 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+
+
+def hf_model(name: str, md: dict, w: dict[str, np.ndarray]):
+    """The transformers model of this family with the GGUF's weights."""
+    import torch
+    import transformers as tf
+
+    a = md["general.architecture"]
+    g = lambda k, d=None: md.get(f"{a}.{k}", d)                         # noqa: E731
+    L, H, Hk = g("block_count"), g("attention.head_count"), g("attention.head_count_kv")
+    common = dict(vocab_size=g("vocab_size"), hidden_size=g("embedding_length"), num_hidden_layers=L,
+                  num_attention_heads=H, num_key_value_heads=Hk, max_position_embeddings=g("context_length"),
+                  rms_norm_eps=g("attention.layer_norm_rms_epsilon"), tie_word_embeddings=False,
+                  rope_parameters={"rope_type": "default", "rope_theta": g("rope.freq_base")})
+    if name == "llama":
+        cfg = tf.MixtralConfig(**common, intermediate_size=g("feed_forward_length"),
+                               num_local_experts=g("expert_count"), num_experts_per_tok=g("expert_used_count"))
+        cls, moe = tf.MixtralForCausalLM, "mlp"
+    elif name == "llama-dense":
+        cfg = tf.LlamaConfig(**common, intermediate_size=g("feed_forward_length"))
+        cls, moe = tf.LlamaForCausalLM, None
+    elif name == "qwen2moe":
+        cfg = tf.Qwen2MoeConfig(**common, intermediate_size=g("feed_forward_length"),
+                                moe_intermediate_size=g("expert_feed_forward_length"),
+                                shared_expert_intermediate_size=g("expert_shared_feed_forward_length"),
+                                num_experts=g("expert_count"), num_experts_per_tok=g("expert_used_count"),
+                                norm_topk_prob=False, decoder_sparse_step=1, mlp_only_layers=[])
+        cls, moe = tf.Qwen2MoeForCausalLM, "mlp"
+    else:
+        cfg = tf.OlmoeConfig(**common, intermediate_size=g("feed_forward_length"), num_experts=g("expert_count"),
+                             num_experts_per_tok=g("expert_used_count"), norm_topk_prob=False)
+        cls, moe = tf.OlmoeForCausalLM, "mlp"
+    cfg._attn_implementation = "eager"
+    torch.manual_seed(0)
+    model = cls(cfg).to(torch.float32).eval()
+    keys = set(model.state_dict())
+    sd = {"model.embed_tokens.weight": w["token_embd.weight"], "model.norm.weight": w["output_norm.weight"],
+          "lm_head.weight": w["output.weight"]}
+    for i in range(L):
+        b, h = f"blk.{i}.", f"model.layers.{i}."
+        q, k = w[f"{b}attn_q.weight"], w[f"{b}attn_k.weight"]
+        if a == "llama":
+            q, k = unpermute(q, H), unpermute(k, Hk)
+        sd.update({f"{h}input_layernorm.weight": w[f"{b}attn_norm.weight"],
+                   f"{h}post_attention_layernorm.weight": w[f"{b}ffn_norm.weight"],
+                   f"{h}self_attn.q_proj.weight": q, f"{h}self_attn.k_proj.weight": k,
+                   f"{h}self_attn.v_proj.weight": w[f"{b}attn_v.weight"],
+                   f"{h}self_attn.o_proj.weight": w[f"{b}attn_output.weight"]})
+        for p in ("q", "k", "v"):
+            if f"{b}attn_{p}.bias" in w:
+                sd[f"{h}self_attn.{p}_proj.bias"] = w[f"{b}attn_{p}.bias"]
+        if a == "olmoe":
+            sd[f"{h}self_attn.q_norm.weight"] = w[f"{b}attn_q_norm.weight"]
+            sd[f"{h}self_attn.k_norm.weight"] = w[f"{b}attn_k_norm.weight"]
+        if moe is None:
+            for p in ("gate", "up", "down"):
+                sd[f"{h}mlp.{p}_proj.weight"] = w[f"{b}ffn_{p}.weight"]
+            continue
+        gate_key = next(k2 for k2 in keys if k2.startswith(h) and k2.endswith(".gate.weight") and "shared" not in k2)
+        sd[gate_key] = w[f"{b}ffn_gate_inp.weight"]
+        gate, up, down = (w[f"{b}ffn_{p}_exps.weight"] for p in ("gate", "up", "down"))    # (E,F,D), (E,D,F)
+        pre = gate_key[: -len("gate.weight")] + "experts."
+        if pre + "gate_up_proj" in keys:                      # transformers >= 5: fused expert tensors
+            sd[pre + "gate_up_proj"] = np.concatenate([gate, up], axis=1)
+            sd[pre + "down_proj"] = down
+        else:
+            for e in range(gate.shape[0]):
+                for p, x in (("w1", gate), ("w3", up), ("w2", down)) if pre + "0.w1.weight" in keys else \
+                        (("gate_proj", gate), ("up_proj", up), ("down_proj", down)):
+                    sd[f"{pre}{e}.{p}.weight"] = x[e]
+        if a == "qwen2moe":
+            for p in ("gate", "up", "down"):
+                sd[f"{h}mlp.shared_expert.{p}_proj.weight"] = w[f"{b}ffn_{p}_shexp.weight"]
+            sd[f"{h}mlp.shared_expert_gate.weight"] = w[f"{b}ffn_gate_inp_shexp.weight"].reshape(1, -1)
+    missing = keys - set(sd)
+    if missing:
+        raise SystemExit(f"{name}: GGUF -> HF mapping left HF parameters unset: {sorted(missing)[:6]}")
+    model.load_state_dict({k2: torch.from_numpy(np.array(v, dtype=np.float32)) for k2, v in sd.items()}, strict=True)
+    return model
+
+
+def main() -> int:
+    import torch
+
+    from moert.testing import write_tiny
+
+    OUT.mkdir(parents=True, exist_ok=True)
+    for name, seed in MODELS.items():
+        path = write_tiny(OUT / f"{name}.gguf", name, seed=seed)
+        md, w = gguf_tensors(path)
+        tokens = np.random.default_rng(2000 + seed).integers(0, 256, N_TOKENS).astype(np.int64)
+        with torch.no_grad():
+            logits = hf_model(name, md, w)(torch.from_numpy(tokens)[None], use_cache=False).logits[0].numpy()
+        np.savez(OUT / f"{name}.npz", tokens=tokens, hf_logits=logits.astype(np.float32), **versions())
+        print(f"{name}: {path.stat().st_size:,} bytes, logits {logits.shape}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

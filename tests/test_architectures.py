@@ -1,0 +1,122 @@
+"""One test runner every architecture passes (mlx-lm's model_test_runner): each registered architecture
+brings a tiny writer (moert.testing.TINY) and gets, for free: prefill = token-by-token decode, the same
+logits in every placement, the memory estimate bounding the sim peak over a full context, and a typed error
+naming each missing key and tensor. Then the float oracle: transformers in float32 on the same weights
+(fixtures by tests/reference/make_arch_refs.py) for the architectures that came with this runner."""
+
+from __future__ import annotations
+
+import warnings
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import moert
+from moert import GGUFError, models
+from moert.config import ConfigError
+from moert.models.spec import TensorMismatchError
+from moert.testing import TINY, write_tiny
+
+FIX = Path(__file__).parent / "fixtures" / "arch"
+TOKENS = [3, 14, 15, 92, 65, 35, 89, 79, 32, 38]
+
+
+def test_every_architecture_has_a_tiny_writer():
+    assert {TINY[n].get("arch", n) for n in TINY} == set(models.ARCHITECTURES)
+
+
+@pytest.fixture(scope="module", params=sorted(TINY))
+def tiny(request, tmp_path_factory):
+    return request.param, write_tiny(tmp_path_factory.mktemp("arch") / f"{request.param}.gguf", request.param, seed=7)
+
+
+def load(path, **kw):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return moert.load(path, context_size=kw.pop("context_size", 32), warmup=False, progress=False, **kw)
+
+
+def rel(a, b) -> float:
+    return float(np.linalg.norm(a - b) / np.linalg.norm(b))
+
+
+def test_prefill_equals_decode_and_placements_agree(tiny, one_numba_thread):
+    name, path = tiny
+    ref = load(path, gpu_layers=0)
+    a = ref.forward(TOKENS)
+    ref.reset()
+    b = np.concatenate([ref.forward([t]) for t in TOKENS])
+    assert rel(b, a) < 1e-5 and np.isfinite(a).all()
+    for kw in (dict(gpu_backend="sim"), dict(gpu_backend="sim", cpu_moe=True),
+               dict(gpu_backend="sim", gpu_memory=["1GiB", "1GiB"]), dict(gpu_backend="sim", gpu_layers=1)):
+        m = load(path, **kw)
+        assert rel(m.forward(TOKENS), a) < 1e-5, (name, kw)
+        assert rel(m.forward([7]), load(path, gpu_layers=0).forward([*TOKENS, 7])[-1:]) < 1e-5, (name, kw)
+
+
+@pytest.mark.parametrize("n_batch", [5, 32])
+def test_the_estimate_bounds_the_sim_peak_over_a_full_context(tiny, n_batch, one_numba_thread):
+    name, path = tiny
+    n_ctx = 32
+    for kw in (dict(), dict(cpu_moe=True)):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            est = moert.estimate(moert.plan(str(path), gpu_backend="sim", **kw), n_ctx, n_batch=n_batch)
+        cap = est.devices["sim:0"].total
+        m = load(path, gpu_backend="sim", gpu_memory=[cap], context_size=n_ctx, n_batch=n_batch, **kw)
+        m.forward(list(range(1, n_ctx - 2)))
+        for t in (4, 5, 6):
+            m.forward([t])
+        sim = m.plan.devices[0]
+        assert m.position == n_ctx and sim.peak <= cap, (name, kw, sim.peak, cap)
+
+
+def test_every_missing_key_and_tensor_is_named(tiny, tmp_path):
+    from semantic_fuzz import read_recipe, write_recipe
+
+    name, path = tiny
+    r = read_recipe(path)
+    module = models.get(r.arch)
+    required = module.Config.required_keys(r.arch)
+    assert f"{r.arch}.block_count" in required and f"{r.arch}.embedding_length" in required, name
+    for key in required:
+        if key == "general.architecture":
+            continue
+        out = write_recipe(type(r)(r.arch, {k: v for k, v in r.metadata.items() if k != key}, r.tensors),
+                           tmp_path / "k.gguf")
+        with pytest.raises(ConfigError, match=rf"GGUF key '{key}' is missing"):
+            load(out)
+    config = module.Config.from_gguf({k: v for k, (_, v) in r.metadata.items()} | {"general.architecture": r.arch})
+    needed = [s.name for s in module.tensors(config) if not s.optional and (not s.name.startswith("blk.")
+                                                                           or s.name.startswith("blk.0."))]
+    for t in needed:
+        out = write_recipe(type(r)(r.arch, r.metadata, [x for x in r.tensors if x[0] != t]), tmp_path / "t.gguf")
+        with pytest.raises(TensorMismatchError, match=rf"tensor '{t}' is missing; {r.arch} needs it"):
+            load(out)
+
+
+def test_registry_refuses_what_it_does_not_know(tmp_path):
+    from moert.testing import write_gguf
+
+    p = write_gguf(tmp_path / "x.gguf", "mamba", {"mamba.block_count": 1},
+                   [("a.weight", np.zeros(32, np.float32), "F32")])
+    with pytest.raises(GGUFError, match="general.architecture is 'mamba', which moert does not implement; supported: "
+                                        "gemma3, llama, olmoe, qwen2moe, qwen3moe"):
+        load(p)
+
+
+# ------------------------------------------------------------------------- the float oracle: transformers
+
+@pytest.mark.parametrize("name", ["llama", "llama-dense", "qwen2moe", "olmoe"])
+def test_matches_transformers_float32(name, one_numba_thread):
+    """MixtralForCausalLM, LlamaForCausalLM, Qwen2MoeForCausalLM, OlmoeForCausalLM in float32 on the
+    gguf-py-dequantized weights of the same file: prefill and decode at about 1e-6, the same top-1."""
+    f = np.load(FIX / f"{name}.npz")
+    want = f["hf_logits"]
+    m = load(FIX / f"{name}.gguf", gpu_layers=0, context_size=64)
+    a = m.forward(f["tokens"])
+    m.reset()
+    b = np.concatenate([m.forward([t]) for t in f["tokens"]])
+    assert rel(a, want) < 2e-6 and rel(b, want) < 2e-6
+    assert (a.argmax(1) == want.argmax(1)).all()
