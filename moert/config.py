@@ -100,19 +100,25 @@ class Config:
         arch = metadata["general.architecture"]
         tokens = metadata.get("tokenizer.ggml.tokens")
         values: dict[str, Any] = {"_n_tokens": None if tokens is None else len(tokens)}
-        for f in dataclasses.fields(cls):
+        # keys present first, then defaults: a default may be a function of fields declared after it (a
+        # subclass redefining an inherited field keeps the field's original place in the order)
+        todo = list(dataclasses.fields(cls))
+        for f in todo:
             name = f.metadata["key"].format(arch=arch)
-            default = f.metadata["default"]
             if name in metadata:
-                value = _coerce(metadata[name], f.type, name)
-            elif default is _REQUIRED:
+                values[f.name] = _coerce(metadata[name], f.type, name)
+                _check_range(f, values[f.name], name)
+            elif f.metadata["default"] is _REQUIRED:
                 raise ConfigError(f"GGUF key {name!r} is missing; {cls.__name__} needs it ({f.name}). "
                                   f"Re-convert the model with a recent llama.cpp convert_hf_to_gguf.py")
-            else:
-                value = default(values) if callable(default) else default
-                if value is None:
-                    raise ConfigError(f"GGUF key {name!r} is missing and there is no tokenizer.ggml.tokens "
-                                      f"to count instead; add {name!r} to the file's metadata")
+        for f in todo:
+            name, default = f.metadata["key"].format(arch=arch), f.metadata["default"]
+            if f.name in values:
+                continue
+            value = default(values) if callable(default) else default
+            if value is None:
+                raise ConfigError(f"GGUF key {name!r} is missing and there is no tokenizer.ggml.tokens "
+                                  f"to count instead; add {name!r} to the file's metadata")
             _check_range(f, value, name)
             values[f.name] = value
         n_tokens = values.pop("_n_tokens")

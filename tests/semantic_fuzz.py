@@ -33,7 +33,10 @@ import numpy as np
 HERE = Path(__file__).resolve().parent
 BASE_MODELS = [HERE / "fixtures" / "qwen3moe" / "l2_e4_k2_gqa2_q4km.gguf",
                HERE / "fixtures" / "qwen3moe" / "l2_e8_k2_gqa2_q8.gguf",
-               HERE / "fixtures" / "gemma3" / "tiny_swa.gguf"]
+               HERE / "fixtures" / "gemma3" / "tiny_swa.gguf",
+               HERE / "fixtures" / "arch" / "qwen2moe.gguf",
+               HERE / "fixtures" / "arch" / "olmoe.gguf",
+               HERE / "fixtures" / "arch" / "llama.gguf"]
 
 # ------------------------------------------------------------------------------------------ a GGUF as data
 

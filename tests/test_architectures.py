@@ -120,3 +120,23 @@ def test_matches_transformers_float32(name, one_numba_thread):
     b = np.concatenate([m.forward([t]) for t in f["tokens"]])
     assert rel(a, want) < 2e-6 and rel(b, want) < 2e-6
     assert (a.argmax(1) == want.argmax(1)).all()
+
+
+def test_cli_inspect_fit_run_on_every_architecture(tiny, capsys):
+    """moert inspect (with --cpu-moe on a sim GPU), fit and run work on each architecture."""
+    import json
+
+    from moert.cli import main
+
+    name, path = tiny
+
+    def cli(*args):
+        assert main([str(a) for a in args]) == 0, (name, args, capsys.readouterr().err[-500:])
+        return capsys.readouterr().out
+
+    out = cli("inspect", path, "--cpu-moe", "--gpu-backend", "sim", "-c", "32")
+    assert "check: every key and tensor matches" in out and "memory at context 32" in out
+    assert json.loads(cli("fit", path, "--gpu-backend", "sim", "--gpu-mem", "64MiB", "-c", "32", "--json"))["success"]
+    toks = cli("run", path, "-p", "1 2 3", "-n", "4", "--temp", "0", "--cpu-moe", "--gpu-backend", "sim", "-c", "32",
+               "--no-warmup")
+    assert len(toks.split()) == 4
