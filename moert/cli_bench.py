@@ -60,6 +60,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
 def add_commands(sub) -> None:
     """Register bench on the top-level subparsers."""
+    from moert.cli_common import add_model_arg
     from moert.cli_generate import add_act_quant_arg
     from moert.placement_cli import add_placement_args
 
@@ -69,7 +70,7 @@ def add_commands(sub) -> None:
                        "and print one table: tokens/s as mean ± std and best, ms/token, and the effective "
                        "GB/s of weights a decoded token reads. Token ids are seeded random ids, so any GGUF "
                        "works, with or without a vocabulary. The context (-c) defaults to -p + -n.")
-    b.add_argument("model", help="path of a .gguf file")
+    add_model_arg(b)
     g = b.add_argument_group("tests (llama-bench's flags)")
     g.add_argument("-p", "--n-prompt", type=_tokens, default=64, metavar="N",
                    help="prompt tokens of the pp test; 0 skips it (default: 64)")

@@ -43,6 +43,7 @@ from moert.placement import (
     _split,
     expert_layer_regex,
     format_overrides,
+    main_gpu_split,
     moe_rules,
     normalize_overrides,
 )
@@ -192,8 +193,10 @@ class Estimate:
     kv_dtype: str
     devices: dict[str, DeviceEstimate]
 
-    def fits(self, margin: int = 0) -> bool:
-        return all(d.fits(margin) for d in self.devices.values())
+    def fits(self, margin: int | dict[str, int] = 0) -> bool:
+        """Every device fits with `margin` bytes free (one for all, or per device name)."""
+        return all(d.fits(margin.get(n, 0) if isinstance(margin, dict) else margin)
+                   for n, d in self.devices.items())
 
     def total_by_device(self) -> dict[str, int]:
         return {n: d.total for n, d in self.devices.items()}
@@ -302,20 +305,21 @@ class FitResult:
 
 def fit(model: Any, context_size: int = 0, overrides: Any = None, gpu_layers: int | str = "all",
         cpu_moe: bool = False, n_cpu_moe: int | None = None, gpu_backend: str = "auto", gpu_memory: Any = None,
-        margin: str | int | None = None, split: str = "layer", *, n_cpu_moe_from: str = "first",
-        tensor_split: Any = None,
+        margin: str | int | list | None = None, split: str = "layer", *, n_cpu_moe_from: str = "first",
+        tensor_split: Any = None, main_gpu: int = 0,
         expert_order: str = "last", n_batch: int = 512, kv_dtype: Any = np.float32, min_context: int = 256,
         devices: list[Device] | None = None) -> FitResult:
     """Find rules (after the user's) and a context that fit the GPUs: experts to CPU, then less context.
 
     Strategy: keep the user's rules; dense weights, router, attention and KV default to the GPU(s);
     move whole layers' expert tensors to the CPU (`expert_order` "last" layers first, or "first") until
-    the rest fits with `margin` free (default 512MiB on CUDA, 0 on sim); then, if context_size was 0,
-    take the largest context that fits (capped at the trained context, at least `min_context`); with
-    gpu_layers="auto", then fewer GPU layers.
+    the rest fits with `margin` free (one size, or a list: one per GPU; default 512MiB on CUDA, 0 on sim);
+    then, if context_size was 0, take the largest context that fits (capped at the trained context, at least
+    `min_context`); with gpu_layers="auto", then fewer GPU layers.
     """
     info = _model_info(model)
     split = split if isinstance(split, tuple) else _split(split, tensor_split)
+    split, devices = main_gpu_split(split, main_gpu, devices, gpu_backend, gpu_memory)
     if expert_order not in ("last", "first"):
         raise PlacementError(f"expert_order must be 'last' or 'first', got {expert_order!r}")
     if context_size < 0:
@@ -325,7 +329,11 @@ def fit(model: Any, context_size: int = 0, overrides: Any = None, gpu_layers: in
     base = _build(info, user, n_gpu, gpu_backend, gpu_memory, split, False, devices, warn=False)
     if margin is None:  # a real GPU loses memory to the CUDA context and allocator; a simulated one does not
         margin = 0 if all(d.kind == "sim" for d in base.devices) else "512MiB"
-    margin_b = parse_size(margin)
+    margins = list(margin) if isinstance(margin, (list, tuple)) else [margin] * max(len(base.devices), 1)
+    if len(margins) != max(len(base.devices), 1):
+        raise PlacementError(f"margin lists {len(margins)} sizes but there are {len(base.devices)} GPUs "
+                             f"({', '.join(d.name for d in base.devices)}); give one size, or one per GPU")
+    margin_b = {d.name: parse_size(m) for d, m in zip(base.devices, margins)}
     trained = _md_int(info.metadata, "context_length") if info.metadata else 0
     if context_size == 0 and not trained:
         raise PlacementError(f"context_size=0 asks for the trained context, but metadata key "
@@ -353,7 +361,7 @@ def fit(model: Any, context_size: int = 0, overrides: Any = None, gpu_layers: in
 
     def overfull(p: Plan, ctx: int) -> set[str]:
         est = estimate(p, ctx, n_batch, kv_dtype)
-        return {n for n, d in est.devices.items() if not d.fits(margin_b)}
+        return {n for n, d in est.devices.items() if not d.fits(margin_b.get(n, 0))}
 
     p = base
     order = range(info.n_layer - 1, -1, -1) if expert_order == "last" else range(info.n_layer)
@@ -403,10 +411,11 @@ def fit(model: Any, context_size: int = 0, overrides: Any = None, gpu_layers: in
             q, ctx, n = best
             return result(True, q, ctx, f"fits at context {ctx} with gpu_layers={n} of {n_gpu}")
     est = estimate(p, min(min_context, want) if context_size == 0 else want, n_batch, kv_dtype)
-    worst = [d for d in est.devices.values() if not d.fits(margin_b)]
+    worst = [d for n, d in est.devices.items() if not d.fits(margin_b.get(n, 0))]
     detail = "; ".join(f"{d.device} needs {format_size(d.total)} (weights {format_size(d.weights)}, "
                        f"KV {format_size(d.kv)}, scratch {format_size(d.scratch)}) but has "
-                       f"{format_size(d.capacity)} - margin {format_size(margin_b)}" for d in worst)
+                       f"{format_size(d.capacity)} - margin {format_size(margin_b.get(d.device, 0))}"
+                       for d in worst)
     msg = (f"does not fit at context {est.context_size} even with every expert tensor the rules allow on the "
            f"CPU: {detail}. Give the GPU more memory (--gpu-mem), lower gpu_layers (-ngl), move more tensors "
            f"to the CPU (-ot), or use a smaller context")

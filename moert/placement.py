@@ -309,17 +309,18 @@ def _gpu_layers(gpu_layers: Any, n_layer: int) -> int:
 def plan(model: Any, overrides: Any = None, gpu_layers: int | str = "all", cpu_moe: bool = False,
          n_cpu_moe: int | None = None, gpu_backend: str = "auto", gpu_memory: Any = None,
          split: str = "layer", strict: bool = False, *, n_cpu_moe_from: str = "first",
-         tensor_split: Sequence[float] | None = None, context_size: int = 0, devices: list[Device] | None = None,
-         n_layer: int | None = None) -> Plan:
+         tensor_split: Sequence[float] | None = None, main_gpu: int = 0, context_size: int = 0,
+         devices: list[Device] | None = None, n_layer: int | None = None) -> Plan:
     """Decide every tensor's device (nothing is loaded); see the module docstring for the semantics.
 
     `model`: a GGUF path, an open GGUFFile, or a list of tensor names. `gpu_layers="auto"` runs `fit`
     for `context_size` (0: the largest that fits). `tensor_split` gives the GPUs' shares of the layers
-    (llama.cpp's -ts; default: their capacities). `devices` reuses GPU devices from get_devices().
+    (llama.cpp's -ts; default: their capacities); `main_gpu` with split="none" is the GPU that takes every
+    GPU layer (llama.cpp's -mg). `devices` reuses GPU devices from get_devices().
     """
     info = _model_info(model, n_layer)
     user = normalize_overrides(overrides)
-    split = _split(split, tensor_split)
+    split, devices = main_gpu_split(_split(split, tensor_split), main_gpu, devices, gpu_backend, gpu_memory)
     if gpu_layers == "auto":
         from moert.memory import fit
 
@@ -351,6 +352,20 @@ def _split(split: str, tensor_split: Sequence[float] | None) -> str | tuple[floa
         raise PlacementError(f"tensor_split={list(tensor_split)!r}: give one share >= 0 per GPU, not all zero "
                              f"(e.g. 3,1)")
     return shares
+
+
+def main_gpu_split(split: str | tuple[float, ...], main_gpu: int, devices: list[Device] | None, gpu_backend: str,
+                   gpu_memory: Any) -> tuple[str | tuple[float, ...], list[Device] | None]:
+    """llama.cpp's -mg: with split "none", every GPU layer on GPU `main_gpu` (as one-hot layer shares)."""
+    if not main_gpu:
+        return split, devices
+    gpus = list(devices) if devices is not None else get_devices(gpu_backend, gpu_memory)
+    if isinstance(main_gpu, bool) or not isinstance(main_gpu, int) or not 0 <= main_gpu < len(gpus):
+        raise PlacementError(f"main_gpu={main_gpu!r}: there is no GPU {main_gpu}; GPUs that exist: "
+                             f"{', '.join(f'{i} ({g.name})' for i, g in enumerate(gpus)) or 'none'}")
+    if split != "none":  # llama.cpp uses the main GPU only without a layer split
+        return split, gpus
+    return tuple(1.0 if i == main_gpu else 0.0 for i in range(len(gpus))), gpus
 
 
 def _build(info: _Model, rules: list[TensorOverride], n_gpu: int, gpu_backend: str, gpu_memory: Any,
@@ -471,5 +486,5 @@ def _default(layer: int | None, n_layer: int, n_gpu: int, n_gpu_eff: int, gpus: 
 
 __all__ = [
     "EXPERT_REGEX", "Placement", "Plan", "TensorOverride", "expert_layer_regex", "format_overrides",
-    "moe_rules", "normalize_overrides", "parse_overrides", "plan",
+    "main_gpu_split", "moe_rules", "normalize_overrides", "parse_overrides", "plan",
 ]
