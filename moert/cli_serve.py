@@ -6,6 +6,7 @@
 from __future__ import annotations
 
 import argparse
+import socket
 import sys
 
 
@@ -16,16 +17,22 @@ def cmd_serve(args: argparse.Namespace) -> int:
     try:
         import uvicorn
 
-        from moert.server import Server, create_app
+        from moert.server import Server
+        from moert.server_app import create_app
     except ImportError as e:
         raise MoertError(f"moert serve needs FastAPI and uvicorn ({e}); pip install 'moert[serve]'") from None
+    try:
+        sock = socket.create_server((args.host, args.port))   # bound before loading: a taken port fails fast
+    except OSError as e:
+        raise MoertError(f"cannot listen on {args.host}:{args.port} ({e.strerror}); pick another --port") from None
     model = load_from_args(args.model, args)
     server = Server(model, name=args.alias or model.gguf.path.name, queue_size=args.queue,
                     defaults=_defaults(args), chat_template=args.chat_template)
-    print(f"moert serve: {server.name} on http://{args.host}:{args.port} (OpenAI API under /v1; /health, "
-          f"/completion, /tokenize, /detokenize, /stats, /placement); Ctrl-C stops", file=sys.stderr, flush=True)
+    host, port = sock.getsockname()[:2]
+    print(f"moert serve: {server.name} on http://{host}:{port} (OpenAI API under /v1; /health, /completion, "
+          f"/tokenize, /detokenize, /stats, /placement); Ctrl-C stops", file=sys.stderr, flush=True)
     try:
-        uvicorn.run(create_app(server), host=args.host, port=args.port, log_level="warning")
+        uvicorn.Server(uvicorn.Config(create_app(server), log_level="warning")).run(sockets=[sock])
     finally:
         server.close()
         model.close()
