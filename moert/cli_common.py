@@ -111,8 +111,10 @@ def one_line_warnings() -> None:
     def show(message, category, filename, lineno, file=None, line=None):
         print(f"warning: {flagify(str(message))}", file=file or sys.stderr, flush=True)
 
+    from moert.errors import PlacementWarning
+
     warnings.showwarning = show
-    warnings.simplefilter("default")
+    warnings.simplefilter("always", PlacementWarning)
 
 
 def physical_cores() -> int:

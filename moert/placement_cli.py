@@ -71,19 +71,22 @@ def _flash_attn(value: str) -> str:
                                      f"(both run the standard attention)")
 
 
-def add_placement_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
-    """Add llama.cpp's placement flags: -ot, -ngl, -cmoe, -ncmoe, -sm, -ts, -mg, -dev, --fit*, -c, -v, ..."""
+def add_placement_args(parser: argparse.ArgumentParser, sweep=None) -> argparse.ArgumentParser:
+    """Add llama.cpp's placement flags: -ot, -ngl, -cmoe, -ncmoe, -sm, -ts, -mg, -dev, --fit*, -c, -v, ...
+    sweep=(ngl_type, ncmoe_type): -ngl and -ncmoe take comma lists (moert bench), default None."""
     g = parser.add_argument_group("placement (llama.cpp's flags)")
     g.add_argument("-ot", "--override-tensor", action="append", default=[], metavar="PATTERN=DEVICE,...",
                    help="put tensors whose name matches PATTERN (regex, re.search) on DEVICE: CPU, CUDA<N>, GPU<N>, "
                         "sim:N; comma-separated, repeatable; the first matching rule wins")
-    g.add_argument("-ngl", "--gpu-layers", "--n-gpu-layers", dest="gpu_layers", type=_gpu_layers, default="all",
-                   metavar="N|all|auto",
+    g.add_argument("-ngl", "--gpu-layers", "--n-gpu-layers", dest="gpu_layers", type=sweep[0] if sweep else _gpu_layers,
+                   default=None if sweep else "all", metavar="N|all|auto" + (",..." if sweep else ""),
                    help="the last N of the n_layer+1 layers (output included) default to the GPU; 'auto' fits "
-                        "(default: all)")
+                        "(default: all)" + ("; a comma list sweeps" if sweep else ""))
     g.add_argument("-cmoe", "--cpu-moe", action="store_true", help="keep all MoE expert weights on the CPU")
-    g.add_argument("-ncmoe", "--n-cpu-moe", type=int, default=None, metavar="N",
-                   help="keep the MoE expert weights of the first N layers on the CPU")
+    g.add_argument("-ncmoe", "--n-cpu-moe", type=sweep[1] if sweep else int, default=None,
+                   metavar="N" + (",..." if sweep else ""),
+                   help="keep the MoE expert weights of the first N layers on the CPU" + ("; a comma list sweeps"
+                                                                                           if sweep else ""))
     g.add_argument("--n-cpu-moe-from", choices=("first", "last"), default="first",
                    help="with --n-cpu-moe: the first N layers (llama.cpp) or the last N (default: first)")
     g.add_argument("--gpu-backend", choices=("auto", "cupy", "sim"), default="auto",
