@@ -33,6 +33,7 @@ __version__ = "0.1.0"
 # Public names resolved lazily, so `import moert` stays cheap (no Numba compile, no CuPy probe).
 _LAZY = {
     "TensorOverride": "moert.rules",
+    "DeviceConfig": "moert.device_config",
     "parse_overrides": "moert.rules",
     "plan": "moert.placement",
     "Plan": "moert.placement",

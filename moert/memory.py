@@ -31,6 +31,7 @@ from typing import Any
 
 import numpy as np
 
+from moert.device_config import accepts_device_config
 from moert.devices import Device, format_size, parse_size
 from moert.errors import DeviceOutOfMemory, PlacementError, PlacementWarning
 from moert.placement import (
@@ -303,6 +304,7 @@ class FitResult:
         return json.dumps(self.to_dict(), indent=indent)
 
 
+@accepts_device_config
 def fit(model: Any, context_size: int = 0, overrides: Any = None, gpu_layers: int | str = "all",
         cpu_moe: bool = False, n_cpu_moe: int | None = None, gpu_backend: str = "auto", gpu_memory: Any = None,
         margin: str | int | list | None = None, split: str = "layer", *, n_cpu_moe_from: str = "first",

@@ -26,6 +26,7 @@ import numpy as np
 
 from moert import devices as _devices
 from moert import models
+from moert.device_config import accepts_device_config
 from moert.devices import CPU, Device
 from moert.errors import ContextOverflowError, InvalidTokenError
 from moert.kernels import matmul as kmatmul
@@ -44,6 +45,7 @@ DENSE_CACHE_BYTES = 2 << 30  # default Model.dense_cache_bytes: float32 copies o
 
 # ---------------------------------------------------------------------------------------------- load
 
+@accepts_device_config
 def load(model: Any, overrides: Any = None, gpu_layers: int | str = "all", cpu_moe: bool = False,
          n_cpu_moe: int | None = None, gpu_backend: str = "auto", gpu_memory: Any = None,
          context_size: int = 4096, threads: int | None = None, progress: Any = None, *,

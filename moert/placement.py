@@ -27,6 +27,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from moert.device_config import accepts_device_config
 from moert.devices import CPU, Device, format_size, get_devices
 from moert.errors import PlacementError, PlacementWarning
 from moert.rules import (  # noqa: F401  (rules are re-exported: moert.placement is their public home too)
@@ -306,6 +307,7 @@ def _gpu_layers(gpu_layers: Any, n_layer: int) -> int:
     return min(gpu_layers, n_layer + 1)  # -ngl 999 means all, as in llama.cpp
 
 
+@accepts_device_config
 def plan(model: Any, overrides: Any = None, gpu_layers: int | str = "all", cpu_moe: bool = False,
          n_cpu_moe: int | None = None, gpu_backend: str = "auto", gpu_memory: Any = None,
          split: str = "layer", strict: bool = False, *, n_cpu_moe_from: str = "first",
