@@ -6,7 +6,6 @@
 from __future__ import annotations
 
 import argparse
-import socket
 import sys
 
 
@@ -17,12 +16,12 @@ def cmd_serve(args: argparse.Namespace) -> int:
     try:
         import uvicorn
 
-        from moert.server import Server
+        from moert.server import Server, listen
         from moert.server_app import create_app
     except ImportError as e:
         raise MoertError(f"moert serve needs FastAPI and uvicorn ({e}); pip install 'moert[serve]'") from None
     try:
-        sock = socket.create_server((args.host, args.port))   # bound before loading: a taken port fails fast
+        sock = listen(args.host, args.port)       # bound before loading: a taken port fails fast
     except OSError as e:
         raise MoertError(f"cannot listen on {args.host}:{args.port} ({e.strerror}); pick another --port") from None
     model = load_from_args(args.model, args)

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 import threading
@@ -19,7 +18,7 @@ openai = pytest.importorskip("openai")
 uvicorn = pytest.importorskip("uvicorn")
 
 from moert.model import load  # noqa: E402
-from moert.server import Server  # noqa: E402
+from moert.server import Server, listen  # noqa: E402
 from moert.server_app import create_app  # noqa: E402
 from moert.testing import gpt2_vocab_metadata, write_qwen3moe  # noqa: E402
 
@@ -38,7 +37,7 @@ def served(tmp_path_factory):
     refs = {p: model.generate(p, N, temperature=0) for p in PROMPTS}
     refs["chat"] = model.chat(CHAT, N, temperature=0, template="chatml")
     server = Server(model, name="m.gguf", queue_size=8, chat_template="chatml")
-    sock = socket.create_server(("127.0.0.1", 0))
+    sock = listen("127.0.0.1", 0)
     web = uvicorn.Server(uvicorn.Config(create_app(server), log_level="warning"))
     thread = threading.Thread(target=web.run, kwargs=dict(sockets=[sock]), daemon=True)
     thread.start()
