@@ -96,7 +96,7 @@ def _stream_to_stdout(model, prompt, args, *, add_bos=None, echo: str = "") -> t
                 sys.stdout.write(piece)
                 sys.stdout.flush()
     except KeyboardInterrupt:
-        s.close()
+        iter(s).close()                   # TextStream iterates one generator: closing it resets the model
         print("\n[interrupted]", file=sys.stderr)
     return "".join(out), s.stats
 

@@ -346,7 +346,7 @@ def fit(model: Any, context_size: int = 0, overrides: Any = None, gpu_layers: in
         final = _build(info, p.rules, p.gpu_layers if p.devices else n_gpu, gpu_backend, gpu_memory, split,
                        False, p.devices, warn=False)
         for m in final.messages:
-            warnings.warn(m, PlacementWarning, stacklevel=3)
+            warnings.warn(m, PlacementWarning, stacklevel=4)  # past fit and accepts_device_config
         est = estimate(final, ctx, n_batch, kv_dtype)
         added = len(final.rules) - len(user)
         if base.devices:

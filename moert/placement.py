@@ -336,11 +336,11 @@ def plan(model: Any, overrides: Any = None, gpu_layers: int | str = "all", cpu_m
         if strict and r.plan.messages:
             raise PlacementError("strict placement: " + "; ".join(r.plan.messages))
         for w in caught:
-            warnings.warn(w.message, w.category, stacklevel=2)
+            warnings.warn(w.message, w.category, stacklevel=3)  # past accepts_device_config
         return r.plan
     rules = user + moe_rules(cpu_moe, n_cpu_moe, info.n_layer, n_cpu_moe_from)
     return _build(info, rules, _gpu_layers(gpu_layers, info.n_layer), gpu_backend, gpu_memory, split, strict,
-                  devices, stacklevel=2)
+                  devices, stacklevel=3)  # past accepts_device_config
 
 
 def _split(split: str, tensor_split: Sequence[float] | None) -> str | tuple[float, ...]:

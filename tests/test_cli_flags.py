@@ -149,3 +149,15 @@ def test_demo_help_says_the_real_default(parser, capsys):
     sub = parser._subparsers._group_actions[0].choices
     assert sub["demo"].parse_args([]).n_predict == 16
     assert "default: 16" in sub["demo"].format_help()
+
+
+def test_load_warnings_are_one_line_naming_flags_before_the_progress_bar(model):
+    import subprocess
+    import sys
+
+    r = subprocess.run([sys.executable, "-m", "moert", "run", str(model), "-p", "1 2 3", "-n", "2", "-t", "1"],
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    first = r.stderr.splitlines()[0]
+    assert first.startswith("warning: no usable GPU backend") and "--gpu-backend sim" in first, r.stderr
+    assert "PlacementWarning" not in r.stderr and "gpu_backend=" not in r.stderr and ".py:" not in r.stderr
