@@ -161,3 +161,13 @@ def test_load_warnings_are_one_line_naming_flags_before_the_progress_bar(model):
     first = r.stderr.splitlines()[0]
     assert first.startswith("warning: no usable GPU backend") and "--gpu-backend sim" in first, r.stderr
     assert "PlacementWarning" not in r.stderr and "gpu_backend=" not in r.stderr and ".py:" not in r.stderr
+
+
+def test_fit_on_places_what_fits_before_loading(model, capsys):
+    args = ["run", str(model), "-p", "1 2 3", "-n", "2", "-t", "1", "--gpu-backend", "sim", "--gpu-mem", "4MiB",
+            "-c", "0", "-v", "--no-warmup"]
+    assert main(args + ["--fit", "on"]) == 0
+    err = capsys.readouterr().err
+    assert "tensor blk.2.ffn_up_exps.weight" in err and "overridden to CPU" in err      # fit's rules, logged by -v
+    assert main(args + ["--fit", "on", "--fit-target", "2"]) == 1                       # 2 of 4 MiB kept free
+    assert "--fit on: does not fit" in capsys.readouterr().err
