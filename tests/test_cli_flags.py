@@ -171,3 +171,13 @@ def test_fit_on_places_what_fits_before_loading(model, capsys):
     assert "tensor blk.2.ffn_up_exps.weight" in err and "overridden to CPU" in err      # fit's rules, logged by -v
     assert main(args + ["--fit", "on", "--fit-target", "2"]) == 1                       # 2 of 4 MiB kept free
     assert "--fit on: does not fit" in capsys.readouterr().err
+
+
+def test_tensor_split_shares_the_gpu_layers(model, capsys):
+    import json
+
+    assert main(["inspect", str(model), "--gpu-backend", "sim", "--gpu-mem", "1GiB,1GiB", "-ts", "1,3",
+                 "--json"]) == 0
+    layer_dev = {t["name"].split(".")[1]: t["device"] for t in json.loads(capsys.readouterr().out)["plan"]["tensors"]
+                 if t["name"].startswith("blk.")}
+    assert layer_dev == {"0": "sim:0", "1": "sim:1", "2": "sim:1"}       # 4 layers (output too) split 1:3

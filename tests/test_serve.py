@@ -198,3 +198,14 @@ def test_moert_serve_command_answers_as_moert_run(served):
             proc.wait(timeout=20)
         except subprocess.TimeoutExpired:
             proc.kill()
+
+
+def test_a_resent_prefix_is_not_recomputed(served):
+    """A chat resends its history: the part still in the KV cache is reused (tokens_cached), as Model.stream does."""
+    url, _, _, _ = served
+    with httpx.Client(base_url=url, timeout=60) as h:
+        first = h.post("/completion", json={"prompt": PROMPTS[5], "n_predict": 4, "temperature": 0}).json()
+        again = h.post("/completion", json={"prompt": PROMPTS[5] + first["content"] + " and then",
+                                             "n_predict": 4, "temperature": 0}).json()
+        assert again["tokens_cached"] >= first["tokens_evaluated"] - 1 > 0
+        assert again["timings"]["prompt_n"] == again["tokens_evaluated"] - again["tokens_cached"]
