@@ -110,6 +110,7 @@ def prompt_ids(server: Server, prompt, add_bos: bool | None = None) -> list[int]
 
 def chat_ids(server: Server, body: dict) -> list[int]:
     """The conversation in `messages` through the chat template, as token ids."""
+    from moert.chat import ChatTemplateError
     from moert.generate import chat_prompt
 
     messages = body.get("messages")
@@ -117,7 +118,10 @@ def chat_ids(server: Server, body: dict) -> list[int]:
             isinstance(x, dict) and isinstance(x.get("role"), str) and isinstance(x.get("content"), str)
             for x in messages):
         raise BadRequest("'messages' must be a non-empty list of {\"role\": ..., \"content\": \"text\"} objects")
-    text, add_bos = chat_prompt(server.model, messages, server.chat_template)
+    try:
+        text, add_bos = chat_prompt(server.model, messages, server.chat_template)
+    except ChatTemplateError as e:
+        raise BadRequest(f"{e} (moert serve: --chat-template NAME|JINJA sets one)") from None
     return list(server.model.tokenize(text, add_bos=add_bos, special=True))
 
 

@@ -209,3 +209,4 @@ def test_a_resent_prefix_is_not_recomputed(served):
                                              "n_predict": 4, "temperature": 0}).json()
         assert again["tokens_cached"] >= first["tokens_evaluated"] - 1 > 0
         assert again["timings"]["prompt_n"] == again["tokens_evaluated"] - again["tokens_cached"]
+
