@@ -37,6 +37,7 @@ __version__ = "0.1.0"
 _LAZY = {
     "TensorOverride": "moert.placement",
     "parse_overrides": "moert.placement",
+    "DeviceConfig": "moert.device_config",
     "plan": "moert.placement",
     "Plan": "moert.placement",
     "estimate": "moert.placement",

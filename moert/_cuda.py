@@ -48,6 +48,14 @@ def free_memory(index: int) -> int:
     return int(free)
 
 
+def memory(index: int) -> tuple[int, int]:
+    """(free, total) bytes on CUDA device `index` right now."""
+    cp = cupy()
+    with cp.cuda.Device(index):
+        free, total = cp.cuda.runtime.memGetInfo()
+    return int(free), int(total)
+
+
 def device_name(index: int) -> str:
     """CUDA device `index`'s product name, e.g. 'NVIDIA H100 80GB HBM3'."""
     name = cupy().cuda.runtime.getDeviceProperties(index)["name"]

@@ -1,11 +1,12 @@
 """`moert bench`'s measurement: llama-bench's pp and tg tests on a loaded Model, in one table.
 
-    results = bench(model, n_prompt=64, n_gen=32, repetitions=3)     # [pp64, tg32 @ d64]
-    print(format_table(machine_info(), model_info(model.gguf), settings, results))
+    results = bench(model, n_prompt=64, n_gen=32, repetitions=3)     # [pp64, tg32]
+    results = [run_test(model, n_prompt=512, depth=4096)]             # [pp512 @ d4096]
+    print(format_table(machine_info(), model_info(model.gguf), settings, results))   # or format_csv / _jsonl
 
-Each repetition empties the context (`Model.reset`), times one forward of `n_prompt` token ids (the pp
-test: prompt processing), then `n_gen` single-token forwards that continue after them (the tg test: text
-generation at depth `n_prompt`, as in a conversation). The ids are seeded random ids within the
+Each repetition empties the context (`Model.reset`), fills it with `depth` tokens (untimed), then times
+one forward of `n_prompt` token ids (the pp test: prompt processing) or `n_gen` single-token forwards
+(the tg test: text generation), as llama-bench does. The ids are seeded random ids within the
 vocabulary, so any GGUF works, with or without a tokenizer; no sampling is timed (llama-bench does the
 same). Reported per test, as llama-bench does: tokens/s as mean ± standard deviation over repetitions,
 plus the best repetition, ms per token, and for tg the effective bandwidth: the weight bytes one decoded
@@ -124,12 +125,13 @@ def device_label(dev) -> str:
 class TestResult:
     """One llama-bench test: `tokens` per repetition, `samples_s` wall seconds of each repetition."""
 
-    name: str                      # 'pp64', 'tg32 @ d64'
+    name: str                      # 'pp64', 'tg32', 'pp512 @ d4096'
     n_prompt: int                  # tokens in one forward (pp), else 0
     n_gen: int                     # single-token forwards (tg), else 0
     depth: int                     # tokens already in the context when the test starts
     samples_s: list[float] = field(default_factory=list)
     bytes_per_token: int | None = None   # tg: weight bytes a decoded token reads (for GB/s)
+    params: dict = field(default_factory=dict)   # the swept flags of its configuration: {'ngl': 'all', ...}
 
     __test__ = False               # not a pytest class, despite the name
 
@@ -167,55 +169,66 @@ class TestResult:
         return dict(test=self.name, n_prompt=self.n_prompt, n_gen=self.n_gen, n_depth=self.depth,
                     samples_ns=[round(s * 1e9) for s in self.samples_s], samples_ts=self.samples_ts,
                     avg_ts=self.avg_ts, stddev_ts=self.stddev_ts, best_ts=self.best_ts,
-                    ms_per_token=self.ms_per_token, bytes_per_token=self.bytes_per_token, GBps=self.GBps)
+                    ms_per_token=self.ms_per_token, bytes_per_token=self.bytes_per_token, GBps=self.GBps,
+                    **self.params)
 
 
-def check_fits(n_prompt: int, n_gen: int, context_size: int, n_ctx_train: int | None = None) -> None:
-    """ContextOverflowError unless the prompt and the generated tokens fit in the context together."""
-    if n_prompt < 0 or n_gen < 0:
-        raise GenerationError(f"token counts must be >= 0, got n_prompt (-p) {n_prompt}, n_gen (-n) {n_gen}")
-    if n_prompt + n_gen == 0:
+def label(n_prompt: int, n_gen: int, depth: int = 0) -> str:
+    """llama-bench's test names: 'pp512', 'tg128', 'pp512 @ d4096'."""
+    return (f"pp{n_prompt}" if n_prompt else f"tg{n_gen}") + (f" @ d{depth}" if depth else "")
+
+
+def check_fits(tests: list[tuple[int, int, int]], context_size: int, n_ctx_train: int | None = None) -> None:
+    """ContextOverflowError unless each (n_prompt, n_gen, depth) test fits in the context; GenerationError if none."""
+    if any(x < 0 for t in tests for x in t):
+        raise GenerationError(f"token counts must be >= 0, got {tests}")
+    tests = [t for t in tests if t[0] or t[1]]
+    if not tests:
         raise GenerationError("nothing to measure: -p and -n are both 0; give -p N (prompt processing) "
                               "or -n N (generation) or both")
-    need = n_prompt + n_gen
+    p, n, d = max(tests, key=sum)
+    need = p + n + d
     if need > context_size:
         fix = (f"the model was trained for {n_ctx_train}: give fewer tokens" if n_ctx_train and need > n_ctx_train
                else f"give a context (-c) of {need} or more, or fewer tokens")
-        raise ContextOverflowError(f"n_prompt (-p) {n_prompt} + n_gen (-n) {n_gen} = {need} tokens do not fit in "
+        what = f"-p {p}" if p else f"-n {n}"
+        raise ContextOverflowError(f"{label(p, n, d)} needs {need} tokens (-d {d} + {what}), which do not fit in "
                                    f"the context of {context_size} tokens; {fix}")
 
 
-def bench(model, n_prompt: int = 64, n_gen: int = 32, repetitions: int = 3, warmup: bool = True,
-          seed: int = SEED) -> list[TestResult]:
-    """Time the pp test (one forward of n_prompt ids) and the tg test (n_gen one-token forwards after it),
-    `repetitions` times each from an empty context; one untimed round first unless warmup=False."""
-    check_fits(n_prompt, n_gen, model.context_size, model.config.n_ctx_train)
+def run_test(model, n_prompt: int = 0, n_gen: int = 0, depth: int = 0, repetitions: int = 3, warmup: bool = True,
+             seed: int = SEED) -> TestResult:
+    """One llama-bench test, `repetitions` times (after one untimed round unless warmup=False): fill the context
+    with `depth` tokens (untimed), then time one forward of n_prompt ids (pp) or n_gen one-token forwards (tg)."""
+    if bool(n_prompt) == bool(n_gen):
+        raise GenerationError(f"a test is pp (n_prompt) or tg (n_gen), got n_prompt={n_prompt}, n_gen={n_gen}")
+    check_fits([(n_prompt, n_gen, depth)], model.context_size, model.config.n_ctx_train)
     if repetitions < 1:
         raise GenerationError(f"repetitions must be >= 1, got {repetitions}")
-    ids = np.random.default_rng(seed).integers(0, model.n_vocab, n_prompt + n_gen)   # (P + N,)
-    prompt, gen = ids[:n_prompt], ids[n_prompt:]
-    pp = TestResult(f"pp{n_prompt}", n_prompt, 0, 0)
-    tg = TestResult(f"tg{n_gen}" + (f" @ d{n_prompt}" if n_prompt else ""), 0, n_gen, n_prompt,
-                    bytes_per_token=bytes_per_token(model.gguf)["decode"])
-    if warmup:                                  # as llama-bench: batched kernels and caches warm, untimed
+    ids = np.random.default_rng(seed).integers(0, model.n_vocab, depth + n_prompt + n_gen)   # (D + P + N,)
+    past, ids = ids[:depth], ids[depth:]
+    t = TestResult(label(n_prompt, n_gen, depth), n_prompt, n_gen, depth,
+                   bytes_per_token=None if n_prompt else bytes_per_token(model.gguf)["decode"])
+    for timed in [False] * warmup + [True] * repetitions:
         model.reset()
+        if depth:
+            model.forward(past, last_only=True)
+        t0 = time.perf_counter()
         if n_prompt:
-            model.forward(prompt, last_only=True)
-        if n_gen:
-            model.forward(gen[:1])
-    for _ in range(repetitions):
-        model.reset()
-        if n_prompt:
-            t0 = time.perf_counter()
-            model.forward(prompt, last_only=True)
-            pp.samples_s.append(time.perf_counter() - t0)
-        if n_gen:
-            t0 = time.perf_counter()
+            model.forward(ids, last_only=True)
+        else:
             for i in range(n_gen):
-                model.forward(gen[i:i + 1])
-            tg.samples_s.append(time.perf_counter() - t0)
+                model.forward(ids[i:i + 1])
+        if timed:
+            t.samples_s.append(time.perf_counter() - t0)
     model.reset()
-    return [t for t in (pp, tg) if t.samples_s]
+    return t
+
+
+def bench(model, n_prompt: int = 64, n_gen: int = 32, repetitions: int = 3, warmup: bool = True,
+          seed: int = SEED, depth: int = 0) -> list[TestResult]:
+    """llama-bench's default pair: pp{n_prompt} and tg{n_gen}, each from `depth` tokens of context (0 skips one)."""
+    return [run_test(model, p, n, depth, repetitions, warmup, seed) for p, n in ((n_prompt, 0), (0, n_gen)) if p or n]
 
 
 def placement_info(model) -> dict:
@@ -233,7 +246,7 @@ def _count(n: int) -> str:
     return str(n)
 
 
-def format_table(machine: dict, model: dict, settings: dict, results: list[TestResult]) -> str:
+def format_table(machine: dict, model: dict, settings: dict, results: list[TestResult], several: bool = False) -> str:
     """The header (model, machine, placement, settings) and llama-bench's markdown table, one row per test."""
     bpt = model["bytes_per_token"]
     types = ", ".join(f"{t} {n / model['size']:.0%}" for t, n in model["bytes_by_type"].items()
@@ -248,24 +261,51 @@ def format_table(machine: dict, model: dict, settings: dict, results: list[TestR
            f"thread{'s' if machine['threads'] > 1 else ''}; python "
            f"{machine['python']}, numpy {machine['numpy']}, numba {machine['numba']}; load average "
            f"{machine['load_avg']}",
-           f"placement: {where}" + (f"; GPUs: {', '.join(settings['gpus'])}" if settings["gpus"] else "")
+           f"placement: {where}" + (" (first configuration)" if several else "")
+           + (f"; GPUs: {', '.join(settings['gpus'])}" if settings["gpus"] else "")
            + (f"; -ot {settings['overrides']}" if settings["overrides"] else ""),
            f"settings:  context {settings['context_size']}, batch {settings['n_batch']}, "
            f"{settings['repetitions']} repetition{'s' if settings['repetitions'] > 1 else ''}, "
            f"{'warm-up' if settings['warmup'] else 'no warm-up'}"
            + (f", activations {settings['act_quant']}" if settings.get("act_quant", "none") != "none" else ""),
            ""]
-    rows = [[r.name, f"{r.avg_ts:.2f} ± {r.stddev_ts:.2f}", f"{r.best_ts:.2f}", f"{r.ms_per_token:.2f}",
-             "-" if r.GBps is None else f"{r.GBps:.3g}"] for r in results]
-    head = ["test", "t/s", "best t/s", "ms/token", "GB/s"]
+    swept = list(results[0].params) if results else []        # llama-bench shows a column per swept flag
+    rows = [[*(str(r.params[k]) for k in swept), r.name, f"{r.avg_ts:.2f} ± {r.stddev_ts:.2f}", f"{r.best_ts:.2f}",
+             f"{r.ms_per_token:.2f}", "-" if r.GBps is None else f"{r.GBps:.3g}"] for r in results]
+    head = [*swept, "test", "t/s", "best t/s", "ms/token", "GB/s"]
+    left = len(swept) + 1                                     # text columns, then numbers
     w = [max(len(x) for x in col) for col in zip(head, *rows)]
-    out.append("| " + " | ".join(h.ljust(w[i]) if i == 0 else h.rjust(w[i]) for i, h in enumerate(head)) + " |")
-    out.append("| " + " | ".join("-" * w[0] if i == 0 else "-" * (w[i] - 1) + ":" for i in range(len(w))) + " |")
-    out += ["| " + " | ".join(c.ljust(w[i]) if i == 0 else c.rjust(w[i]) for i, c in enumerate(r)) + " |"
+    out.append("| " + " | ".join(h.ljust(w[i]) if i < left else h.rjust(w[i]) for i, h in enumerate(head)) + " |")
+    out.append("| " + " | ".join("-" * w[i] if i < left else "-" * (w[i] - 1) + ":" for i in range(len(w))) + " |")
+    out += ["| " + " | ".join(c.ljust(w[i]) if i < left else c.rjust(w[i]) for i, c in enumerate(r)) + " |"
             for r in rows]
     out.append("\nt/s: mean ± std over repetitions; GB/s: weight bytes a decoded token reads x t/s")
     return "\n".join(out)
 
 
-__all__ = ["TestResult", "bench", "bytes_per_token", "check_fits", "cpu_model", "device_label", "format_table",
-           "machine_info", "model_info", "placement_info"]
+CSV_FIELDS = ("model", "cpu", "threads", "test", "n_prompt", "n_gen", "n_depth", "avg_ts", "stddev_ts", "best_ts",
+              "ms_per_token", "GBps")
+
+
+def records(machine: dict, model: dict, results: list[TestResult]) -> list[dict]:
+    """One flat record per test (llama-bench's jsonl): the model, the machine, the swept flags, every sample."""
+    return [dict(model=model["file"], cpu=machine["cpu"], threads=machine["threads"], **r.to_dict())
+            for r in results]
+
+
+def format_csv(machine: dict, model: dict, results: list[TestResult]) -> str:
+    """llama-bench's -o csv: a header, then one row per test (swept flags as extra columns)."""
+    import csv
+    import io
+
+    swept = list(results[0].params) if results else []
+    buf = io.StringIO()
+    w = csv.DictWriter(buf, fieldnames=[*CSV_FIELDS[:3], *swept, *CSV_FIELDS[3:]], extrasaction="ignore",
+                       lineterminator="\n")
+    w.writeheader()
+    w.writerows(records(machine, model, results))
+    return buf.getvalue().rstrip("\n")
+
+
+__all__ = ["TestResult", "bench", "bytes_per_token", "check_fits", "cpu_model", "device_label", "format_csv",
+           "format_table", "machine_info", "model_info", "placement_info", "run_test", "label", "records"]

@@ -7,6 +7,7 @@ import json
 import os
 import sys
 
+from moert.cli_common import resolve_model
 from moert.errors import MoertError
 
 
@@ -44,15 +45,18 @@ def cmd_inspect(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from moert import cli_bench, cli_trace
+    from moert import cli_bench, cli_serve, cli_trace
+    from moert.cli_common import LlamaArgumentParser, VersionAction, add_model_arg, refuse_other_llama_flags
     from moert.cli_generate import add_commands
     from moert.placement.cli import add_fit_args, add_placement_args
 
-    p = argparse.ArgumentParser(prog="moert", description="MoE inference on GGUF files with explicit tensor placement")
-    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    p = LlamaArgumentParser(prog="moert", description="MoE inference on GGUF files with explicit tensor placement")
+    p.add_argument("--version", action=VersionAction, help="print moert's version and exit")
+    p.add_argument("--list-devices", action="store_true", help="print the available devices and exit")
+    sub = p.add_subparsers(dest="command", metavar="COMMAND")
 
     q = sub.add_parser("inspect", help="show a GGUF file's hyperparameters, tensors and totals")
-    q.add_argument("model", help="path of a .gguf file")
+    add_model_arg(q)
     q.add_argument("--json", action="store_true", help="print JSON instead of tables")
     q.add_argument("--no-tensors", action="store_true", help="omit the per-tensor table")
     q.add_argument("--plot", default=None, metavar="PNG", help="save a bar chart of weights per device, "
@@ -66,18 +70,36 @@ def build_parser() -> argparse.ArgumentParser:
     add_commands(sub)
     cli_bench.add_commands(sub)
     cli_trace.add_commands(sub)
+    cli_serve.add_commands(sub)
+    for name, parser in sub.choices.items():
+        refuse_other_llama_flags(parser, name)
     return p
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    from moert.cli_common import UsageError, flagify, one_line_warnings
+
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    one_line_warnings()
     try:
+        if args.list_devices:
+            from moert.cli_common import list_devices
+
+            print(list_devices(getattr(args, "gpu_mem", None)))
+            return 0
+        if args.command is None:
+            parser.error("a command is required: demo, run, chat, serve, bench, inspect or fit")
+        resolve_model(args)
         return args.func(args)
+    except UsageError as e:
+        print(f"moert {args.command}: error: {e} (see moert {args.command} --help)", file=sys.stderr)
+        return 2
     except BrokenPipeError:  # `moert inspect m.gguf | head`: stop quietly
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
     except (MoertError, OSError) as e:  # a bad file or bad flags: the message, no traceback
-        print(f"moert {args.command}: error: {e}", file=sys.stderr)
+        print(f"moert {args.command}: error: {flagify(str(e))}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         return 130

@@ -11,11 +11,11 @@ import warnings
 from moert.errors import MoertError
 
 
-def add_sampling_args(p: argparse.ArgumentParser) -> None:
+def add_sampling_args(p: argparse.ArgumentParser, n_predict: int = 64) -> None:
     """llama.cpp's sampling and context flags (-n, --temp, --top-k, --top-p, --min-p, --repeat-penalty, -s, -t, -b)."""
     g = p.add_argument_group("generation (llama.cpp's flags)")
-    g.add_argument("-n", "--n-predict", type=int, default=64, metavar="N", help="tokens to generate (-1: until "
-                   "the end of generation or a full context; default: 64)")
+    g.add_argument("-n", "--n-predict", type=int, default=n_predict, metavar="N", help="tokens to generate (-1: "
+                   f"until the end of generation or a full context; default: {n_predict})")
     g.add_argument("--temp", type=float, default=0.8, help="temperature; 0 = greedy (default: 0.8)")
     g.add_argument("--top-k", type=int, default=40, help="keep the K most likely tokens; 0 = off (default: 40)")
     g.add_argument("--top-p", type=float, default=0.95, help="nucleus sampling; 1.0 = off (default: 0.95)")
@@ -25,8 +25,7 @@ def add_sampling_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("-s", "--seed", type=int, default=None, help="RNG seed (default: random)")
     g.add_argument("-r", "--reverse-prompt", "--stop", dest="stop", action="append", default=[], metavar="TEXT",
                    help="stop when this text is generated (repeatable)")
-    g.add_argument("-t", "--threads", type=int, default=None, help="CPU threads for the kernels")
-    g.add_argument("-b", "--batch-size", type=int, default=512, help="prompt tokens per forward chunk")
+    add_thread_batch_args(g)
     g.add_argument("--no-warmup", dest="warmup", action="store_false", help="skip the one-token warm-up run at "
                    "load (then the first token pays for compiling the CPU kernels on a first run)")
     g.add_argument("--no-mmap", dest="mmap", action="store_false", help="read the model into memory instead of "
@@ -34,6 +33,26 @@ def add_sampling_args(p: argparse.ArgumentParser) -> None:
     add_act_quant_arg(g)
     g.add_argument("--stats", action="store_true", help="print llama.cpp-style timings and moert's per-device "
                    "time and transfer breakdown")
+
+
+def add_thread_batch_args(g) -> None:
+    """-t, -b, -ub: CPU threads (default: the physical cores) and prompt tokens per forward chunk."""
+    g.add_argument("-t", "--threads", type=_positive, default=None, metavar="N",
+                   help="CPU threads for the kernels (default: the physical cores, as llama.cpp)")
+    g.add_argument("-b", "--batch-size", type=_positive, default=512, metavar="N",
+                   help="prompt tokens per forward chunk (default: 512)")
+    g.add_argument("-ub", "--ubatch-size", type=_positive, default=512, metavar="N",
+                   help="physical batch: a chunk is min(-b, -ub) tokens (default: 512)")
+
+
+def _positive(value: str) -> int:
+    try:
+        n = int(value)
+    except ValueError:
+        n = 0
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"expected N >= 1, got {value!r}")
+    return n
 
 
 def _sampling(args: argparse.Namespace) -> dict:
@@ -49,20 +68,25 @@ def add_act_quant_arg(g) -> None:
                    "int8 everywhere (llama.cpp's scheme, needs AVX2; fastest); default: none, float")
 
 
-def load_from_args(model: str, args: argparse.Namespace, **overrides):
-    """moert.load with the placement, context, thread and batch flags; PlacementWarnings go to stderr."""
+def load_from_args(model: str, args: argparse.Namespace, **load_options):
+    """moert.load with the placement (--fit), context, thread and batch flags, plus `load_options` (trace=...);
+    warnings print as they happen."""
+    from moert.cli_common import physical_cores
     from moert.model import load
-    from moert.placement.cli import placement_from_args
+    from moert.placement.cli import fitted, placement_from_args, print_overrides
+    from moert.placement.strategies import auto_plan
 
-    kw = {**placement_from_args(args), **overrides}
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        m = load(model, context_size=args.ctx or 4096, threads=args.threads, n_batch=args.batch_size,
-                 warmup=getattr(args, "warmup", True), act_quant=getattr(args, "act_quant", "none"),
-                 mmap=getattr(args, "mmap", True), **kw)
-    for w in caught:
-        print(f"warning: {w.message}", file=sys.stderr)
-    return m
+    placement = placement_from_args(args)
+    placement.update({k: load_options.pop(k) for k in list(load_options) if k in placement})  # demo's own
+    kw, ctx = fitted(model, args, placement)
+    if getattr(args, "verbose", False):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")           # load warns once, below
+            print_overrides(auto_plan(model, ctx or 4096, **kw))
+    n_batch = min(args.batch_size, getattr(args, "ubatch_size", None) or args.batch_size)
+    return load(model, context_size=ctx or 4096, threads=args.threads or physical_cores(), n_batch=n_batch,
+                warmup=getattr(args, "warmup", True), act_quant=getattr(args, "act_quant", "none"),
+                mmap=getattr(args, "mmap", True), **kw, **load_options)
 
 
 def _stream_to_stdout(model, prompt, args, *, add_bos=None, echo: str = "") -> tuple[str, object]:
@@ -78,7 +102,7 @@ def _stream_to_stdout(model, prompt, args, *, add_bos=None, echo: str = "") -> t
                 sys.stdout.write(piece)
                 sys.stdout.flush()
     except KeyboardInterrupt:
-        s.close()
+        iter(s).close()                   # TextStream iterates one generator: closing it resets the model
         print("\n[interrupted]", file=sys.stderr)
     return "".join(out), s.stats
 
@@ -258,10 +282,11 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 def add_commands(sub) -> None:
     """Register run, chat and demo on the top-level subparsers."""
+    from moert.cli_common import add_model_arg
     from moert.placement.cli import add_placement_args
 
     r = sub.add_parser("run", help="generate text from a prompt, streaming tokens (like llama-cli -p)")
-    r.add_argument("model", help="path of a .gguf file")
+    add_model_arg(r)
     r.add_argument("-p", "--prompt", default=None, help="the prompt (token ids for a model without vocabulary)")
     r.add_argument("-f", "--file", default=None, help="read the prompt from a file")
     r.add_argument("--no-display-prompt", action="store_true", help="do not echo the prompt")
@@ -275,7 +300,7 @@ def add_commands(sub) -> None:
     r.set_defaults(func=cmd_run)
 
     c = sub.add_parser("chat", help="interactive multi-turn chat with the model's chat template")
-    c.add_argument("model", help="path of a .gguf file")
+    add_model_arg(c)
     c.add_argument("-sys", "--system-prompt", default=None, help="a system message to start with")
     c.set_defaults(json=False)
     add_sampling_args(c)
@@ -284,8 +309,7 @@ def add_commands(sub) -> None:
 
     d = sub.add_parser("demo", help="the main job on a built-in model: inspect, place, generate, measure")
     d.set_defaults(func=cmd_demo, json=False, no_display_prompt=False)
-    add_sampling_args(d)
-    d.set_defaults(n_predict=16)
+    add_sampling_args(d, n_predict=16)
     d.add_argument("--gpu-mem", default=None, help="GPU memory for the demo's GPU (default: 24GiB sim)")
     d.set_defaults(ctx=512, override_tensor=[], gpu_layers="all", cpu_moe=True, n_cpu_moe=None,
                    n_cpu_moe_from="first", gpu_backend="auto", split="layer", strict=False)

@@ -26,6 +26,7 @@ import numpy as np
 from moert import devices as _devices
 from moert import models
 from moert.config import MAX_CONTEXT
+from moert.device_config import accepts_device_config
 from moert.devices import CPU, Device
 from moert.errors import ContextOverflowError, InvalidTokenError, ModelClosedError, check_int
 from moert.experts import run_experts
@@ -43,6 +44,7 @@ MAX_BATCH = 1 << 16          # n_batch above this only sizes scratch buffers nob
 
 # ---------------------------------------------------------------------------------------------- load
 
+@accepts_device_config
 def load(model: Any, overrides: Any = None, gpu_layers: int | str = "all", cpu_moe: bool = False,
          n_cpu_moe: int | None = None, gpu_backend: str = "auto", gpu_memory: Any = None,
          context_size: int = 4096, threads: int | None = None, progress: Any = None, *,

@@ -42,12 +42,12 @@ def test_table_has_pp_and_tg_rows_with_positive_numbers(model, capsys):
     assert "m.gguf: qwen3moe" in out and "cores" in out
     assert re.search(r"placement: cpu [\d.]+ KiB, sim:0 [\d.]+ KiB; GPUs: sim:0 \(simulated", out)
     r = rows(out)
-    assert list(r) == ["pp8", "tg4 @ d8"]
+    assert list(r) == ["pp8", "tg4"]
     for name, (ts, best, ms, gbps) in r.items():
         mean, std = (float(x) for x in ts.split(" ± "))
         assert mean > 0 and std >= 0 and float(best) >= mean and float(ms) > 0
         assert (gbps == "-") == name.startswith("pp")
-    assert float(r["tg4 @ d8"][3]) > 0
+    assert float(r["tg4"][3]) > 0
 
 
 def test_json_has_machine_model_settings_and_every_sample(model, capsys):
@@ -60,11 +60,11 @@ def test_json_has_machine_model_settings_and_every_sample(model, capsys):
     assert d["model"]["size"] == sum(int(t.n_bytes) for t in r.tensors)
     assert d["model"]["architecture"] == "qwen3moe" and d["model"]["n_ctx_train"] == 512
     s = d["settings"]
-    assert (s["n_prompt"], s["n_gen"], s["repetitions"], s["context_size"]) == (6, 3, 3, 9)
+    assert (s["n_prompt"], s["n_gen"], s["repetitions"], s["context_size"]) == ([6], [3], 3, 6)
     assert s["bytes_by_device"] == {"cpu": d["model"]["size"]}
     pp, tg = d["tests"]
     assert (pp["test"], pp["n_prompt"], pp["n_gen"]) == ("pp6", 6, 0)
-    assert (tg["test"], tg["n_gen"], tg["n_depth"]) == ("tg3 @ d6", 3, 6)
+    assert (tg["test"], tg["n_gen"], tg["n_depth"]) == ("tg3", 3, 0)
     for t, n in ((pp, 6), (tg, 3)):
         assert len(t["samples_ns"]) == len(t["samples_ts"]) == 3
         assert t["samples_ts"] == pytest.approx([n / (ns / 1e9) for ns in t["samples_ns"]], rel=1e-6)
@@ -86,10 +86,10 @@ def test_zero_skips_a_test(model, capsys):
 
 
 def test_context_overflow_and_bad_counts_are_clean_errors(model, capsys):
-    rc, out, err = bench(capsys, model, "-p", 8, "-n", 4, "-c", 10, "-ngl", 0)
+    rc, out, err = bench(capsys, model, "-p", 8, "-n", 4, "-d", 4, "-c", 10, "-ngl", 0)
     assert rc == 1 and out == ""
-    assert "moert bench: error:" in err and "12 tokens do not fit" in err and "-c) of 12" in err
-    rc, out, err = bench(capsys, model, "-p", 500, "-n", 100, "-ngl", 0)     # past the trained 512
+    assert "moert bench: error:" in err and "pp8 @ d4 needs 12 tokens (-d 4 + -p 8)" in err and "-c) of 12" in err
+    rc, out, err = bench(capsys, model, "-p", 500, "-n", 100, "-d", 100, "-ngl", 0)     # past the trained 512
     assert rc == 1 and "trained for 512" in err and "Traceback" not in err
     rc, out, err = bench(capsys, model, "-p", 0, "-n", 0, "-ngl", 0)
     assert rc == 1 and "nothing to measure" in err
@@ -97,6 +97,33 @@ def test_context_overflow_and_bad_counts_are_clean_errors(model, capsys):
         with pytest.raises(SystemExit) as e:
             main(["bench", str(model), flag, value])
         assert e.value.code == 2 and value in capsys.readouterr().err
+
+
+def test_comma_lists_sweep_as_llama_bench(model, capsys):
+    """-p/-n/-d lists make tests, -ngl/-ncmoe lists make configurations: one column per swept flag."""
+    rc, out, err = bench(capsys, model, "-p", "4,8", "-n", 2, "-d", "0,4", "-r", 1, "-ngl", "0,all", "-ncmoe", "0,1",
+                         "--gpu-backend", "sim", "-t", 1)
+    assert rc == 0, err
+    cells = [[c.strip() for c in ln.strip("|").split("|")] for ln in out.splitlines()
+             if ln.startswith("| ") and not set(ln) <= set("|-: ")]
+    assert cells[0][:3] == ["ngl", "ncmoe", "test"]
+    names = ["pp4", "pp8", "pp4 @ d4", "pp8 @ d4", "tg2", "tg2 @ d4"]
+    assert [c[:3] for c in cells[1:]] == [[g, c, n] for g in ("0", "all") for c in ("0", "1") for n in names]
+
+
+def test_csv_and_jsonl_outputs(model, capsys):
+    import csv
+    import io
+
+    rc, out, err = bench(capsys, model, "-p", 4, "-n", 2, "-r", 1, "-ngl", 0, "-o", "csv")
+    assert rc == 0, err
+    rows_ = list(csv.DictReader(io.StringIO(out)))
+    assert [r["test"] for r in rows_] == ["pp4", "tg2"] and float(rows_[0]["avg_ts"]) > 0
+    rc, out, err = bench(capsys, model, "-p", 4, "-n", 2, "-d", 3, "-r", 1, "-ngl", 0, "-o", "jsonl")
+    assert rc == 0, err
+    recs = [json.loads(line) for line in out.splitlines()]
+    assert [(r["test"], r["n_depth"], r["model"]) for r in recs] == [("pp4 @ d3", 3, "m.gguf"), ("tg2 @ d3", 3,
+                                                                                                  "m.gguf")]
 
 
 def test_bytes_per_token_from_the_tensor_list(model):

@@ -345,7 +345,7 @@ def test_placement_flags_are_llama_cpps():
     kw = placement_from_args(a)
     assert format_overrides(kw.pop("overrides")) == r"\.ffn_.*_exps=CPU,attn=CUDA0,output=CPU"
     assert kw == dict(gpu_layers=7, cpu_moe=False, n_cpu_moe=3, n_cpu_moe_from="last", gpu_backend="sim",
-                      gpu_memory="24GiB,8GiB", split="none", strict=True)
+                      gpu_memory="24GiB,8GiB", split="none", tensor_split=None, main_gpu=0, strict=True)
     assert a.ctx == 1024
     for v, want in (("all", "all"), ("auto", "auto"), ("0", 0)):
         assert _cli().parse_args(["inspect", "m", "-ngl", v]).gpu_layers == want

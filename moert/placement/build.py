@@ -15,6 +15,7 @@ from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any
 
+from moert.device_config import accepts_device_config
 from moert.devices import Device, get_devices
 from moert.errors import PlacementError, PlacementWarning
 from moert.placement.plan import (
@@ -43,27 +44,29 @@ def gpu_layer_count(gpu_layers: Any, n_layer: int) -> int:
     return min(gpu_layers, n_layer + 1)  # -ngl 999 means all, as in llama.cpp
 
 
+@accepts_device_config
 def plan(model: Any, overrides: Any = None, gpu_layers: int | str = "all", cpu_moe: bool = False,
          n_cpu_moe: int | None = None, gpu_backend: str = "auto", gpu_memory: Any = None,
          split: str = "layer", strict: bool = False, *, n_cpu_moe_from: str = "first",
-         tensor_split: Sequence[float] | None = None, devices: list[Device] | None = None,
+         tensor_split: Sequence[float] | None = None, main_gpu: int = 0, devices: list[Device] | None = None,
          n_layer: int | None = None) -> Plan:
     """Decide every tensor's device (nothing is loaded); see the module docstring for the semantics.
 
     `model`: a GGUF path, an open GGUFFile, or a list of tensor names. `tensor_split` gives the GPUs'
-    shares of the layers (llama.cpp's -ts; default: their capacities). `devices` reuses GPU devices from
-    get_devices(). `gpu_layers="auto"` is a strategy (strategies.auto_plan), not a plan.
+    shares of the layers (llama.cpp's -ts; default: their capacities); `main_gpu` with split="none" is the GPU
+    that takes every GPU layer (llama.cpp's -mg). `devices` reuses GPU devices from get_devices().
+    `gpu_layers="auto"` is a strategy (strategies.auto_plan), not a plan.
     """
     info = model_info(model, n_layer)
     user = normalize_overrides(overrides)
-    split = parse_split(split, tensor_split)
+    split, devices = main_gpu_split(parse_split(split, tensor_split), main_gpu, devices, gpu_backend, gpu_memory)
     if gpu_layers == "auto":
         raise PlacementError("gpu_layers='auto' is a strategy, not a plan: call moert.fit(...) (or "
                              "moert.placement.strategies.auto_plan) for it; moert.load(..., gpu_layers='auto') and "
                              "the CLI's -ngl auto do")
     rules = user + moe_rules(cpu_moe, n_cpu_moe, info.n_layer, n_cpu_moe_from)
     return build(info, rules, gpu_layer_count(gpu_layers, info.n_layer), gpu_backend, gpu_memory, split, strict,
-                  devices, stacklevel=2)
+                 devices, stacklevel=3)  # past accepts_device_config
 
 
 def parse_split(split: str, tensor_split: Sequence[float] | None) -> str | tuple[float, ...]:
@@ -80,6 +83,20 @@ def parse_split(split: str, tensor_split: Sequence[float] | None) -> str | tuple
         raise PlacementError(f"tensor_split={list(tensor_split)!r}: give one finite share >= 0 per GPU, not all zero "
                              f"(e.g. 3,1)")
     return shares
+
+
+def main_gpu_split(split: str | tuple[float, ...], main_gpu: int, devices: list[Device] | None, gpu_backend: str,
+                   gpu_memory: Any) -> tuple[str | tuple[float, ...], list[Device] | None]:
+    """llama.cpp's -mg: with split "none", every GPU layer on GPU `main_gpu` (as one-hot layer shares)."""
+    if not main_gpu:
+        return split, devices
+    gpus = list(devices) if devices is not None else get_devices(gpu_backend, gpu_memory)
+    if isinstance(main_gpu, bool) or not isinstance(main_gpu, int) or not 0 <= main_gpu < len(gpus):
+        raise PlacementError(f"main_gpu={main_gpu!r}: there is no GPU {main_gpu}; GPUs that exist: "
+                             f"{', '.join(f'{i} ({g.name})' for i, g in enumerate(gpus)) or 'none'}")
+    if split != "none":  # llama.cpp uses the main GPU only without a layer split
+        return split, gpus
+    return tuple(1.0 if i == main_gpu else 0.0 for i in range(len(gpus))), gpus
 
 
 def build(info: _Model, rules: list[TensorOverride], n_gpu: int, gpu_backend: str, gpu_memory: Any,
@@ -243,4 +260,4 @@ def _default(layer: int | None, n_layer: int, n_gpu: int, n_gpu_eff: int, gpus: 
     return dev.name, f"{what} is among the last {n_gpu} of {n_layer + 1} layers (gpu_layers={n_gpu})"
 
 
-__all__ = ["MATCH_BUDGET_S", "SPLIT_MODES", "build", "gpu_layer_count", "parse_split", "plan"]
+__all__ = ["MATCH_BUDGET_S", "SPLIT_MODES", "build", "gpu_layer_count", "main_gpu_split", "parse_split", "plan"]

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import shlex
 import warnings
 
@@ -27,19 +28,65 @@ def _gpu_layers(value: str) -> int | str:
     return n
 
 
-def add_placement_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
-    """Add -ot, -ngl, --cpu-moe, --n-cpu-moe, --gpu-backend, --gpu-mem, --split-mode, -c/--ctx, --strict."""
+def _floats(value: str) -> list[float]:
+    """-ts 3,1 (or 3/1, as llama.cpp splits it): one share per GPU."""
+    try:
+        return [float(x) for x in re.split(r"[,/]+", value.strip()) if x]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected shares such as 3,1, got {value!r}") from None
+
+
+def _mibs(value: str) -> list[int]:
+    """--fit-target 1024 or 1024,2048: MiB to keep free per GPU (one value: every GPU)."""
+    try:
+        mibs = [int(x) for x in re.split(r"[,/]+", value.strip()) if x]
+    except ValueError:
+        mibs = []
+    if not mibs or min(mibs) < 0:
+        raise argparse.ArgumentTypeError(f"expected MiB per GPU such as 1024 or 1024,2048, got {value!r}")
+    return mibs
+
+
+def _on_off(value: str) -> bool:
+    v = value.strip().lower()
+    if v in ("on", "1", "true", "enabled"):
+        return True
+    if v in ("off", "0", "false", "disabled"):
+        return False
+    raise argparse.ArgumentTypeError(f"expected on or off, got {value!r}")
+
+
+def _kv_type(value: str) -> str:
+    if value.strip().lower() == "f32":
+        return "f32"
+    raise argparse.ArgumentTypeError(f"KV cache type {value!r} is not supported yet: moert keeps K and V in f32 "
+                                     f"(exact logits); drop the flag or give f32")
+
+
+def _flash_attn(value: str) -> str:
+    v = value.strip().lower()
+    if v in ("off", "auto"):
+        return v
+    raise argparse.ArgumentTypeError(f"{value!r}: flash attention is not implemented yet; give off or auto "
+                                     f"(both run the standard attention)")
+
+
+def add_placement_args(parser: argparse.ArgumentParser, sweep=None) -> argparse.ArgumentParser:
+    """Add llama.cpp's placement flags: -ot, -ngl, -cmoe, -ncmoe, -sm, -ts, -mg, -dev, --fit*, -c, -v, ...
+    sweep=(ngl_type, ncmoe_type): -ngl and -ncmoe take comma lists (moert bench), default None."""
     g = parser.add_argument_group("placement (llama.cpp's flags)")
     g.add_argument("-ot", "--override-tensor", action="append", default=[], metavar="PATTERN=DEVICE,...",
                    help="put tensors whose name matches PATTERN (regex, re.search) on DEVICE: CPU, CUDA<N>, GPU<N>, "
                         "sim:N; comma-separated, repeatable; the first matching rule wins")
-    g.add_argument("-ngl", "--gpu-layers", "--n-gpu-layers", dest="gpu_layers", type=_gpu_layers, default="all",
-                   metavar="N|all|auto",
+    g.add_argument("-ngl", "--gpu-layers", "--n-gpu-layers", dest="gpu_layers", type=sweep[0] if sweep else _gpu_layers,
+                   default=None if sweep else "all", metavar="N|all|auto" + (",..." if sweep else ""),
                    help="the last N of the n_layer+1 layers (output included) default to the GPU; 'auto' fits "
-                        "(default: all)")
+                        "(default: all)" + ("; a comma list sweeps" if sweep else ""))
     g.add_argument("-cmoe", "--cpu-moe", action="store_true", help="keep all MoE expert weights on the CPU")
-    g.add_argument("-ncmoe", "--n-cpu-moe", type=int, default=None, metavar="N",
-                   help="keep the MoE expert weights of the first N layers on the CPU")
+    g.add_argument("-ncmoe", "--n-cpu-moe", type=sweep[1] if sweep else int, default=None,
+                   metavar="N" + (",..." if sweep else ""),
+                   help="keep the MoE expert weights of the first N layers on the CPU" + ("; a comma list sweeps"
+                                                                                           if sweep else ""))
     g.add_argument("--n-cpu-moe-from", choices=("first", "last"), default="first",
                    help="with --n-cpu-moe: the first N layers (llama.cpp) or the last N (default: first)")
     g.add_argument("--gpu-backend", choices=("auto", "cupy", "sim"), default="auto",
@@ -47,19 +94,83 @@ def add_placement_args(parser: argparse.ArgumentParser) -> argparse.ArgumentPars
     g.add_argument("--gpu-mem", default=None, metavar="SIZE[,SIZE...]",
                    help="memory per GPU, e.g. 24GiB or 24GiB,8GiB (sim: sets the GPUs; cupy: caps them)")
     g.add_argument("-sm", "--split-mode", dest="split", choices=("layer", "none"), default="layer",
-                   help="spread GPU layers over the GPUs in proportion to memory (layer) or use GPU 0 (none)")
+                   help="spread GPU layers over the GPUs in proportion to memory (layer) or use one GPU (none)")
+    g.add_argument("-ts", "--tensor-split", type=_floats, default=None, metavar="N0,N1,...",
+                   help="each GPU's share of the GPU layers, e.g. 3,1 (default: in proportion to memory)")
+    g.add_argument("-mg", "--main-gpu", type=int, default=0, metavar="INDEX",
+                   help="with -sm none: the GPU that takes every GPU layer (default: 0)")
+    g.add_argument("-dev", "--device", type=_device_list, default=None, metavar="DEV,...",
+                   help="the GPUs to offload to, e.g. CUDA1 or sim:0,sim:1 (none: do not offload); "
+                        "--list-devices lists them")
+    g.add_argument("--list-devices", action="store_true", help="print the available devices and exit")
+    g.add_argument("-fit", "--fit", type=_on_off, default=False, metavar="on|off",
+                   help="adjust what was not set (context, expert placement) to fit the GPU memory, as "
+                        "`moert fit` does (default: off; llama.cpp's is on)")
+    g.add_argument("-fitt", "--fit-target", type=_mibs, default=None, metavar="MiB[,MiB...]",
+                   help="with --fit: memory to keep free per GPU, in MiB (default: 512 on CUDA, 0 on sim)")
+    g.add_argument("-fitc", "--fit-ctx", type=int, default=256, metavar="N",
+                   help="with --fit and in `moert fit`: the smallest context it may lower to (default: 256; "
+                        "llama.cpp's is 4096)")
     g.add_argument("-c", "--ctx", "--ctx-size", dest="ctx", type=int, default=None, metavar="N",
                    help="context size: the KV cache (run, chat, bench) and the memory estimate (inspect; fit: 0 = the "
                         "largest that fits)")
+    g.add_argument("-ctk", "--cache-type-k", type=_kv_type, default="f32", metavar="f32",
+                   help="KV cache type of K (only f32 for now)")
+    g.add_argument("-ctv", "--cache-type-v", type=_kv_type, default="f32", metavar="f32",
+                   help="KV cache type of V (only f32 for now)")
+    g.add_argument("-fa", "--flash-attn", type=_flash_attn, default="auto", metavar="off|auto",
+                   help="flash attention (not implemented yet: off and auto run the standard attention)")
     g.add_argument("--strict", action="store_true", help="a rule that matches nothing or never decides is an error")
+    g.add_argument("-v", "--verbose", action="store_true",
+                   help="print each tensor a rule places, as llama.cpp's loader does")
     return parser
+
+
+_DEV_RE = re.compile(r"^(cuda|gpu|sim):?(\d+)$", re.IGNORECASE)
+
+
+def _device_list(value: str) -> list[str]:
+    """-dev CUDA0,CUDA1 / sim:0 / none: the device names, checked for spelling (existence at load)."""
+    names = [x.strip() for x in value.split(",") if x.strip()]
+    if names == ["none"] or (names and all(_DEV_RE.match(x) for x in names)):
+        return names
+    raise argparse.ArgumentTypeError(f"expected GPU names such as CUDA0, sim:1 (comma-separated) or none, "
+                                     f"got {value!r}")
+
+
+def selected_devices(args: argparse.Namespace) -> dict:
+    """-dev: the GPU backend and the GPUs it names ({} without -dev), checked against those that exist."""
+    from moert.devices import get_devices
+    from moert.errors import PlacementError
+
+    names = getattr(args, "device", None)
+    if not names:
+        return {}
+    if names == ["none"]:
+        return {"gpu_backend": "none", "gpu_layers": 0}
+    kinds = {_DEV_RE.match(n).group(1).lower() for n in names}
+    backend = "sim" if kinds == {"sim"} else ("cupy" if "sim" not in kinds else None)
+    if backend is None:
+        raise PlacementError(f"-dev {','.join(names)} mixes simulated and real GPUs; name one kind")
+    if getattr(args, "gpu_backend", "auto") not in ("auto", backend):
+        raise PlacementError(f"-dev {','.join(names)} names {backend} GPUs but --gpu-backend is {args.gpu_backend}")
+    gpus = get_devices(backend, getattr(args, "gpu_mem", None))
+    chosen = []
+    for n in names:
+        i = int(_DEV_RE.match(n).group(2))
+        if i >= len(gpus):
+            more = " (--gpu-mem 24GiB,24GiB makes two simulated GPUs)" if backend == "sim" else ""
+            raise PlacementError(f"-dev {n}: no such device; devices that exist: "
+                                 f"{', '.join(['cpu', *(g.name for g in gpus)])}{more}")
+        chosen.append(gpus[i])
+    return {"gpu_backend": backend, "devices": chosen}
 
 
 def placement_from_args(args: argparse.Namespace) -> dict:
     """The keyword arguments of moert.plan / moert.load / moert.fit from parsed placement flags."""
     from moert.placement import normalize_overrides
 
-    return {
+    kw = {
         "overrides": normalize_overrides(list(getattr(args, "override_tensor", None) or [])),
         "gpu_layers": getattr(args, "gpu_layers", "all"),
         "cpu_moe": bool(getattr(args, "cpu_moe", False)),
@@ -68,8 +179,48 @@ def placement_from_args(args: argparse.Namespace) -> dict:
         "gpu_backend": getattr(args, "gpu_backend", "auto"),
         "gpu_memory": getattr(args, "gpu_mem", None),
         "split": getattr(args, "split", "layer"),
+        "tensor_split": getattr(args, "tensor_split", None),
+        "main_gpu": getattr(args, "main_gpu", 0),
         "strict": bool(getattr(args, "strict", False)),
     }
+    return {**kw, **selected_devices(args)}
+
+
+def fit_margin(args: argparse.Namespace):
+    """--margin SIZE, else --fit-target MiB[,MiB...] as sizes (one value: every GPU), else None (fit's default)."""
+    if getattr(args, "margin", None):
+        return args.margin
+    mibs = getattr(args, "fit_target", None)
+    if not mibs:
+        return None
+    return f"{mibs[0]}MiB" if len(mibs) == 1 else [f"{m}MiB" for m in mibs]
+
+
+def fitted(model, args: argparse.Namespace, kw: dict) -> tuple[dict, int | None]:
+    """--fit on: the placement keywords and context that `moert fit` finds (what was set stays); else as given."""
+    from moert.errors import PlacementError
+    from moert.placement.strategies import fit
+
+    if not getattr(args, "fit", False):
+        return kw, args.ctx
+    kw = dict(kw)
+    strict = kw.pop("strict", False)
+    r = fit(model, context_size=args.ctx or 0, margin=fit_margin(args), min_context=args.fit_ctx, **kw)
+    if not r.success:
+        raise PlacementError(f"--fit on: {r.message}")
+    kw.update(overrides=r.rules, gpu_layers=r.gpu_layers, cpu_moe=False, n_cpu_moe=None, strict=strict)
+    return kw, r.context_size
+
+
+def print_overrides(p, file=None) -> None:
+    """-v: one line per tensor a rule placed, as llama.cpp's loader logs it."""
+    import sys
+
+    for e in p:
+        if e.rule is not None:
+            dev = e.device.upper().replace(":", "") if e.device.startswith(("cpu", "cuda")) else e.device
+            print(f"tensor {e.name} ({e.nbytes // 2**20} MiB {e.type}) buffer type overridden to {dev}",
+                  file=file or sys.stderr)
 
 
 def format_placement(model: str, args: argparse.Namespace, as_json: bool = False) -> str:
@@ -78,14 +229,19 @@ def format_placement(model: str, args: argparse.Namespace, as_json: bool = False
     from moert.placement.memory import estimate
     from moert.placement.strategies import auto_plan
 
-    kw = placement_from_args(args)
+    kw, ctx = fitted(model, args, placement_from_args(args))
     with gguf.open(model) as g:
-        p = auto_plan(g, args.ctx or 0, **kw)
-    ctx = args.ctx if args.ctx else _trained_context(p)
+        p = auto_plan(g, ctx or 0, **kw)
+    if getattr(args, "verbose", False):
+        print_overrides(p)
+    ctx = ctx or _trained_context(p)
     est = estimate(p, ctx)
     if as_json:
         return json.dumps({"plan": p.to_dict(), "estimate": est.to_dict()}, indent=1)
-    return p.explain() + "\n\n" + est.table()
+    from moert.cli_common import flagify
+
+    text = "\n".join(flagify(x) if x.startswith("warning:") else x for x in p.explain().splitlines())
+    return text + "\n\n" + est.table()
 
 
 def _trained_context(p) -> int:
@@ -94,10 +250,13 @@ def _trained_context(p) -> int:
 
 def add_fit_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     """The `moert fit` subcommand's arguments: MODEL, the placement flags, --margin, --expert-order, --json."""
-    parser.add_argument("model", help="path of a .gguf file")
+    from moert.cli_common import add_model_arg
+
+    add_model_arg(parser)
     add_placement_args(parser)
     parser.add_argument("--margin", default=None, metavar="SIZE",
-                        help="memory to keep free on each GPU (default: 512MiB on CUDA, 0 on sim)")
+                        help="memory to keep free on each GPU, e.g. 1GiB (or --fit-target MiB; default: 512MiB on "
+                             "CUDA, 0 on sim)")
     parser.add_argument("--expert-order", choices=("last", "first"), default="last",
                         help="which layers' experts move to the CPU first (default: last)")
     parser.add_argument("--strategy", choices=("fit", "hot"), default="fit",
@@ -148,6 +307,8 @@ def cmd_fit_hot(args: argparse.Namespace) -> int:
 
 def cmd_fit(args: argparse.Namespace) -> int:
     """`moert fit`: the context, the -ot rules and the per-device breakdown that fit the GPUs (1 if none)."""
+    from moert.cli_common import flagify
+    from moert.errors import PlacementError
     from moert.placement.strategies import fit
 
     if getattr(args, "strategy", "fit") == "hot":
@@ -156,13 +317,22 @@ def cmd_fit(args: argparse.Namespace) -> int:
     strict = kw.pop("strict")
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", PlacementWarning)
-        r = fit(args.model, context_size=args.ctx or 0, margin=args.margin,
+        r = fit(args.model, context_size=args.ctx or 0, margin=fit_margin(args), min_context=args.fit_ctx,
                 expert_order=getattr(args, "expert_order", "last"), **kw)
     notes = [str(w.message) for w in caught if issubclass(w.category, PlacementWarning)]
     if strict and notes:
-        from moert.errors import PlacementError
-
         raise PlacementError("strict placement: " + "; ".join(notes))
+    if r.plan is not None and not r.plan.devices and kw["gpu_backend"] != "none":
+        from moert import _cuda
+
+        _cuda.device_count()
+        if args.gpu_mem:  # the user asked about GPU memory: answering "fits on the CPU" would mislead
+            raise PlacementError(f"--gpu-mem {args.gpu_mem} sizes a GPU, but --gpu-backend {kw['gpu_backend']} "
+                                 f"found none ({_cuda.why_unavailable()}); add --gpu-backend sim to fit a "
+                                 f"simulated GPU of that size")
+        notes = [f"no GPU: --gpu-backend {kw['gpu_backend']} found none ({_cuda.why_unavailable()}), so "
+                 f"everything runs on the CPU; --gpu-backend sim --gpu-mem SIZE fits a simulated GPU"]
+        r.message = "on the CPU only"
     if getattr(args, "json", False):
         print(json.dumps({**r.to_dict(), "warnings": notes}, indent=1))
         return 0 if r.success else 1
@@ -177,7 +347,7 @@ def cmd_fit(args: argparse.Namespace) -> int:
         print(f"  rules added by fit: {len(r.overrides)}")
         print(f"  flags: {' '.join(cmd)}")
     for n in notes:
-        print(f"  warning: {n}")
+        print(f"  warning: {flagify(n)}")
     print()
     print(r.table())
     return 0 if r.success else 1
@@ -189,4 +359,5 @@ def _size(n):
     return format_size(n)
 
 
-__all__ = ["add_fit_args", "add_placement_args", "cmd_fit", "format_placement", "placement_from_args"]
+__all__ = ["add_fit_args", "add_placement_args", "cmd_fit", "fit_margin", "fitted", "format_placement",
+           "placement_from_args", "print_overrides", "selected_devices"]

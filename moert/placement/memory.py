@@ -75,8 +75,10 @@ class Estimate:
     kv_dtype: str
     devices: dict[str, DeviceEstimate]
 
-    def fits(self, margin: int = 0) -> bool:
-        return all(d.fits(margin) for d in self.devices.values())
+    def fits(self, margin: int | dict[str, int] = 0) -> bool:
+        """Every device fits with `margin` bytes free (one for all, or per device name)."""
+        return all(d.fits(margin.get(n, 0) if isinstance(margin, dict) else margin)
+                   for n, d in self.devices.items())
 
     def total_by_device(self) -> dict[str, int]:
         return {n: d.total for n, d in self.devices.items()}

@@ -17,9 +17,10 @@ from typing import Any
 
 import numpy as np
 
+from moert.device_config import accepts_device_config
 from moert.devices import Device, format_size, parse_size
 from moert.errors import PlacementError, PlacementWarning
-from moert.placement.build import build, gpu_layer_count, parse_split
+from moert.placement.build import build, gpu_layer_count, main_gpu_split, parse_split
 from moert.placement.memory import EXPERT_TENSORS, Estimate, estimate, metadata_int
 from moert.placement.plan import Plan, model_info
 from moert.placement.rules import TensorOverride, expert_layer_regex, format_overrides, moe_rules, normalize_overrides
@@ -56,22 +57,24 @@ class FitResult:
         return json.dumps(self.to_dict(), indent=indent)
 
 
+@accepts_device_config
 def fit(model: Any, context_size: int = 0, overrides: Any = None, gpu_layers: int | str = "all",
         cpu_moe: bool = False, n_cpu_moe: int | None = None, gpu_backend: str = "auto", gpu_memory: Any = None,
-        margin: str | int | None = None, split: str = "layer", *, n_cpu_moe_from: str = "first",
-        tensor_split: Any = None,
+        margin: str | int | list | None = None, split: str = "layer", *, n_cpu_moe_from: str = "first",
+        tensor_split: Any = None, main_gpu: int = 0,
         expert_order: str = "last", n_batch: int = 512, kv_dtype: Any = np.float32, min_context: int = 256,
         devices: list[Device] | None = None) -> FitResult:
     """Find rules (after the user's) and a context that fit the GPUs: experts to CPU, then less context.
 
     Strategy: keep the user's rules; dense weights, router, attention and KV default to the GPU(s);
     move whole layers' expert tensors to the CPU (`expert_order` "last" layers first, or "first") until
-    the rest fits with `margin` free (default 512MiB on CUDA, 0 on sim); then, if context_size was 0,
-    take the largest context that fits (capped at the trained context, at least `min_context`); with
-    gpu_layers="auto", then fewer GPU layers.
+    the rest fits with `margin` free (one size, or a list: one per GPU; default 512MiB on CUDA, 0 on sim);
+    then, if context_size was 0, take the largest context that fits (capped at the trained context, at least
+    `min_context`); with gpu_layers="auto", then fewer GPU layers.
     """
     info = model_info(model)
     split = split if isinstance(split, tuple) else parse_split(split, tensor_split)
+    split, devices = main_gpu_split(split, main_gpu, devices, gpu_backend, gpu_memory)
     if expert_order not in ("last", "first"):
         raise PlacementError(f"expert_order must be 'last' or 'first', got {expert_order!r}")
     if context_size < 0:
@@ -81,7 +84,11 @@ def fit(model: Any, context_size: int = 0, overrides: Any = None, gpu_layers: in
     base = build(info, user, n_gpu, gpu_backend, gpu_memory, split, False, devices, warn=False)
     if margin is None:  # a real GPU loses memory to the CUDA context and allocator; a simulated one does not
         margin = 0 if all(d.kind == "sim" for d in base.devices) else "512MiB"
-    margin_b = parse_size(margin)
+    margins = list(margin) if isinstance(margin, (list, tuple)) else [margin] * max(len(base.devices), 1)
+    if len(margins) != max(len(base.devices), 1):
+        raise PlacementError(f"margin lists {len(margins)} sizes but there are {len(base.devices)} GPUs "
+                             f"({', '.join(d.name for d in base.devices)}); give one size, or one per GPU")
+    margin_b = {d.name: parse_size(m) for d, m in zip(base.devices, margins)}
     trained = metadata_int(info.metadata, "context_length") if info.metadata else 0
     if context_size == 0 and not trained:
         raise PlacementError(f"context_size=0 asks for the trained context, but metadata key "
@@ -92,7 +99,7 @@ def fit(model: Any, context_size: int = 0, overrides: Any = None, gpu_layers: in
         final = build(info, p.rules, p.gpu_layers if p.devices else n_gpu, gpu_backend, gpu_memory, split,
                        False, p.devices, warn=False)
         for m in final.messages:
-            warnings.warn(m, PlacementWarning, stacklevel=3)
+            warnings.warn(m, PlacementWarning, stacklevel=4)  # past fit and accepts_device_config
         est = estimate(final, ctx, n_batch, kv_dtype)
         added = len(final.rules) - len(user)
         if base.devices:
@@ -109,7 +116,7 @@ def fit(model: Any, context_size: int = 0, overrides: Any = None, gpu_layers: in
 
     def overfull(p: Plan, ctx: int) -> set[str]:
         est = estimate(p, ctx, n_batch, kv_dtype)
-        return {n for n, d in est.devices.items() if not d.fits(margin_b)}
+        return {n for n, d in est.devices.items() if not d.fits(margin_b.get(n, 0))}
 
     p = base
     order = range(info.n_layer - 1, -1, -1) if expert_order == "last" else range(info.n_layer)
@@ -159,10 +166,11 @@ def fit(model: Any, context_size: int = 0, overrides: Any = None, gpu_layers: in
             q, ctx, n = best
             return result(True, q, ctx, f"fits at context {ctx} with gpu_layers={n} of {n_gpu}")
     est = estimate(p, min(min_context, want) if context_size == 0 else want, n_batch, kv_dtype)
-    worst = [d for d in est.devices.values() if not d.fits(margin_b)]
+    worst = [d for n, d in est.devices.items() if not d.fits(margin_b.get(n, 0))]
     detail = "; ".join(f"{d.device} needs {format_size(d.total)} (weights {format_size(d.weights)}, "
                        f"KV {format_size(d.kv)}, scratch {format_size(d.scratch)}) but has "
-                       f"{format_size(d.capacity)} - margin {format_size(margin_b)}" for d in worst)
+                       f"{format_size(d.capacity)} - margin {format_size(margin_b.get(d.device, 0))}"
+                       for d in worst)
     msg = (f"does not fit at context {est.context_size} even with every expert tensor the rules allow on the "
            f"CPU: {detail}. Give the GPU more memory (--gpu-mem), lower gpu_layers (-ngl), move more tensors "
            f"to the CPU (-ot), or use a smaller context")

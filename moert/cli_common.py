@@ -1,0 +1,188 @@
+"""What every `moert` subcommand shares: llama.cpp's flag conventions, the model argument, one-line messages.
+
+    p = LlamaArgumentParser(...)      whole flags only: `-ctk f16` is never read as `-c tk`, nor `--ctx` as `--ctx-size`
+    add_model_arg(p)                  MODEL positional, or -m/--model MODEL, as llama.cpp's tools take it
+    refuse_other_llama_flags(p, cmd)  every flag of llama.cpp's common set this command lacks: a clear error
+    flagify(message)                  "gpu_backend='sim'" -> "--gpu-backend sim": messages name flags, not arguments
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import sys
+import warnings
+
+# llama.cpp's common flags (common/arg.cpp) that users bring along; each parser defines all of them, so none
+# can be read as another (argparse would take `-ctk f16` for `-c tk` and `-ts 3,1` for `-t s`).
+LLAMA_COMMON_FLAGS = ("-m", "-p", "-f", "-n", "-c", "-b", "-ub", "-t", "-tb", "-ngl", "-ot", "-cmoe", "-ncmoe",
+                      "-sm", "-ts", "-mg", "-dev", "-fa", "-ctk", "-ctv", "-s", "-r", "--temp", "--top-k",
+                      "--top-p", "--min-p", "--repeat-penalty", "-v", "--fit", "--fit-target", "--fit-ctx",
+                      "--list-devices", "--no-mmap", "--mlock")
+
+# Flags moert parses only to refuse (for now), with why and what to do instead.
+NOT_YET = {
+    "-tb": "moert uses one thread count for prompt and generation; give -t N",
+    "--no-mmap": "this command reads only the header; --no-mmap is for the commands that run a model (run, chat)",
+    "--mlock": "moert does not lock the model in RAM; drop --mlock",
+}
+
+
+class LlamaArgumentParser(argparse.ArgumentParser):
+    """argparse, parsing as llama.cpp does: whole flags only, and errors on one line."""
+
+    def __init__(self, *args, **kwargs):
+        kwargs["allow_abbrev"] = False
+        super().__init__(*args, **kwargs)
+
+    def _get_option_tuples(self, option_string):
+        # argparse's prefix matching: with allow_abbrev=False it still reads `-ctk` as `-c tk`; llama.cpp
+        # never splits a flag, so neither do we (an unknown flag is an error, never another flag)
+        return []
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {flagify(message)} (see {self.prog} --help)\n")
+
+
+class _Refuse(argparse.Action):
+    """A llama.cpp flag this command does not take: a clear error instead of a silent misreading."""
+
+    def __init__(self, option_strings, dest, why: str = "", **kwargs):
+        super().__init__(option_strings, dest, **kwargs)
+        self.why = why
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        parser.error(f"{option_string}: {self.why}")
+
+
+def refuse_other_llama_flags(parser: argparse.ArgumentParser, command: str) -> None:
+    """Register every flag of LLAMA_COMMON_FLAGS that `parser` lacks as an error saying why."""
+    for flag in LLAMA_COMMON_FLAGS:
+        if flag in parser._option_string_actions:
+            continue
+        why = NOT_YET.get(flag, f"not a flag of `moert {command}`")
+        nargs = 0 if flag in ("--no-mmap", "--mlock", "--list-devices", "-cmoe", "-v") else "?"
+        parser.add_argument(flag, action=_Refuse, nargs=nargs, why=why, help=argparse.SUPPRESS,
+                            dest=argparse.SUPPRESS, default=argparse.SUPPRESS)
+
+
+def add_model_arg(parser: argparse.ArgumentParser) -> None:
+    """MODEL as a positional or as -m/--model (llama.cpp's spelling); resolve_model() checks one was given."""
+    parser.add_argument("model", nargs="?", default=None, help="path of a .gguf file (or -m MODEL)")
+    parser.add_argument("-m", "--model", dest="model_flag", default=None, metavar="MODEL",
+                        help="path of a .gguf file, as llama.cpp's -m")
+
+
+def resolve_model(args: argparse.Namespace) -> str | None:
+    """args.model from MODEL or -m MODEL; None if the command takes no model. Raises UsageError if missing."""
+    if not hasattr(args, "model_flag"):
+        return getattr(args, "model", None)
+    pos, flag = args.model, args.model_flag
+    if pos and flag and pos != flag:
+        raise UsageError(f"two models given: {pos} (MODEL) and {flag} (-m); give one")
+    if not (pos or flag):
+        raise UsageError("no model given: pass MODEL or -m MODEL (a .gguf file)")
+    args.model = pos or flag
+    return args.model
+
+
+class UsageError(Exception):
+    """A command line that does not say what to run (exit 2, as argparse's own errors)."""
+
+
+# "gpu_backend='sim'" in a message from the library reads "--gpu-backend sim" on the command line
+_FLAGS = {"gpu_backend": "--gpu-backend", "gpu_layers": "-ngl", "gpu_memory": "--gpu-mem", "context_size": "-c",
+          "tensor_split": "-ts", "main_gpu": "-mg", "split": "-sm", "n_cpu_moe": "--n-cpu-moe",
+          "n_cpu_moe_from": "--n-cpu-moe-from", "threads": "-t", "n_batch": "-b", "act_quant": "--act-quant",
+          "expert_order": "--expert-order", "margin": "--fit-target", "max_tokens": "-n"}
+_ARG_RE = re.compile(r"\b(" + "|".join(sorted(_FLAGS, key=len, reverse=True)) + r")=(['\"]?)([^'\",;)\s]*)\2")
+
+
+def flagify(message: str) -> str:
+    """A library message as the command line reads it: API arguments replaced by their flags."""
+    message = _ARG_RE.sub(lambda m: f"{_FLAGS[m.group(1)]} {m.group(3)}", message)
+    return (message.replace("cpu_moe=True", "--cpu-moe").replace("strict=True", "--strict")
+            .replace("warmup=False", "--no-warmup"))
+
+
+def one_line_warnings() -> None:
+    """Every warning prints at once as one line `warning: ...` on stderr (no file, no line, no source)."""
+    def show(message, category, filename, lineno, file=None, line=None):
+        print(f"warning: {flagify(str(message))}", file=file or sys.stderr, flush=True)
+
+    from moert.errors import PlacementWarning
+
+    warnings.showwarning = show
+    warnings.simplefilter("always", PlacementWarning)
+
+
+def physical_cores() -> int:
+    """CPU cores this process may run on, one per physical core (llama.cpp's default -t: no hyperthreads)."""
+    allowed = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else set(range(os.cpu_count() or 1))
+    cores, cpu, phys = set(), None, "0"
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                key, _, val = line.partition(":")
+                key, val = key.strip(), val.strip()
+                if key == "processor":
+                    cpu = int(val)
+                elif key == "physical id":
+                    phys = val
+                elif key == "core id" and cpu in allowed:
+                    cores.add((phys, val))
+    except (OSError, ValueError):
+        pass
+    return max(1, min(len(cores), len(allowed)) if cores else len(allowed))
+
+
+def list_devices(gpu_mem: str | None = None) -> str:
+    """--list-devices: the CPU, each CUDA device with total and free memory, and the simulated GPUs."""
+    from moert import _cuda
+    from moert.bench import cpu_model
+    from moert.devices import get_devices
+
+    mib = 2**20
+    meminfo = {}
+    try:
+        with open("/proc/meminfo") as f:
+            meminfo = {k: int(v.split()[0]) * 1024 for k, v in (line.split(":", 1) for line in f)}
+    except (OSError, ValueError):
+        pass
+    ram = (f", {meminfo['MemTotal'] // mib} MiB, {meminfo.get('MemAvailable', 0) // mib} MiB free"
+           if "MemTotal" in meminfo else "")
+    lines = ["Available devices:", f"  CPU: {cpu_model()} ({physical_cores()} physical cores{ram})"]
+    n = _cuda.device_count()
+    for i in range(n):
+        free, total = _cuda.memory(i)
+        lines.append(f"  CUDA{i}: {_cuda.device_name(i)} ({total // mib} MiB, {free // mib} MiB free)")
+    if not n:
+        lines.append(f"  CUDA: none ({_cuda.why_unavailable()})")
+    for d in get_devices("sim", gpu_mem):
+        lines.append(f"  {d.name}: simulated GPU ({d.capacity // mib} MiB, {d.capacity // mib} MiB free; "
+                     f"--gpu-backend sim, sizes from --gpu-mem)")
+    return "\n".join(lines)
+
+
+class VersionAction(argparse.Action):
+    """--version: moert's version and the versions it runs on (imported only when asked)."""
+
+    def __init__(self, option_strings, dest=argparse.SUPPRESS, default=argparse.SUPPRESS, help=None):
+        super().__init__(option_strings, dest, nargs=0, default=default, help=help)
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        import platform
+
+        import numba
+        import numpy
+
+        from moert import __version__
+
+        print(f"moert {__version__} (python {platform.python_version()}, numpy {numpy.__version__}, "
+              f"numba {numba.__version__})")
+        parser.exit(0)
+
+
+__all__ = ["LLAMA_COMMON_FLAGS", "LlamaArgumentParser", "UsageError", "VersionAction", "add_model_arg", "flagify",
+           "list_devices", "one_line_warnings", "physical_cores", "refuse_other_llama_flags", "resolve_model"]
