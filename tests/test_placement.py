@@ -233,9 +233,11 @@ def test_gpu_index_that_does_not_exist_lists_the_devices():
         plan(names(2), ["exps=CPU", "attn=GPU2"], gpu_backend="sim", gpu_memory="1GiB,1GiB")
 
 
-def test_rule_backend_must_match():
-    with pytest.raises(PlacementError, match="names a cuda device but the GPU backend is sim"):
-        plan(names(2), ["attn=CUDA0"], gpu_backend="sim")
+def test_cuda_rules_run_on_the_simulated_gpu():
+    """A llama.cpp command line (-ot ...=CUDA0) plans unchanged with --gpu-backend sim: sim:0 stands in for CUDA0;
+    a rule naming a sim device on a real CUDA backend would still be refused (tests/test_cuda.py)."""
+    p = plan(names(2), ["attn=CUDA0", "exps=CPU"], gpu_backend="sim")
+    assert p.device_of("blk.0.attn_q.weight") == "sim:0" and p.device_of("blk.1.ffn_up_exps.weight") == "cpu"
 
 
 def _no_cupy():

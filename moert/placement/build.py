@@ -136,7 +136,10 @@ def build(info: _Model, rules: list[TensorOverride], n_gpu: int, gpu_backend: st
             if r.device != "cpu" and r.device_index >= len(gpus):
                 raise PlacementError(f"rule #{i} {r}: there is no {r.device} (GPU index {r.device_index}); "
                                      f"devices that exist: {', '.join(['cpu', *(g.name for g in gpus)])}")
-            if r.backend is not None and r.backend != gpus[0].kind:
+            # CUDA<N> on a simulated GPU: the sim stands in for that CUDA device, so a command line written for
+            # llama.cpp plans and runs unchanged with --gpu-backend sim; sim:N on a real GPU stays an error
+            if r.backend is not None and r.backend != gpus[0].kind and not (r.backend == "cuda" and
+                                                                           gpus[0].kind == "sim"):
                 raise PlacementError(f"rule #{i} {r} names a {r.backend} device but the GPU backend is "
                                      f"{used_backend}; pass gpu_backend="
                                      f"{'sim' if r.backend == 'sim' else 'cupy'!r} or spell it GPU{r.device_index}")
