@@ -639,12 +639,18 @@ def kernels_for(code: int, aq: int = 0) -> tuple:
     return _DRIVERS[code, aq]
 
 
+def variant(fn, name: str, **options):
+    """njit(cache=True, **options) of a closure made per type, under a name of its own: every variant of one
+    code object would otherwise get one mangled symbol, numbered in the order a process compiles them, and
+    variants compiled first in different processes collide when a third loads both from the disk cache."""
+    fn.__name__ = fn.__qualname__ = name
+    return njit(cache=True, **options)(fn)
+
+
 def _make_drivers(code: int) -> tuple:
-    @njit(cache=True)
     def serial(w, x, out, r0, r1, b0, b1, f16):
         rows(code, w, x, sums32(x) if code == 4 or code == 5 else no_sums(x), out, r0, r1, b0, b1, f16)
 
-    @njit(cache=True, parallel=True)
     def parallel(w, x, out, nb, f16, chunk):
         xs = sums32(x) if code == 4 or code == 5 else no_sums(x)
         R = w.shape[0]
@@ -652,7 +658,7 @@ def _make_drivers(code: int) -> tuple:
         for i in prange(n):
             rows(code, w, x, xs, out, i * chunk, min(R, (i + 1) * chunk), 0, nb, f16)
 
-    return serial, parallel
+    return variant(serial, f"serial_t{code}"), variant(parallel, f"parallel_t{code}", parallel=True)
 
 
 def raw_rows(w: QTensor) -> np.ndarray:

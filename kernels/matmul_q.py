@@ -272,9 +272,10 @@ def quantized(qmax, T):
 def make_drivers(code: int, aq: int) -> tuple:
     """(serial, parallel) drivers as matmul.kernels_for's, for a type in QUANT_CODES and mode aq != 0:
     quantize_rows + rows_q where `quantized` says so, else the float `rows`."""
+    from moert.kernels.matmul import variant
+
     qmax, linked = QMAX[aq], _LINKED_SOURCE
 
-    @njit(cache=True)
     def serial(w, x, out, r0, r1, b0, b1, f16):
         assert linked != 0                                              # in the cache key; see above
         if quantized(qmax, x.shape[0]):
@@ -283,7 +284,6 @@ def make_drivers(code: int, aq: int) -> tuple:
         else:
             rows(code, w, x, sums32(x) if code == 4 else no_sums(x), out, r0, r1, b0, b1, f16)
 
-    @njit(cache=True, parallel=True)
     def parallel(w, x, out, nb, f16, chunk):
         assert linked != 0
         R = w.shape[0]
@@ -297,7 +297,8 @@ def make_drivers(code: int, aq: int) -> tuple:
             for i in prange(n):
                 rows(code, w, x, xs, out, i * chunk, min(R, (i + 1) * chunk), 0, nb, f16)
 
-    return serial, parallel
+    return (variant(serial, f"serial_q_t{code}_aq{aq}"),
+            variant(parallel, f"parallel_q_t{code}_aq{aq}", parallel=True))
 
 
 def matvec_q(x: np.ndarray, w: QTensor, act_quant: str = "int16") -> np.ndarray:

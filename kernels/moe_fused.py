@@ -34,7 +34,7 @@ import numpy as np
 from numba import njit, prange
 
 from moert.kernels import matmul_q
-from moert.kernels.matmul import BLOCK, TYPE_CODES, matmul_ref, no_sums, rows, sums32, table, threads
+from moert.kernels.matmul import BLOCK, TYPE_CODES, matmul_ref, no_sums, rows, sums32, table, threads, variant
 from moert.kernels.matmul_q import quantize_rows, quantized, rows_q
 from moert.kernels.moe import QTensor, check_biases, check_experts, check_inputs, group_by_expert
 from moert.layers import ACTS, OAI_ALPHA, OAI_LIMIT, glu
@@ -136,7 +136,6 @@ def _make_layer(g_code: int, d_code: int, linked_source: int, aq: int = 0):
     gq = matmul_q.QMAX[aq] if aq and g_code in matmul_q.QUANT_CODES else 0    # 0: float kernels
     dq = matmul_q.QMAX[aq] if aq and d_code in matmul_q.QUANT_CODES else 0
 
-    @njit(cache=True, parallel=True)
     def moe_layer(x, ids, wts, g_raw, g_f16, u_raw, u_f16, d_raw, d_f16, nb_in, nb_down, block_down, parts,
                   act, gb, ub, db, n_threads):
         """The whole routed-expert layer; see the module docstring. Raw tensors (E, rows, row_bytes) uint8;
@@ -192,7 +191,10 @@ def _make_layer(g_code: int, d_code: int, linked_source: int, aq: int = 0):
                         out[t, i] += c * db[e, i]
         return out
 
-    return moe_layer
+    # one name per variant (matmul.variant): two variants compiled first in two processes and then both
+    # loaded from the disk cache into a third collided there, and a call read the other's environment
+    # ("NRT_adapt_ndarray_to_python: descr is NULL", found by the semantic fuzzer)
+    return variant(moe_layer, f"moe_layer_g{g_code}_d{d_code}_aq{aq}", parallel=True)
 
 
 def _raw3(t: QTensor) -> np.ndarray:

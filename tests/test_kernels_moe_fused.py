@@ -150,3 +150,14 @@ def test_errors():
     with pytest.raises(ValueError, match="gate is Q4_K but up is Q6_K"):
         mf.moe_ffn_fused(x, ids, w, gate, QTensor(down.raw, "Q6_K", (2, 256, 256)), down)
     assert mf.moe_ffn_fused(np.zeros((0, 256), np.float32), ids[:0], w[:0], gate, up, down).shape == (0, 256)
+
+
+def test_every_compiled_variant_has_a_name_of_its_own():
+    """Per-type closures share one code object; under one name, two variants compiled first in two processes
+    collided when a third loaded both from the disk cache ("NRT_adapt_ndarray_to_python: descr is NULL",
+    found by the semantic fuzzer). Each variant now has its own name, hence its own cache file and symbols."""
+    from moert.kernels import matmul as mm
+
+    names = {mf.layer_kernel(a, b, q).py_func.__qualname__ for a, b, q in ((3, 3, 0), (4, 6, 0), (4, 6, 2))}
+    names |= {f.py_func.__qualname__ for code in (3, 4) for f in mm.kernels_for(code, 0)}
+    assert len(names) == 7 and all("<locals>" not in n for n in names)

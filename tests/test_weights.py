@@ -133,7 +133,7 @@ def test_out_of_memory_during_load_frees_and_suggests_a_fit(gg):
         moert.load(gg.path, gpu_backend="sim", gpu_memory=cap, context_size=64, warmup=False, progress=False)
     msg = str(e.value)
     assert e.value.what.startswith("tensor blk.") and f"{e.value.requested:,} bytes" in msg
-    assert "A plan that fits (context 64): -ot " in msg and "_exps" in msg and "-ngl 3" in msg
+    assert "A plan that fits (context 64): -ot " in msg and "exps=CPU" in msg and "-ngl 3" in msg
 
 
 def test_plan_must_match_the_file(gg, tied):
