@@ -49,6 +49,11 @@ _LAZY = {
     "TokenizerError": "moert.tokenizer",
     "SamplingError": "moert.sampling",
     "ChatTemplateError": "moert.chat",
+    "Hardware": "moert.hardware",
+    "CPU": "moert.hardware",
+    "GPU": "moert.hardware",
+    "Link": "moert.hardware",
+    "HardwareError": "moert.hardware",
 }
 
 __all__ = [
@@ -61,6 +66,7 @@ __all__ = [
 def __getattr__(name: str):
     if name in _LAZY:
         return getattr(import_module(_LAZY[name]), name)
-    if name in ("gguf", "quants", "kernels", "devices", "testing", "rules", "placement", "memory", "weights", "models"):
+    if name in ("gguf", "quants", "kernels", "devices", "testing", "rules", "placement", "memory", "weights", "models",
+                "hardware", "zoo"):
         return import_module(f"moert.{name}")
     raise AttributeError(f"module 'moert' has no attribute {name!r}")
