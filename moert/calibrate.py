@@ -94,11 +94,11 @@ def kernel_rates(mib: int = 48, rounds: int = 3, types=_TYPES) -> tuple[dict, di
         modes = [None] + [m for m in _ACT.get(t, ()) if m != "int8" or simd.available()]
         for mode in modes:
             p = km.Prepared(w, act_quant=mode)
-            s = _best(lambda: p(x1), rounds)
+            s = _best(lambda p=p: p(x1), rounds)
             gbs[t if mode is None else f"{t}/{mode}"] = round(w.raw.nbytes / s / 1e9, 3)
         small = _weight(t, 512, cols)                      # 64 tokens x 512 rows: compute, not memory
         p = km.Prepared(small)
-        s = _best(lambda: p(x64), rounds)
+        s = _best(lambda p=p: p(x64), rounds)
         gflops[t] = round(2 * 64 * 512 * cols / s / 1e9, 3)
     return gbs, gflops
 

@@ -22,7 +22,8 @@ def cmd_hardware(args: argparse.Namespace) -> int:
         print(json.dumps(asdict(cpu), indent=1))
         return 0
     print(f"{cpu.name}: {cpu.source}")
-    print(f"  read bandwidth   {cpu.bw_1thread_gbs:.2f} GB/s (1 thread), {cpu.mem_bw_gbs:.2f} GB/s ({cpu.cores} threads)")
+    print(f"  read bandwidth   {cpu.bw_1thread_gbs:.2f} GB/s (1 thread), "
+          f"{cpu.mem_bw_gbs:.2f} GB/s ({cpu.cores} threads)")
     print(f"  overheads        {cpu.call_us:.1f} us per kernel call, {cpu.layer_us:.0f} us per layer, "
           f"{cpu.token_us:.0f} us per forward")
     print("  one thread       GB/s (one-token matmul)   GFLOP/s (64-token matmul)")
