@@ -25,6 +25,7 @@ from moert.errors import (
     MoertError,
     PlacementError,
     PlacementWarning,
+    TwinError,
     UnsupportedTypeError,
 )
 
@@ -59,7 +60,7 @@ _LAZY = {
 __all__ = [
     "ContextOverflowError", "DeviceOutOfMemory", "GenerationError", "GGUFError", "InvalidTokenError",
     "KernelOptionError", "MoertError",
-    "PlacementError", "PlacementWarning", "UnsupportedTypeError", *_LAZY,
+    "PlacementError", "PlacementWarning", "TwinError", "UnsupportedTypeError", *_LAZY,
 ]
 
 

@@ -71,6 +71,10 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
+        if isinstance(getattr(args, "model", None), str):  # zoo:NAME[@QUANT] -> the twin's path
+            from moert.zoo import resolve
+
+            args.model = resolve(args.model)
         return args.func(args)
     except BrokenPipeError:  # `moert inspect m.gguf | head`: stop quietly
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())

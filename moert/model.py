@@ -59,6 +59,13 @@ def load(model: Any, overrides: Any = None, gpu_layers: int | str = "all", cpu_m
 
     matmul_q.mode(act_quant)                     # a bad or unsupported act_quant fails before any loading
     g = model if isinstance(model, gguf.GGUFFile) else gguf.open(Path(model))
+    if g.metadata.get("moert.twin"):  # a zoo twin: the header of a real model, its data a hole of zeros
+        from moert.errors import TwinError
+
+        g.close()
+        raise TwinError(f"{g.path}: this is a model twin from moert.zoo (tensor names, types and shapes only, "
+                        f"no weights), so it cannot run; plan, fit or predict with it, or load the real GGUF "
+                        f"({g.metadata.get('general.name', '?')})")
     arch = models.get(g.architecture)
     config = arch.Config.from_gguf(g.metadata)
     if threads:
