@@ -55,6 +55,8 @@ _LAZY = {
     "GPU": "moert.hardware",
     "Link": "moert.hardware",
     "HardwareError": "moert.hardware",
+    "predict": "moert.predict",
+    "Prediction": "moert.predict",
 }
 
 __all__ = [
