@@ -151,16 +151,20 @@ def _selection(md: dict, trace, n_layer: int) -> np.ndarray:
 
 def predict(plan, hardware: Hardware, n_prompt: int = 512, n_gen: int = 128, depth: int = 0, trace=None,
             threads: int | None = None, *, policy: str = "llama.cpp", n_ubatch: int = 512, kv_bytes: int = 2,
-            act_quant: str | None = None) -> Prediction:
-    """Predict llama-bench's pp{n_prompt} and tg{n_gen} at KV position `depth` for `plan` on `hardware`."""
+            act_quant: str | None = None, experts: dict | None = None) -> Prediction:
+    """Predict llama-bench's pp{n_prompt} and tg{n_gen} at KV position `depth` for `plan` on `hardware`.
+
+    `experts`: {expert tensor name: {device: range of experts}} overriding the plan's (whole-tensor) sets,
+    to try expert-granular placements before rules can express them."""
     if policy not in POLICIES:
         raise PlacementError(f"policy={policy!r}; use one of {', '.join(POLICIES)}")
-    used = {e.device for e in plan if e.device != "cpu"}
+    used = {e.device for e in plan if e.device != "cpu"} | {d for sets in (experts or {}).values()
+                                                            for d in sets if d != "cpu"}
     if any(_gpu_index(d) >= len(hardware.gpus) for d in used):
         raise PlacementError(f"the plan puts tensors on {', '.join(sorted(used))} but {hardware.name} has "
                              f"{len(hardware.gpus)} GPU(s); plan with gpu_memory={hardware.gpu_memory()} "
                              f"(or gpu_layers=0 for a CPU-only machine)")
-    m = _Shape(plan, kv_bytes)
+    m = _Shape(plan, kv_bytes, experts)
     q = _selection(plan.metadata, trace, m.n_layer)
     ctx = dict(hw=hardware, threads=threads or hardware.cpu.cores, act_quant=act_quant, policy=policy)
     parts: list[Part] = []
@@ -185,7 +189,7 @@ def predict(plan, hardware: Hardware, n_prompt: int = 512, n_gen: int = 128, dep
 class _Shape:
     """What the cost model needs from a plan: per-layer tensors by stage, and attention dimensions."""
 
-    def __init__(self, plan, kv_bytes: int):
+    def __init__(self, plan, kv_bytes: int, experts: dict | None = None):
         md = plan.metadata
         self.n_layer = plan.n_layer
         self.D = int(_md(md, "embedding_length"))
@@ -204,7 +208,12 @@ class _Shape:
             elif ".nextn." not in e.name and int(mt.group(1)) < self.n_layer:
                 stage = "experts" if _EXPERT.search(e.name) else ("attention" if "attn" in e.name else "ffn")
                 self.layers[int(mt.group(1))][stage].append(e)
-        self.experts = expert_sets(plan)
+        self.experts = {**expert_sets(plan), **(experts or {})}
+        for name, sets in self.experts.items():
+            n = plan[name].shape[0]
+            if sorted(i for r in sets.values() for i in r) != list(range(n)):
+                raise PlacementError(f"experts[{name!r}]: the devices' ranges must cover experts 0..{n - 1} "
+                                     f"once each, got {dict(sets)}")
 
 
 def _gpu_index(dev: str) -> int:
@@ -340,7 +349,11 @@ def _expert_load(entries, m: _Shape, q: np.ndarray, B: int) -> dict[str, tuple]:
             qe = q[list(experts)]                                      # (experts on dev,)
             distinct = float(np.sum(1.0 - (1.0 - qe) ** B))           # experts of this set a batch touches
             pairs = B * float(qe.sum())                                # token-expert pairs computed here
-            p_used = float(1.0 - np.prod((1.0 - qe) ** B))
+            if np.allclose(qe, m.K / max(m.E, 1)):    # uniform: a token picks K distinct experts of E
+                none = math.comb(m.E - len(experts), m.K) / math.comb(m.E, m.K)
+            else:                                      # a trace: picks taken as independent
+                none = float(np.prod(1.0 - qe))
+            p_used = 1.0 - none ** B                   # the chance the batch needs this device at all
             acc = out.setdefault(dev, [[], 0.0])
             acc[0].append((e.type, distinct * per_expert_bytes, 2.0 * pairs * per_expert_el))
             acc[1] = max(acc[1], p_used)
