@@ -43,7 +43,7 @@ def cmd_inspect(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from moert import cli_bench, cli_hardware
+    from moert import cli_bench, cli_compare, cli_hardware
     from moert.cli_generate import add_commands
     from moert.placement_cli import add_fit_args, add_placement_args
 
@@ -65,6 +65,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_commands(sub)
     cli_bench.add_commands(sub)
     cli_hardware.add_commands(sub)
+    cli_compare.add_commands(sub)
     return p
 
 
@@ -74,7 +75,7 @@ def main(argv: list[str] | None = None) -> int:
         if isinstance(getattr(args, "model", None), str):  # zoo:NAME[@QUANT] -> the twin's path
             from moert.zoo import resolve
 
-            args.model = resolve(args.model)
+            args.model_label, args.model = args.model, resolve(args.model)
         return args.func(args)
     except BrokenPipeError:  # `moert inspect m.gguf | head`: stop quietly
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())

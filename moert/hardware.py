@@ -77,11 +77,12 @@ class CPU:
         rate = rate or per.get(type_name) or per.get("*")
         return min(self.read_gbs(n), n * rate) if rate else self.read_gbs(n)
 
-    def matmul_gflops(self, type_name: str, threads: int | None = None) -> float:
+    def matmul_gflops(self, type_name: str, threads: int | None = None, act_quant: str | None = None) -> float:
         """GFLOP/s a batched matmul of `type_name` weights reaches on `threads` threads."""
         n = self._threads(threads)
         per = dict(self.kernel_gflops)
-        rate = per.get(type_name) or per.get("*")
+        rate = per.get(f"{type_name}/{act_quant}") if act_quant else None
+        rate = rate or per.get(type_name) or per.get("*")
         return n * rate if rate else self.peak_gflops * self.compute_efficiency * n / self.cores
 
     def _threads(self, threads: int | None) -> int:

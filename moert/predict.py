@@ -151,11 +151,12 @@ def _selection(md: dict, trace, n_layer: int) -> np.ndarray:
 
 def predict(plan, hardware: Hardware, n_prompt: int = 512, n_gen: int = 128, depth: int = 0, trace=None,
             threads: int | None = None, *, policy: str = "llama.cpp", n_ubatch: int = 512, kv_bytes: int = 2,
-            act_quant: str | None = None, experts: dict | None = None) -> Prediction:
+            act_quant: str | None = None, experts: dict | None = None, n_ctx: int | None = None) -> Prediction:
     """Predict llama-bench's pp{n_prompt} and tg{n_gen} at KV position `depth` for `plan` on `hardware`.
 
     `experts`: {expert tensor name: {device: range of experts}} overriding the plan's (whole-tensor) sets,
-    to try expert-granular placements before rules can express them."""
+    to try expert-granular placements before rules can express them. `n_ctx`: the context the memory check
+    sizes the KV cache for (default: depth + n_prompt + n_gen)."""
     if policy not in POLICIES:
         raise PlacementError(f"policy={policy!r}; use one of {', '.join(POLICIES)}")
     used = {e.device for e in plan if e.device != "cpu"} | {d for sets in (experts or {}).values()
@@ -177,7 +178,7 @@ def predict(plan, hardware: Hardware, n_prompt: int = 512, n_gen: int = 128, dep
         parts += ub
         prefill_s += sum(p.seconds for p in ub)
     decode_s = sum(p.seconds for p in parts if p.phase == "decode")
-    memory = _gpu_memory(plan, m, hardware, depth + n_prompt + n_gen, n_ubatch)
+    memory = _gpu_memory(plan, m, hardware, n_ctx or depth + n_prompt + n_gen, n_ubatch)
     settings = dict(hardware=hardware.name, n_prompt=n_prompt, n_gen=n_gen, depth=depth, policy=policy,
                     threads=ctx["threads"], n_ubatch=n_ubatch, kv_bytes=kv_bytes, trace=trace is not None,
                     overlap="none (splits run in order)")
@@ -235,7 +236,7 @@ def _time(dev: str, items, ops: float, ctx, batch: int) -> tuple[float, str]:
             t_cmp = 0.0
         else:
             t_mem = nbytes / (1e9 * cpu.read_gbs(n))
-            t_cmp = sum(f / (1e9 * cpu.matmul_gflops(t, n)) for t, _, f in items)
+            t_cmp = sum(f / (1e9 * cpu.matmul_gflops(t, n, ctx["act_quant"])) for t, _, f in items)
         t_fix = 0.0 if cpu.layer_us else ops * cpu.call_us * 1e-6
         bound = "kernel" if batch == 1 and t_mem > 1.05 * nbytes / (1e9 * cpu.read_gbs(n)) else "memory"
     else:

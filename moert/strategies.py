@@ -1,0 +1,138 @@
+"""Placement strategies: plain functions that return rules (TensorOverride lists), to compare with predict.
+
+    rules = strategies.cost_greedy(model, hw)      # or all_cpu_experts(model), cpu_layers(model, 12, "last"), ...
+    p = moert.plan(model, rules, gpu_backend="sim", gpu_memory=hw.gpu_memory())
+
+Each takes what it needs (a GGUF path / open file / twin, a Hardware, a context) and returns rules that go
+after the user's; none of them threads a flag through the runtime. `smallest_fitting(...)` searches the
+n of an n-layer strategy for the fewest CPU layers that still fit the hardware's GPU memory.
+"""
+
+from __future__ import annotations
+
+import re
+import warnings
+from collections.abc import Callable
+
+from moert.errors import PlacementError
+from moert.hardware import Hardware
+from moert.placement import _model_info, plan
+from moert.rules import EXPERT_REGEX, TensorOverride, expert_layer_regex, moe_rules
+
+_EXPERT = re.compile(EXPERT_REGEX)
+
+
+def all_cpu_experts(model) -> list[TensorOverride]:
+    """Every expert tensor on the CPU (llama.cpp --cpu-moe)."""
+    return moe_rules(cpu_moe=True)
+
+
+def cpu_layers(model, n: int, which: str = "first") -> list[TensorOverride]:
+    """The experts of the first n layers on the CPU (llama.cpp --n-cpu-moe), or the last n (ik_llama.cpp)."""
+    return moe_rules(n_cpu_moe=n, n_layer=_model_info(model).n_layer, n_cpu_moe_from=which)
+
+
+def fit_order(model, hw: Hardware, context: int = 4096) -> list[TensorOverride] | None:
+    """llama.cpp's --fit order: dense weights and KV on the GPU, then whole layers front to back (so the last
+    layers' experts stay on the CPU), then part of one more layer (its expert tensors one by one)."""
+    found = smallest_fitting(model, hw, context, lambda n: cpu_layers(model, n, "last"))
+    if found is None:
+        return None
+    n, rules = found
+    info = _model_info(model)
+    if n == 0:
+        return rules
+    il = info.n_layer - n                                                # the first CPU layer: split it
+    tensors = [t for t in info.tensors if t.startswith(f"blk.{il}.") and _EXPERT.search(t)]
+    rest = cpu_layers(model, n - 1, "last")
+    keep = list(tensors)
+    for t in sorted(tensors, key=lambda t: ("gate" not in t, "up" not in t)):   # gate, up, then down
+        trial = [x for x in keep if x != t]
+        if fits(model, rest + _exact(trial), hw, context):
+            keep = trial
+    return rest + _exact(keep) if len(keep) < len(tensors) else rules
+
+
+def _exact(names) -> list[TensorOverride]:
+    return [TensorOverride("^" + re.escape(n) + "$", "cpu", source="strategy") for n in names]
+
+
+def fits(model, rules, hw: Hardware, context: int) -> bool:
+    """Whether `rules` fit the hardware's GPUs at `context` (predict's memory model: f16 KV, llama.cpp buffers)."""
+    from moert.predict import predict
+
+    return predict(_plan(model, rules, hw), hw, n_prompt=0, n_gen=1, n_ctx=context).fits
+
+
+def smallest_fitting(model, hw: Hardware, context: int, make: Callable[[int], list]) -> tuple[int, list] | None:
+    """The smallest n whose rules `make(n)` fit (n = CPU layers; more never needs more GPU memory), or None."""
+    n_layer = _model_info(model).n_layer
+    lo, hi = 0, n_layer
+    if not fits(model, make(hi), hw, context):
+        return None
+    while lo < hi:
+        mid = (lo + hi) // 2
+        lo, hi = (lo, mid) if fits(model, make(mid), hw, context) else (mid + 1, hi)
+    return lo, make(lo)
+
+
+def cost_greedy(model, hw: Hardware, context: int = 4096, trace=None) -> list[TensorOverride]:
+    """moert's own: start from all experts on the CPU, then bring expert tensors to the GPU in order of
+    predicted decode seconds saved per GPU byte (the trace's hot layers first; ties: cheaper bytes of the
+    CPU's slowest type first), while they fit. Returns one CPU rule per tensor left behind."""
+    from moert.predict import _selection
+
+    info = _model_info(model)
+    q = _selection(info.metadata, trace, info.n_layer)                  # (n_layer, E)
+    cpu = hw.cpu
+    candidates = []
+    for name, (typ, shape, nbytes) in info.tensors.items():
+        m = re.match(r"blk\.(\d+)\.", name)
+        if not m or not _EXPERT.search(name) or len(shape) < 3 or int(m.group(1)) >= info.n_layer:
+            continue
+        read = nbytes * float(q[int(m.group(1))].sum()) / shape[0]        # bytes a token reads of it
+        saved = read / (cpu.matvec_gbs(typ) * 1e9) - read / (hw.gpus[0].read_gbs() * 1e9)
+        candidates.append((saved / nbytes, name))
+    candidates.sort(reverse=True)
+    on_cpu = [n for _, n in candidates]
+    rules = _exact
+    for _, name in candidates:                                          # greedy: take the next if it fits
+        trial = [n for n in on_cpu if n != name]
+        if fits(model, rules(trial), hw, context):
+            on_cpu = trial
+    return _compact(rules(on_cpu), info.n_layer)
+
+
+def _compact(rules: list[TensorOverride], n_layer: int) -> list[TensorOverride]:
+    """Whole layers whose three expert tensors are all on the CPU become one layer rule (shorter -ot)."""
+    names = {r.pattern for r in rules}
+    out, done = [], set()
+    for il in range(n_layer):
+        mine = {p for p in names if p.startswith(f"^blk\\.{il}\\.")}
+        if len(mine) == 3:
+            out.append(TensorOverride(expert_layer_regex(il), "cpu", source="strategy"))
+            done |= mine
+    return out + [r for r in rules if r.pattern not in done]
+
+
+def _plan(model, rules, hw: Hardware):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return plan(model, rules, gpu_backend="sim", gpu_memory=hw.gpu_memory() or None,
+                    gpu_layers="all" if hw.gpus else 0)
+
+
+def named(model, hw: Hardware, context: int = 4096, trace=None) -> dict[str, list[TensorOverride] | None]:
+    """The strategies `moert compare` runs, by name (None: nothing of that kind fits)."""
+    if not hw.gpus:
+        raise PlacementError(f"{hw.name} has no GPU: every strategy is the same (all on the CPU)")
+    out: dict[str, list | None] = {"all experts on CPU (--cpu-moe)": all_cpu_experts(model)}
+    for which, label in (("first", "--n-cpu-moe N (first N layers)"), ("last", "last N layers (ik_llama.cpp)")):
+        found = smallest_fitting(model, hw, context, lambda n, w=which: cpu_layers(model, n, w))
+        out[label.replace(" N", f" {found[0]}") if found else label] = found[1] if found else None
+    out["--fit order (front layers, then part of one)"] = fit_order(model, hw, context)
+    out["cost-greedy (moert)"] = cost_greedy(model, hw, context, trace)
+    return out
+
+
+__all__ = ["all_cpu_experts", "cost_greedy", "cpu_layers", "fit_order", "fits", "named", "smallest_fitting"]
