@@ -101,7 +101,8 @@ class GPU:
     bw_gbs: float                       # peak memory bandwidth, GB/s (data sheet)
     fp16_tflops: float                  # dense FP16 tensor-core TFLOPS with FP32 accumulate (data sheet)
     int8_tops: float = 0.0              # dense INT8 tensor-core TOPS (llama.cpp's MMQ kernels use these)
-    pcie_gen: int = 4                   # the slot generation the card speaks (x16)
+    pcie_gen: int = 4                   # the slot generation the card speaks
+    pcie_lanes: int = 16                # electrical lanes (the RTX 4060 has 8)
     # The share of peak bandwidth decode kernels get: llama.cpp's CUDA mat-vec kernels reach ~75-85% of the
     # data-sheet figure on large matrices (and a STREAM-like copy ~90%); 0.8 is the assumption.
     bw_efficiency: float = 0.8
@@ -162,7 +163,8 @@ class Hardware:
     def __post_init__(self):
         object.__setattr__(self, "gpus", tuple(self.gpus))
         if self.gpus and self.link is None:
-            object.__setattr__(self, "link", LINKS[f"pcie{min(g.pcie_gen for g in self.gpus)}x16"])
+            g = min(self.gpus, key=lambda g: pcie_gbs(g.pcie_gen, g.pcie_lanes))
+            object.__setattr__(self, "link", LINKS[f"pcie{g.pcie_gen}x{g.pcie_lanes}"])
         if not self.name:
             object.__setattr__(self, "name", "+".join([*(g.name for g in self.gpus), self.cpu.name]))
 
@@ -208,6 +210,9 @@ GPUS: dict[str, GPU] = {g.name: g for g in (
     # FP16/FP32-acc, 102 INT8 TOPS dense (nvidia.com/en-us/geforce/graphics-cards/30-series/rtx-3060-3060ti;
     # NVIDIA Ampere GA102 whitepaper, appendix table for GA106 figures per SM)
     GPU("rtx3060", 12, 360, 25.5, 102, pcie_gen=4, source="nvidia.com RTX 3060 specs; GA102 whitepaper"),
+    # RTX 4060 (8 GB): 128-bit GDDR6 at 17 Gbps = 272 GB/s; 24 SMs at 2.46 GHz: 30.2 FP16/FP32-acc TFLOPS,
+    # 121 INT8 TOPS dense; PCIe 4.0 x8 (nvidia.com RTX 4060 family specs; Ada whitepaper per-SM rates)
+    GPU("rtx4060", 8, 272, 30.2, 121, pcie_gen=4, pcie_lanes=8, source="nvidia.com RTX 4060 specs; Ada whitepaper"),
     # RTX 3090: 384-bit GDDR6X at 19.5 Gbps = 936 GB/s; 71 FP16/FP32-acc TFLOPS (142 with FP16 accumulate),
     # 284 INT8 TOPS dense (NVIDIA Ampere GA102 GPU Architecture whitepaper, table 9)
     GPU("rtx3090", 24, 936, 71, 284, pcie_gen=4, source="NVIDIA Ampere GA102 whitepaper, table 9"),
@@ -248,6 +253,7 @@ CPUS: dict[str, CPU] = {c.name: c for c in (
 
 # Links: PCIe 4.0 16 GT/s and 5.0 32 GT/s per lane, 128b/130b encoding (PCI-SIG base specifications).
 LINKS: dict[str, Link] = {
+    "pcie4x8": Link(pcie_gbs(4, 8), 10.0, "pcie4x8"),  # 15.8 GB/s per direction
     "pcie4x16": Link(pcie_gbs(4), 10.0, "pcie4x16"),   # 31.5 GB/s per direction
     "pcie5x16": Link(pcie_gbs(5), 10.0, "pcie5x16"),   # 63.0 GB/s per direction
 }
@@ -280,14 +286,15 @@ def preset(name: str) -> Hardware:
         raise HardwareError(f"hardware {name!r} names no CPU; add one, e.g. {name}+ryzen-7950x")
     if gpus and link is None:  # the slower of the card's slot and the platform's
         gen = min([g.pcie_gen for g in gpus] + [_PLATFORM_PCIE.get(cpu.name, 4)])
-        link = LINKS[f"pcie{gen}x16"]
+        lanes = min(g.pcie_lanes for g in gpus)
+        link = LINKS.get(f"pcie{gen}x{lanes}") or Link(pcie_gbs(gen, lanes), 10.0, f"pcie{gen}x{lanes}")
     return Hardware(cpu, tuple(gpus), link, name=name)
 
 
 def examples() -> list[str]:
     """A few preset combinations, for `moert hardware list`."""
-    return ["rtx3060+ryzen-7600", "rtx3090+ryzen-7950x", "rtx4070+i9-14900k", "rtx4090+ryzen-7950x",
-            "rtx5090+ryzen-9950x", "h100-pcie+epyc-9554", "2x rtx3090+epyc-9554", "ryzen-9950x"]
+    return ["rtx4060+ryzen-7600", "rtx3060+ryzen-7600", "rtx3090+ryzen-7950x", "rtx4070+i9-14900k",
+            "rtx4090+ryzen-7950x", "rtx5090+ryzen-9950x", "h100-pcie+epyc-9554", "2x rtx3090+epyc-9554", "ryzen-9950x"]
 
 
 def calibrate(long: bool = False, threads: int | None = None) -> CPU:
@@ -304,9 +311,9 @@ def with_cpu(hw: Hardware, cpu: CPU) -> Hardware:
 
 def table() -> str:
     """`moert hardware list`: every preset part with its figures."""
-    rows = ["GPUs:", f"  {'name':<11} {'memory':>8} {'GB/s':>7} {'FP16 TFLOPS':>12} {'INT8 TOPS':>10} {'PCIe':>5}"]
+    rows = ["GPUs:", f"  {'name':<11} {'memory':>8} {'GB/s':>7} {'FP16 TFLOPS':>12} {'INT8 TOPS':>10} {'PCIe':>6}"]
     rows += [f"  {g.name:<11} {g.mem_gib:>5g}GiB {g.bw_gbs:>7g} {g.fp16_tflops:>12g} {g.int8_tops:>10g} "
-             f"{g.pcie_gen:>5}" for g in GPUS.values()]
+             f"{f'{g.pcie_gen}.0 x{g.pcie_lanes}':>6}" for g in GPUS.values()]
     rows += ["", "CPUs:", f"  {'name':<11} {'cores':>5} {'memory':>18} {'peak GB/s':>10} {'GFLOPS':>7}"]
     rows += [f"  {c.name:<11} {c.cores:>5} {f'{c.mem_channels} x DDR5-{c.mem_mts}':>18} {c.mem_bw_gbs:>10.1f} "
              f"{c.peak_gflops:>7.0f}" for c in CPUS.values()]

@@ -361,6 +361,11 @@ def _expert_load(entries, m: _Shape, q: np.ndarray, B: int) -> dict[str, tuple]:
     return {d: tuple(v) for d, v in out.items()}
 
 
+def gpu_memory(plan, hardware: Hardware, n_ctx: int, n_ubatch: int = 512, kv_bytes: int = 2) -> dict[str, dict]:
+    """Per GPU of `hardware`: bytes needed (weights, f16 KV, buffers) and capacity, without predicting speed."""
+    return _gpu_memory(plan, _Shape(plan, kv_bytes), hardware, n_ctx, n_ubatch)
+
+
 def _gpu_memory(plan, m: _Shape, hw: Hardware, n_ctx: int, n_ubatch: int) -> dict[str, dict]:
     """Per GPU: weights + f16 KV of its attention layers + a llama.cpp-like compute buffer (flash attention:
     no score matrix; B x (4 D + 3 K F) floats, plus B x vocabulary logits where the output layer is)."""
@@ -389,4 +394,4 @@ class _CallableModule(types.ModuleType):
 
 sys.modules[__name__].__class__ = _CallableModule
 
-__all__ = ["POLICIES", "Part", "Prediction", "expert_sets", "predict"]
+__all__ = ["POLICIES", "Part", "Prediction", "expert_sets", "gpu_memory", "predict"]

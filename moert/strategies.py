@@ -59,9 +59,9 @@ def _exact(names) -> list[TensorOverride]:
 
 def fits(model, rules, hw: Hardware, context: int) -> bool:
     """Whether `rules` fit the hardware's GPUs at `context` (predict's memory model: f16 KV, llama.cpp buffers)."""
-    from moert.predict import predict
+    from moert.predict import gpu_memory
 
-    return predict(_plan(model, rules, hw), hw, n_prompt=0, n_gen=1, n_ctx=context).fits
+    return all(v["need"] <= v["capacity"] for v in gpu_memory(_plan(model, rules, hw), hw, context).values())
 
 
 def smallest_fitting(model, hw: Hardware, context: int, make: Callable[[int], list]) -> tuple[int, list] | None:

@@ -149,3 +149,23 @@ def test_predict_is_callable_after_importing_the_module():
     import moert.predict as mod
 
     assert callable(moert.predict) and mod.Prediction is moert.Prediction
+
+
+def test_strategies_return_rules_that_fit_and_compare_ranks_them(capsys):
+    from moert import strategies
+    from moert.cli import main
+
+    hw = hardware.preset("rtx4070+ryzen-7950x")                          # 12 GiB for a 17.3 GiB model
+    m = str(zoo.path("qwen3-30b-a3b"))
+    n, rules = strategies.smallest_fitting(m, hw, 4096, lambda k: strategies.cpu_layers(m, k, "first"))
+    assert 0 < n < 48 and strategies.fits(m, rules, hw, 4096)
+    assert not strategies.fits(m, strategies.cpu_layers(m, n - 1, "first"), hw, 4096)   # the smallest n
+    fo = strategies.fit_order(m, hw, 4096)
+    assert strategies.fits(m, fo, hw, 4096)
+    assert main(["compare", "zoo:olmoe-1b-7b", "--hardware", "rtx4070+ryzen-7950x", "--gpu-mem", "3GiB",
+                 "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)["rows"]
+    best = [r for r in rows if r["best"]]
+    assert len(best) == 1 and best[0]["fits"]
+    cpu_moe = next(r for r in rows if r["strategy"].startswith("all experts"))
+    assert best[0]["tg"] >= cpu_moe["tg"] and cpu_moe["gpu_share"] == 0
