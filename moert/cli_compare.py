@@ -15,6 +15,22 @@ import shlex
 import warnings
 
 
+def compact_ot(rules) -> str:
+    """The -ot string, with the per-layer expert rules of several layers merged into one alternation."""
+    import re
+
+    from moert.placement import format_overrides
+    from moert.rules import EXPERT_REGEX, TensorOverride
+
+    layer_rule = re.compile(r"^blk\\\.(\d+)" + re.escape(EXPERT_REGEX) + "$")
+    layers = [int(m.group(1)) for r in rules if r.device == "cpu" and (m := layer_rule.match(r.pattern))]
+    rest = [r for r in rules if not (r.device == "cpu" and layer_rule.match(r.pattern))]
+    if len(layers) < 2:
+        return format_overrides(rules)
+    merged = TensorOverride(rf"blk\.({'|'.join(map(str, sorted(layers)))})" + EXPERT_REGEX, "cpu", source="compare")
+    return format_overrides([merged, *rest])
+
+
 def _gpu_share(pred, plan) -> float:
     """Share of decoded-token expert bytes read on a GPU."""
     parts = [p for p in pred.parts if p.phase == "decode" and p.stage == "experts"]
@@ -25,7 +41,6 @@ def _gpu_share(pred, plan) -> float:
 def compare(model: str, hw, context: int, policy: str = "llama.cpp", trace=None) -> list[dict]:
     """Rows of the comparison (plain data); the first row is the best fitting strategy's."""
     from moert import predict, strategies
-    from moert.placement import format_overrides
 
     rows = []
     for name, rules in strategies.named(model, hw, context, trace).items():
@@ -38,7 +53,7 @@ def compare(model: str, hw, context: int, policy: str = "llama.cpp", trace=None)
         need = sum(m["need"] for m in r.memory.values())
         rows.append(dict(strategy=name, fits=r.fits, gpu_gib=need / 2**30, gpu_share=_gpu_share(r, p),
                          pp=r.prefill_tok_s, tg=r.decode_tok_s, bound=r.bound("decode"),
-                         ot=format_overrides(rules)))
+                         ot=compact_ot(rules)))
     ok = [r for r in rows if r["fits"]]
     best = max(ok, key=lambda r: (round(r["tg"], 2), r["pp"])) if ok else None
     for r in rows:

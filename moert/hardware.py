@@ -112,6 +112,9 @@ class GPU:
     # Per-kernel fixed cost: a launch is ~2-5 us; llama.cpp replays decode graphs with CUDA graphs, which
     # brings the per-node cost to ~2 us (the assumption here).
     launch_us: float = 2.0
+    # Memory the CUDA context, cuBLAS workspace and driver take before any tensor: ~0.3-0.6 GiB on these cards
+    # (what nvidia-smi shows for an idle llama.cpp process); moert.fit keeps 512MiB free on CUDA for the same.
+    reserved_gib: float = 0.5
     source: str = ""
 
     def __post_init__(self):

@@ -368,7 +368,8 @@ def gpu_memory(plan, hardware: Hardware, n_ctx: int, n_ubatch: int = 512, kv_byt
 
 def _gpu_memory(plan, m: _Shape, hw: Hardware, n_ctx: int, n_ubatch: int) -> dict[str, dict]:
     """Per GPU: weights + f16 KV of its attention layers + a llama.cpp-like compute buffer (flash attention:
-    no score matrix; B x (4 D + 3 K F) floats, plus B x vocabulary logits where the output layer is)."""
+    no score matrix; B x (4 D + 3 K F) floats, plus B x vocabulary logits where the output layer is);
+    capacity is the card's memory less `reserved_gib` (CUDA context and workspaces)."""
     out: dict[str, dict] = {}
     F = int(_md(plan.metadata, "expert_feed_forward_length", 0))
     for d in plan.devices:
@@ -380,7 +381,8 @@ def _gpu_memory(plan, m: _Shape, hw: Hardware, n_ctx: int, n_ubatch: int) -> dic
                  if plan.attention_device(il).name == d.name)
         out_rows = next((e.shape[0] for e in plan if e.name == "output.weight" and e.device == d.name), 0)
         scratch = n_ubatch * (4 * m.D + 3 * m.K * F + out_rows) * 4
-        out[_dev(d.name)] = {"need": w + kv + scratch, "capacity": g.mem_bytes, "weights": w, "kv": kv,
+        out[_dev(d.name)] = {"need": w + kv + scratch, "capacity": g.mem_bytes - int(g.reserved_gib * 2**30),
+                             "weights": w, "kv": kv,
                              "scratch": scratch}
     return out
 

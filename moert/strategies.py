@@ -77,30 +77,34 @@ def smallest_fitting(model, hw: Hardware, context: int, make: Callable[[int], li
 
 
 def cost_greedy(model, hw: Hardware, context: int = 4096, trace=None) -> list[TensorOverride]:
-    """moert's own: start from all experts on the CPU, then bring expert tensors to the GPU in order of
-    predicted decode seconds saved per GPU byte (the trace's hot layers first; ties: cheaper bytes of the
-    CPU's slowest type first), while they fit. Returns one CPU rule per tensor left behind."""
+    """moert's own: start from all experts on the CPU, then bring experts to the GPU in order of predicted
+    decode seconds saved per GPU byte (a trace's hot layers first), while they fit: whole layers first (a
+    layer half on each side pays a link round trip per token), then single tensors of the layers left."""
     from moert.predict import _selection
 
     info = _model_info(model)
     q = _selection(info.metadata, trace, info.n_layer)                  # (n_layer, E)
-    cpu = hw.cpu
-    candidates = []
+    gpu_gbs = hw.gpus[0].read_gbs()
+    by_layer: dict[int, list[tuple[float, str, int]]] = {}
     for name, (typ, shape, nbytes) in info.tensors.items():
         m = re.match(r"blk\.(\d+)\.", name)
         if not m or not _EXPERT.search(name) or len(shape) < 3 or int(m.group(1)) >= info.n_layer:
             continue
-        read = nbytes * float(q[int(m.group(1))].sum()) / shape[0]        # bytes a token reads of it
-        saved = read / (cpu.matvec_gbs(typ) * 1e9) - read / (hw.gpus[0].read_gbs() * 1e9)
-        candidates.append((saved / nbytes, name))
-    candidates.sort(reverse=True)
-    on_cpu = [n for _, n in candidates]
-    rules = _exact
-    for _, name in candidates:                                          # greedy: take the next if it fits
-        trial = [n for n in on_cpu if n != name]
-        if fits(model, rules(trial), hw, context):
+        il = int(m.group(1))
+        read = nbytes * float(q[il].sum()) / shape[0]                  # bytes a token reads of it
+        saved = read / (hw.cpu.matvec_gbs(typ) * 1e9) - read / (gpu_gbs * 1e9)
+        by_layer.setdefault(il, []).append((saved, name, nbytes))
+    value = lambda ts: sum(t[0] for t in ts) / sum(t[2] for t in ts)  # noqa: E731  (seconds saved per byte)
+    on_cpu = {n for ts in by_layer.values() for _, n, _ in ts}
+    for il in sorted(by_layer, key=lambda il: (-value(by_layer[il]), il)):
+        trial = on_cpu - {n for _, n, _ in by_layer[il]}
+        if fits(model, _exact(sorted(trial)), hw, context):
             on_cpu = trial
-    return _compact(rules(on_cpu), info.n_layer)
+    for _saved, name, _nbytes in sorted((t for ts in by_layer.values() for t in ts if t[1] in on_cpu),
+                                        key=lambda t: -t[0] / t[2]):
+        if fits(model, _exact(sorted(on_cpu - {name})), hw, context):
+            on_cpu = on_cpu - {name}
+    return _compact(_exact(sorted(on_cpu)), info.n_layer)
 
 
 def _compact(rules: list[TensorOverride], n_layer: int) -> list[TensorOverride]:
