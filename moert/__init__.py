@@ -9,6 +9,7 @@ The pipeline, one module per stage:
     load_weights(gguf, plan)   moert/weights.py     tensors onto cpu / cuda:N / sim:N (moert/devices.py)
     load(path, ...) -> Model   moert/model.py       KV cache + forward; architectures in moert/models/
     generate / stream / chat   moert/generate.py    tokenizer.py, sampling.py, chat.py
+    predict(plan, hardware)    moert/predict.py     speed on other hardware: hardware.py, zoo.py, strategies.py
 """
 
 from __future__ import annotations

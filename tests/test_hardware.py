@@ -124,3 +124,17 @@ def test_cli_hardware_list(capsys):
 def test_an_x8_card_gets_an_x8_link():
     hw = hardware.preset("rtx4060+ryzen-7600")
     assert hw.link.name == "pcie4x8" and hw.link.bw_gbs == pytest.approx(15.754, abs=1e-3)   # 8 x 16 x 128/130 / 8
+
+
+def test_cli_hardware_calibrate_prints_the_measured_cpu(monkeypatch, capsys):
+    from moert import calibrate as cal
+
+    monkeypatch.setattr(cal, "read_bandwidth", lambda mib, rounds, threads: 7.5)
+    monkeypatch.setattr(cal, "kernel_rates", lambda mib, rounds: ({"Q4_K": 2.5}, {"Q4_K": 20.0}))
+    monkeypatch.setattr(cal, "call_overhead_us", lambda n: 3.0)
+    monkeypatch.setattr(cal, "model_overheads", lambda steps: (100.0, 50.0))
+    assert main(["hardware", "calibrate", "-t", "1"]) == 0
+    out = capsys.readouterr().out
+    assert "7.50 GB/s (1 thread)" in out and "100 us per layer" in out and "Q4_K" in out
+    assert main(["hardware", "calibrate", "-t", "1", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["kernel_gbs"] == [["Q4_K", 2.5]]

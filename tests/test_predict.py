@@ -169,3 +169,14 @@ def test_strategies_return_rules_that_fit_and_compare_ranks_them(capsys):
     assert len(best) == 1 and best[0]["fits"]
     cpu_moe = next(r for r in rows if r["strategy"].startswith("all experts"))
     assert best[0]["tg"] >= cpu_moe["tg"] and cpu_moe["gpu_share"] == 0
+
+
+def test_compare_bars_draws_a_png(tmp_path):
+    pytest.importorskip("matplotlib")
+    from moert.plots import compare_bars
+
+    rows = [dict(strategy="a", fits=True, pp=100.0, tg=20.0, best=True),
+            dict(strategy="b", fits=False, pp=300.0, tg=40.0, best=False),
+            dict(strategy="c", fits=False, pp=None, tg=None, best=False)]            # nothing of that kind fits
+    p = compare_bars(rows, tmp_path / "c.png")
+    assert p.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and p.stat().st_size > 5000
