@@ -192,7 +192,8 @@ class _Shape:
 
     def __init__(self, plan, kv_bytes: int, experts: dict | None = None):
         md = plan.metadata
-        self.n_layer = plan.n_layer
+        # the multi-token-prediction layers at the end (GLM-4.5) are in the file but llama.cpp skips them
+        self.n_layer = plan.n_layer - int(_md(md, "nextn_predict_layers", 0))
         self.D = int(_md(md, "embedding_length"))
         self.H = int(_md(md, "attention.head_count"))
         self.Hkv = int(_md(md, "attention.head_count_kv", self.H))
@@ -200,6 +201,10 @@ class _Shape:
         self.Dv = int(_md(md, "attention.value_length", self.Dk))
         self.E, self.K = int(_md(md, "expert_count", 0)), int(_md(md, "expert_used_count", 0))
         self.kv_bytes = kv_bytes
+        # KV elements cached per token per layer: K and V, or for MLA (key_length_mla present) only the
+        # compressed K of kv_lora + rope, V being a view of it (llama.cpp's deepseek2 cache)
+        mla = f"{md.get('general.architecture')}.attention.key_length_mla" in md
+        self.kv_width = self.Dk if mla else self.Dk + self.Dv
         self.layers: list[dict[str, list]] = [defaultdict(list) for _ in range(self.n_layer)]
         self.io: list = []                                 # token_embd, output_norm, output
         for e in plan:
@@ -299,7 +304,7 @@ def _forward(plan, m: _Shape, q: np.ndarray, B: int, n_kv: float, phase: str, ct
                     hop(il, act, 2.0)
                 add(run_on, il, stage, _items(ents, B), ops)
             if stage == "attention":                                    # the attention itself, where KV lives
-                add(home, il, "attention", [("KV", n_kv * m.Hkv * (m.Dk + m.Dv) * m.kv_bytes,
+                add(home, il, "attention", [("KV", n_kv * m.Hkv * m.kv_width * m.kv_bytes,
                                               2.0 * B * n_kv * m.H * (m.Dk + m.Dv))], 2)
         # experts: per device, the selected experts' bytes and the FLOPs of the token-expert pairs there
         for dev, (items, p_used) in _expert_load(st["experts"], m, q[il], B).items():
@@ -376,8 +381,9 @@ def _gpu_memory(plan, m: _Shape, hw: Hardware, n_ctx: int, n_ubatch: int) -> dic
         if _gpu_index(d.name) >= len(hw.gpus):
             continue                                                   # an unused device of the plan
         g = hw.gpus[_gpu_index(d.name)]
-        w = sum(e.nbytes for e in plan if e.device == d.name)
-        kv = sum(n_ctx * m.Hkv * (m.Dk + m.Dv) * m.kv_bytes for il in range(m.n_layer)
+        w = sum(e.nbytes for e in plan if e.device == d.name   # nextn layers' tensors are not loaded
+                and (e.layer is None or not m.n_layer <= e.layer < plan.n_layer))
+        kv = sum(n_ctx * m.Hkv * m.kv_width * m.kv_bytes for il in range(m.n_layer)
                  if plan.attention_device(il).name == d.name)
         out_rows = next((e.shape[0] for e in plan if e.name == "output.weight" and e.device == d.name), 0)
         scratch = n_ubatch * (4 * m.D + 3 * m.K * F + out_rows) * 4
