@@ -6,7 +6,8 @@ What it measures (best of a few rounds each: other jobs share the machine and ca
   * read bandwidth, 1 thread and all threads: a vectorized sum over a buffer 8x the last-level cache;
   * moert's one-token matmul (kernels/matmul.py `Prepared`) per weight type and act_quant mode, on one
     thread, as GB/s of weights streamed: `kernel_gbs` (the model takes min(threads x rate, bandwidth));
-  * its batched matmul (64 tokens) per type on one thread, as GFLOP/s: `kernel_gflops`;
+  * its batched matmul (64 and 8 tokens: a dense batch, one expert's share) per type on one thread, as
+    GFLOP/s: `kernel_gflops`;
   * the fixed cost of one kernel call (a tiny weight): `call_us`;
   * moert's per-layer and per-token cost beyond the kernels: decode steps of two tiny qwen3moe models of
     1 and 5 layers (every tensor on the CPU); the slope is `layer_us`, the intercept `token_us`.
@@ -99,8 +100,10 @@ def kernel_rates(mib: int = 48, rounds: int = 3, types=_TYPES) -> tuple[dict, di
         small = _weight(t, 512, cols)                      # 64 tokens x 512 rows: compute, not memory
         for mode in [None] + [m for m in modes if m == "int8"]:        # int16 applies to one token only
             p = km.Prepared(small, act_quant=mode)
-            s = _best(lambda p=p: p(x64), rounds)
-            gflops[t if mode is None else f"{t}/{mode}"] = round(2 * 64 * 512 * cols / s / 1e9, 3)
+            key = t if mode is None else f"{t}/{mode}"
+            for x, suffix in ((x64, ""), (x64[:8], "@8")):             # 8 tokens: what one expert sees
+                s = _best(lambda p=p, x=x: p(x), rounds)
+                gflops[key + suffix] = round(2 * x.shape[0] * 512 * cols / s / 1e9, 3)
     return gbs, gflops
 
 

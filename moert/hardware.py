@@ -14,6 +14,7 @@ A calibrated CPU carries measured rates instead (`kernel_gbs`, `kernel_gflops`, 
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
@@ -77,12 +78,18 @@ class CPU:
         rate = rate or per.get(type_name) or per.get("*")
         return min(self.read_gbs(n), n * rate) if rate else self.read_gbs(n)
 
-    def matmul_gflops(self, type_name: str, threads: int | None = None, act_quant: str | None = None) -> float:
-        """GFLOP/s a batched matmul of `type_name` weights reaches on `threads` threads."""
+    def matmul_gflops(self, type_name: str, threads: int | None = None, act_quant: str | None = None,
+                      tokens: float = 64) -> float:
+        """GFLOP/s a matmul of `tokens` tokens by `type_name` weights reaches on `threads` threads (measured
+        rates: "TYPE" at 64 tokens, "TYPE@8" at 8, "TYPE/int8" with int8 activations; between, interpolated)."""
         n = self._threads(threads)
         per = dict(self.kernel_gflops)
-        rate = per.get(f"{type_name}/{act_quant}") if act_quant else None
-        rate = rate or per.get(type_name) or per.get("*")
+        key = f"{type_name}/{act_quant}" if act_quant and f"{type_name}/{act_quant}" in per else type_name
+        rate = per.get(key) or per.get("*")
+        small = per.get(f"{key}@8")
+        if rate and small and tokens < 64:           # log-linear between the 8- and 64-token rates
+            w = min(max(math.log(max(tokens, 1) / 8) / math.log(8), 0.0), 1.0)
+            rate = small * (rate / small) ** w
         return n * rate if rate else self.peak_gflops * self.compute_efficiency * n / self.cores
 
     def _threads(self, threads: int | None) -> int:

@@ -231,22 +231,24 @@ def _dev(dev: str) -> str:
 
 
 def _time(dev: str, items, ops: float, ctx, batch: int) -> tuple[float, str]:
-    """Seconds and bound of `items` [(GGML type, bytes read, FLOPs), ...] and `ops` ops on `dev` (plan name)."""
+    """Seconds and bound of `items` [(GGML type, bytes read, FLOPs[, tokens per matmul]), ...] and `ops` ops
+    on `dev` (plan name); tokens per matmul defaults to the batch (experts see fewer: B K / E each)."""
     hw = ctx["hw"]
-    nbytes = sum(b for _, b, _ in items)
+    nbytes = sum(i[1] for i in items)
     if dev == "cpu":
         cpu, n = hw.cpu, ctx["threads"]
         if batch == 1:                       # a kernel's streaming rate per type (or DRAM when not measured)
-            t_mem = sum(b / (1e9 * cpu.matvec_gbs(t, n, ctx["act_quant"])) for t, b, _ in items)
+            t_mem = sum(i[1] / (1e9 * cpu.matvec_gbs(i[0], n, ctx["act_quant"])) for i in items)
             t_cmp = 0.0
         else:
             t_mem = nbytes / (1e9 * cpu.read_gbs(n))
-            t_cmp = sum(f / (1e9 * cpu.matmul_gflops(t, n, ctx["act_quant"])) for t, _, f in items)
+            t_cmp = sum(i[2] / (1e9 * cpu.matmul_gflops(i[0], n, ctx["act_quant"], i[3] if len(i) > 3 else batch))
+                        for i in items)
         t_fix = 0.0 if cpu.layer_us else ops * cpu.call_us * 1e-6
         bound = "kernel" if batch == 1 and t_mem > 1.05 * nbytes / (1e9 * cpu.read_gbs(n)) else "memory"
     else:
         g = hw.gpus[_gpu_index(dev)]
-        flops = sum(f for _, _, f in items)
+        flops = sum(i[2] for i in items)
         t_mem, t_cmp = nbytes / (1e9 * g.read_gbs()), flops / (1e12 * g.matmul_tflops())
         t_fix = ops * g.launch_us * 1e-6
         bound = "memory"
@@ -361,7 +363,8 @@ def _expert_load(entries, m: _Shape, q: np.ndarray, B: int) -> dict[str, tuple]:
                 none = float(np.prod(1.0 - qe))
             p_used = 1.0 - none ** B                   # the chance the batch needs this device at all
             acc = out.setdefault(dev, [[], 0.0])
-            acc[0].append((e.type, distinct * per_expert_bytes, 2.0 * pairs * per_expert_el))
+            acc[0].append((e.type, distinct * per_expert_bytes, 2.0 * pairs * per_expert_el,
+                           pairs / distinct if distinct else B))   # tokens each used expert multiplies
             acc[1] = max(acc[1], p_used)
     return {d: tuple(v) for d, v in out.items()}
 

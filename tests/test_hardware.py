@@ -108,7 +108,8 @@ def test_kernel_rates_measure_each_type_and_mode():
     from moert.kernels import simd
 
     int8 = {"Q4_K/int8"} if simd.available() else set()                 # int8 needs AVX2
-    assert set(gbs) == {"Q8_0", "Q4_K", "Q4_K/int16"} | int8 and set(gflops) == {"Q8_0", "Q4_K"} | int8
+    assert set(gbs) == {"Q8_0", "Q4_K", "Q4_K/int16"} | int8
+    assert set(gflops) == {k + s for k in {"Q8_0", "Q4_K"} | int8 for s in ("", "@8")}
     assert all(v > 0 for v in [*gbs.values(), *gflops.values()])
 
 
@@ -138,3 +139,12 @@ def test_cli_hardware_calibrate_prints_the_measured_cpu(monkeypatch, capsys):
     assert "7.50 GB/s (1 thread)" in out and "100 us per layer" in out and "Q4_K" in out
     assert main(["hardware", "calibrate", "-t", "1", "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["kernel_gbs"] == [["Q4_K", 2.5]]
+
+
+def test_matmul_rate_between_the_8_and_64_token_measurements():
+    cpu = moert.CPU("c", 4, 40.0, kernel_gflops=(("Q4_K", 40.0), ("Q4_K@8", 10.0)))
+    assert cpu.matmul_gflops("Q4_K", 1, tokens=64) == pytest.approx(40.0)
+    assert cpu.matmul_gflops("Q4_K", 1, tokens=8) == pytest.approx(10.0)
+    assert cpu.matmul_gflops("Q4_K", 1, tokens=2) == pytest.approx(10.0)           # not extrapolated
+    assert cpu.matmul_gflops("Q4_K", 1, tokens=8 * 8 ** 0.5) == pytest.approx(20.0)  # halfway in log tokens
+    assert cpu.matmul_gflops("Q4_K", 2, tokens=64) == pytest.approx(80.0)
