@@ -317,7 +317,7 @@ def _forward(plan, m: _Shape, q: np.ndarray, B: int, n_kv: float, phase: str, ct
             if run_on != home:
                 hop(il, act, 2.0 * p_used)
             add(run_on, il, "experts", items, ops * p_used)
-        if dev_layer_on_cpu(st) and hw.cpu.layer_us:
+        if _layer_on_cpu(st) and hw.cpu.layer_us:
             parts.append(Part(phase, "cpu", il, "overhead", 0, 0, 1, hw.cpu.layer_us * 1e-6, "overhead"))
     outs = [e for e in m.io if not e.name.startswith("token_embd")]
     for dev, ents in _by_device(outs).items():
@@ -332,7 +332,7 @@ def _forward(plan, m: _Shape, q: np.ndarray, B: int, n_kv: float, phase: str, ct
     return parts
 
 
-def dev_layer_on_cpu(stages: dict) -> bool:
+def _layer_on_cpu(stages: dict) -> bool:
     """Whether any tensor of a layer runs on the CPU (moert's per-layer cost applies)."""
     return any(e.device == "cpu" for ents in stages.values() for e in ents)
 
