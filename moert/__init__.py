@@ -71,6 +71,6 @@ def __getattr__(name: str):
     if name in _LAZY:
         return getattr(import_module(_LAZY[name]), name)
     if name in ("gguf", "quants", "kernels", "devices", "testing", "rules", "placement", "memory", "weights", "models",
-                "hardware", "zoo"):
+                "hardware", "zoo", "strategies"):
         return import_module(f"moert.{name}")
     raise AttributeError(f"module 'moert' has no attribute {name!r}")
