@@ -9,6 +9,7 @@ The pipeline, one module per stage:
     load_weights(gguf, plan)   moert/weights.py     tensors onto cpu / cuda:N / sim:N (moert/devices.py)
     load(path, ...) -> Model   moert/model.py       KV cache + forward; architectures in moert/models/
     generate / stream / chat   moert/generate.py    tokenizer.py, sampling.py, chat.py
+    predict(plan, hardware)    moert/predict.py     speed on other hardware: hardware.py, zoo.py, strategies.py
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from moert.errors import (
     PlacementError,
     PlacementWarning,
     ShapeError,
+    TwinError,
     UnsupportedTypeError,
 )
 
@@ -57,12 +59,19 @@ _LAZY = {
     "TensorMismatchError": "moert.models.spec",
     "Trace": "moert.trace",
     "TraceError": "moert.trace",
+    "Hardware": "moert.hardware",
+    "CPU": "moert.hardware",
+    "GPU": "moert.hardware",
+    "Link": "moert.hardware",
+    "HardwareError": "moert.hardware",
+    "predict": "moert.predict",
+    "Prediction": "moert.predict",
 }
 
 __all__ = [
     "ArgumentError", "ContextOverflowError", "DeviceOutOfMemory", "GenerationError", "GGUFError",
     "InvalidTokenError", "KernelOptionError", "ModelClosedError", "MoertError", "PlacementError",
-    "PlacementWarning", "ShapeError", "UnsupportedTypeError", *_LAZY,
+    "PlacementWarning", "ShapeError", "TwinError", "UnsupportedTypeError", *_LAZY,
 ]
 
 
@@ -70,6 +79,6 @@ def __getattr__(name: str):
     if name in _LAZY:
         return getattr(import_module(_LAZY[name]), name)
     if name in ("gguf", "quants", "kernels", "devices", "testing", "placement", "kvcache", "weights", "models",
-                "trace"):
+                "trace", "hardware", "zoo"):
         return import_module(f"moert.{name}")
     raise AttributeError(f"module 'moert' has no attribute {name!r}")

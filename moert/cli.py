@@ -45,7 +45,7 @@ def cmd_inspect(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from moert import cli_bench, cli_serve, cli_trace
+    from moert import cli_bench, cli_compare, cli_hardware, cli_serve, cli_trace
     from moert.cli_common import LlamaArgumentParser, VersionAction, add_model_arg, refuse_other_llama_flags
     from moert.cli_generate import add_commands
     from moert.placement.cli import add_fit_args, add_placement_args
@@ -71,6 +71,8 @@ def build_parser() -> argparse.ArgumentParser:
     cli_bench.add_commands(sub)
     cli_trace.add_commands(sub)
     cli_serve.add_commands(sub)
+    cli_hardware.add_commands(sub)
+    cli_compare.add_commands(sub)
     for name, parser in sub.choices.items():
         refuse_other_llama_flags(parser, name)
     return p
@@ -91,6 +93,10 @@ def main(argv: list[str] | None = None) -> int:
         if args.command is None:
             parser.error("a command is required: demo, run, chat, serve, bench, inspect or fit")
         resolve_model(args)
+        if isinstance(getattr(args, "model", None), str):  # zoo:NAME[@QUANT] -> the twin's path
+            from moert.zoo import resolve
+
+            args.model_label, args.model = args.model, resolve(args.model)
         return args.func(args)
     except UsageError as e:
         print(f"moert {args.command}: error: {e} (see moert {args.command} --help)", file=sys.stderr)

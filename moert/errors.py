@@ -39,6 +39,10 @@ class KernelOptionError(MoertError, ValueError):
     """A kernel option (act_quant) that is not one of its values, or that this CPU cannot run."""
 
 
+class TwinError(MoertError, ValueError):
+    """A model twin (moert.zoo: real names, types and shapes, no weights) was asked to run a forward pass."""
+
+
 class DeviceOutOfMemory(MoertError, MemoryError):
     """An allocation would exceed a device's capacity."""
 

@@ -28,7 +28,7 @@ from moert import models
 from moert.config import MAX_CONTEXT
 from moert.device_config import accepts_device_config
 from moert.devices import CPU, Device
-from moert.errors import ContextOverflowError, InvalidTokenError, ModelClosedError, check_int
+from moert.errors import ContextOverflowError, InvalidTokenError, ModelClosedError, TwinError, check_int
 from moert.experts import run_experts
 from moert.generate import TextAPI
 from moert.kernels import matmul as kmatmul
@@ -72,6 +72,10 @@ def load(model: Any, overrides: Any = None, gpu_layers: int | str = "all", cpu_m
     owned = not isinstance(model, gguf.GGUFFile)
     g = gguf.open(Path(model), mmap=mmap) if owned else model
     try:
+        if g.metadata.get("moert.twin"):  # a zoo twin: the header of a real model, its data a hole of zeros
+            raise TwinError(f"{g.path}: this is a model twin from moert.zoo (tensor names, types and shapes only, "
+                            f"no weights), so it cannot run; plan, fit or predict with it, or load the real GGUF "
+                            f"({g.metadata.get('general.name', '?')})")
         arch, config = models.read(g)
         if threads:
             set_threads(int(threads))

@@ -4,6 +4,7 @@
     coverage_plot(trace, path)      how many of the hottest experts per layer cover how many selections
     placement_bars(plan, path)      bytes per device, split by rule: what each rule did
     speed_bars(speeds, path)        tokens/s per engine and test (bench/e2e.py --plot): who is faster, where
+    compare_bars(rows, path)        predicted pp/tg per placement strategy (moert compare --plot)
 """
 
 from __future__ import annotations
@@ -125,5 +126,32 @@ def speed_bars(speeds: dict[str, dict[str, float]], path: str | Path, title: str
     fig.tight_layout()
     path = Path(path)
     fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
+def compare_bars(rows: list[dict], path: str | Path, title: str = "placement strategies") -> Path:
+    """`moert compare`'s rows as two bar panels (predicted pp and tg tok/s); misfits hatched; returns the path."""
+    plt = _pyplot()
+    rows = [r for r in rows if r.get("tg") is not None]
+    names = [r["strategy"] for r in rows]
+    fig, axes = plt.subplots(1, 2, figsize=(12, 1.2 + 0.55 * len(rows)), sharey=True)
+    for ax, key, label in ((axes[0], "pp", "prefill (pp512) tok/s"), (axes[1], "tg", "decode (tg128) tok/s")):
+        vals = [r[key] for r in rows]
+        bars = ax.barh(range(len(rows)), vals, color=["tab:green" if r.get("best") else "tab:blue" for r in rows])
+        for b, r, v in zip(bars, rows, vals):
+            if not r["fits"]:
+                b.set_hatch("//")
+                b.set_alpha(0.4)
+            ax.text(v, b.get_y() + b.get_height() / 2, f" {v:,.1f}" + ("" if r["fits"] else " (does not fit)"),
+                    va="center", fontsize=8)
+        ax.set_xlabel(label)
+        ax.set_xlim(0, max(vals) * 1.35 if vals else 1)
+    axes[0].set_yticks(range(len(rows)), names, fontsize=8)
+    axes[0].invert_yaxis()
+    fig.suptitle(f"{title} (predicted; green: best that fits)", fontsize=10)
+    fig.tight_layout()
+    path = Path(path)
+    fig.savefig(path, dpi=110)
     plt.close(fig)
     return path

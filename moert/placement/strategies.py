@@ -1,203 +1,34 @@
-"""Placement strategies: functions that return rules (or a plan built from them), never flags in `forward`.
+"""Placement strategies: functions that return rules (TensorOverride lists), never flags in `forward`.
 
-    fit(model, context_size, gpu_memory=...)          llama.cpp's --fit: experts of whole layers to the CPU
-                                                      until the rest fits, then less context, then fewer layers
-    hot_experts(model, trace, gpu_memory=...)         dense weights, router, attention and KV on the GPU, then
-                                                      the most-selected experts of a routing trace, per layer
+    fit(model, context_size, gpu_memory=...)      llama.cpp's --fit, composed with the user's rules (fit.py)
+    hot_experts(model, trace, gpu_memory=...)     dense weights, router, attention, KV on the GPU, then the
+                                                  experts a routing trace selected most, until it is full
+    all_cpu_experts(model)                        llama.cpp --cpu-moe
+    cpu_layers(model, n, "first" | "last")        llama.cpp --n-cpu-moe N, or the last N (ik_llama.cpp)
+    fit_order(model, hw, context)                 --fit's order on a Any: whole layers, then part of one
+    cost_greedy(model, hw, context, trace)        moert's own: predicted decode seconds saved per GPU byte
+    named(model, hw, context, trace)              the set `moert compare` runs, by name
 
-A new strategy is a function here that returns a list of TensorOverride; `moert fit --strategy NAME` runs it.
+A new strategy is a function here; `moert fit --strategy` and `moert compare` run them. The Any ones
+use moert.predict's memory and cost model (moert/predict.py), imported when they run.
 """
 
 from __future__ import annotations
 
-import json
+import re
 import warnings
-from dataclasses import dataclass, field
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
-from moert.device_config import accepts_device_config
 from moert.devices import Device, format_size, parse_size
-from moert.errors import PlacementError, PlacementWarning
-from moert.placement.build import build, gpu_layer_count, main_gpu_split, parse_split
-from moert.placement.memory import EXPERT_TENSORS, Estimate, estimate, metadata_int
+from moert.errors import PlacementError
+from moert.placement.build import plan
+from moert.placement.fit import FitResult, auto_plan, fit, with_fit_suggestion  # noqa: F401  (re-exported)
+from moert.placement.memory import EXPERT_TENSORS, estimate, metadata_int
 from moert.placement.plan import Plan, model_info
-from moert.placement.rules import TensorOverride, expert_layer_regex, format_overrides, moe_rules, normalize_overrides
-
-
-@dataclass
-class FitResult:
-    """What fit found: the rules and context that fit, or why nothing does."""
-
-    success: bool
-    context_size: int
-    gpu_layers: int
-    overrides: list[TensorOverride]            # the rules fit added (after the user's, which it never changes)
-    rules: list[TensorOverride]                # user + shortcut + fit rules: pass these to plan()/load()
-    bytes_by_device: dict[str, int]            # estimated total per device
-    message: str
-    plan: Plan | None = field(default=None, repr=False)
-    estimate: Estimate | None = field(default=None, repr=False)
-
-    def overrides_string(self) -> str:
-        """The -ot string to pass (all rules, in order)."""
-        return format_overrides(self.rules)
-
-    def table(self) -> str:
-        return self.estimate.table() if self.estimate is not None else ""
-
-    def to_dict(self) -> dict:
-        return {"success": self.success, "context_size": self.context_size, "gpu_layers": self.gpu_layers,
-                "overrides": self.overrides_string(), "added_overrides": format_overrides(self.overrides),
-                "bytes_by_device": self.bytes_by_device, "message": self.message,
-                "estimate": self.estimate.to_dict() if self.estimate is not None else None}
-
-    def to_json(self, indent: int | None = 2) -> str:
-        return json.dumps(self.to_dict(), indent=indent)
-
-
-@accepts_device_config
-def fit(model: Any, context_size: int = 0, overrides: Any = None, gpu_layers: int | str = "all",
-        cpu_moe: bool = False, n_cpu_moe: int | None = None, gpu_backend: str = "auto", gpu_memory: Any = None,
-        margin: str | int | list | None = None, split: str = "layer", *, n_cpu_moe_from: str = "first",
-        tensor_split: Any = None, main_gpu: int = 0,
-        expert_order: str = "last", n_batch: int = 512, kv_dtype: Any = np.float32, min_context: int = 256,
-        devices: list[Device] | None = None) -> FitResult:
-    """Find rules (after the user's) and a context that fit the GPUs: experts to CPU, then less context.
-
-    Strategy: keep the user's rules; dense weights, router, attention and KV default to the GPU(s);
-    move whole layers' expert tensors to the CPU (`expert_order` "last" layers first, or "first") until
-    the rest fits with `margin` free (one size, or a list: one per GPU; default 512MiB on CUDA, 0 on sim);
-    then, if context_size was 0, take the largest context that fits (capped at the trained context, at least
-    `min_context`); with gpu_layers="auto", then fewer GPU layers.
-    """
-    info = model_info(model)
-    split = split if isinstance(split, tuple) else parse_split(split, tensor_split)
-    split, devices = main_gpu_split(split, main_gpu, devices, gpu_backend, gpu_memory)
-    if expert_order not in ("last", "first"):
-        raise PlacementError(f"expert_order must be 'last' or 'first', got {expert_order!r}")
-    if context_size < 0:
-        raise PlacementError(f"context_size must be >= 0 (0 = the largest that fits), got {context_size}")
-    user = normalize_overrides(overrides) + moe_rules(cpu_moe, n_cpu_moe, info.n_layer, n_cpu_moe_from)
-    n_gpu = info.n_layer + 1 if gpu_layers in ("all", "auto") else gpu_layer_count(gpu_layers, info.n_layer)
-    base = build(info, user, n_gpu, gpu_backend, gpu_memory, split, False, devices, warn=False)
-    if margin is None:  # a real GPU loses memory to the CUDA context and allocator; a simulated one does not
-        margin = 0 if all(d.kind == "sim" for d in base.devices) else "512MiB"
-    margins = list(margin) if isinstance(margin, (list, tuple)) else [margin] * max(len(base.devices), 1)
-    if len(margins) != max(len(base.devices), 1):
-        raise PlacementError(f"margin lists {len(margins)} sizes but there are {len(base.devices)} GPUs "
-                             f"({', '.join(d.name for d in base.devices)}); give one size, or one per GPU")
-    margin_b = {d.name: parse_size(m) for d, m in zip(base.devices, margins)}
-    trained = metadata_int(info.metadata, "context_length") if info.metadata else 0
-    if context_size == 0 and not trained:
-        raise PlacementError(f"context_size=0 asks for the trained context, but metadata key "
-                             f"'{info.arch}.context_length' is missing; pass a context size")
-    want = context_size or trained
-
-    def result(ok: bool, p: Plan, ctx: int, msg: str) -> FitResult:
-        final = build(info, p.rules, p.gpu_layers if p.devices else n_gpu, gpu_backend, gpu_memory, split,
-                       False, p.devices, warn=False)
-        for m in final.messages:
-            warnings.warn(m, PlacementWarning, stacklevel=4)  # past fit and accepts_device_config
-        est = estimate(final, ctx, n_batch, kv_dtype)
-        added = len(final.rules) - len(user)
-        if base.devices:
-            msg += (f"; {added} layer(s) of expert tensors moved to the CPU" if added else
-                    "; no expert tensor moved")
-        return FitResult(ok, ctx, final.gpu_layers, final.rules[len(user):], final.rules, est.total_by_device(),
-                         msg, final, est)
-
-    if not base.devices:
-        return result(True, base, want, "no GPU: every tensor is on the CPU")
-
-    def fits(p: Plan, ctx: int) -> bool:
-        return estimate(p, ctx, n_batch, kv_dtype).fits(margin_b)
-
-    def overfull(p: Plan, ctx: int) -> set[str]:
-        est = estimate(p, ctx, n_batch, kv_dtype)
-        return {n for n, d in est.devices.items() if not d.fits(margin_b.get(n, 0))}
-
-    p = base
-    order = range(info.n_layer - 1, -1, -1) if expert_order == "last" else range(info.n_layer)
-    for il in order:
-        over = overfull(p, want)
-        if not over:
-            break
-        # only experts that sit on an over-full GPU by default; the user's rules decide the rest
-        names = [e.name for e in p if e.layer == il and e.rule is None and e.device in over
-                 and EXPERT_TENSORS.search(e.name)]
-        if names:
-            p = p._with_rule(TensorOverride(expert_layer_regex(il), "cpu", source="fit"), names)
-    if fits(p, want):
-        return result(True, p, want, f"fits at context {want}")
-
-    def largest_context(p: Plan) -> int:
-        lo, hi = min(min_context, want), want
-        if not fits(p, lo):
-            return 0
-        while lo < hi:
-            mid = (lo + hi + 1) // 2
-            lo, hi = (mid, hi) if fits(p, mid) else (lo, mid - 1)
-        return lo // 256 * 256 if lo >= 256 else lo  # llama.cpp pads contexts to 256
-
-    if context_size == 0:
-        ctx = largest_context(p)
-        if ctx:
-            return result(True, p, ctx, f"fits at context {ctx} (reduced from {want})")
-    if gpu_layers == "auto":  # last resort: fewer GPU layers (binary search; fewer layers never need more)
-        def attempt(n: int) -> tuple[Plan, int]:
-            q = build(info, p.rules, n, gpu_backend, gpu_memory, split, False, base.devices, warn=False)
-            # drop fit's rules for experts that now default to the CPU anyway
-            keep = [r for r in p.rules[len(user):] if any(e.rule is r and q.default_device(e.layer) != "cpu"
-                                                           for e in q)]
-            q = build(info, user + keep, n, gpu_backend, gpu_memory, split, False, base.devices, warn=False)
-            return q, (want if fits(q, want) else (largest_context(q) if context_size == 0 else 0))
-
-        lo, hi, best = 0, n_gpu - 1, None
-        while lo <= hi:
-            mid = (lo + hi) // 2
-            q, ctx = attempt(mid)
-            if ctx:
-                best, lo = (q, ctx, mid), mid + 1
-            else:
-                hi = mid - 1
-        if best is not None:
-            q, ctx, n = best
-            return result(True, q, ctx, f"fits at context {ctx} with gpu_layers={n} of {n_gpu}")
-    est = estimate(p, min(min_context, want) if context_size == 0 else want, n_batch, kv_dtype)
-    worst = [d for n, d in est.devices.items() if not d.fits(margin_b.get(n, 0))]
-    detail = "; ".join(f"{d.device} needs {format_size(d.total)} (weights {format_size(d.weights)}, "
-                       f"KV {format_size(d.kv)}, scratch {format_size(d.scratch)}) but has "
-                       f"{format_size(d.capacity)} - margin {format_size(margin_b.get(d.device, 0))}"
-                       for d in worst)
-    msg = (f"does not fit at context {est.context_size} even with every expert tensor the rules allow on the "
-           f"CPU: {detail}. Give the GPU more memory (--gpu-mem), lower gpu_layers (-ngl), move more tensors "
-           f"to the CPU (-ot), or use a smaller context")
-    return FitResult(False, est.context_size, p.gpu_layers, p.rules[len(user):], p.rules, est.total_by_device(),
-                     msg, p, est)
-
-
-
-
-
-def auto_plan(model: Any, context_size: int = 0, gpu_layers: int | str = "all", **plan_options: Any) -> Plan:
-    """moert.plan, with gpu_layers='auto' resolved by `fit` for `context_size` (0: the largest that fits)."""
-    from moert.placement.build import plan
-
-    if gpu_layers != "auto":
-        return plan(model, gpu_layers=gpu_layers, **plan_options)
-    strict = plan_options.pop("strict", False)
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        r = fit(model, context_size=context_size, gpu_layers="auto", **plan_options)
-    if not r.success:
-        raise PlacementError(f"gpu_layers='auto': {r.message}")
-    if strict and r.plan.messages:
-        raise PlacementError("strict placement: " + "; ".join(r.plan.messages))
-    for w in caught:
-        warnings.warn(w.message, w.category, stacklevel=2)
-    return r.plan
+from moert.placement.rules import EXPERT_REGEX, TensorOverride, expert_layer_regex, moe_rules
 
 
 def hot_experts(model: Any, trace: Any, gpu_memory: Any = None, context_size: int = 4096, *,
@@ -207,8 +38,6 @@ def hot_experts(model: Any, trace: Any, gpu_memory: Any = None, context_size: in
     selected most (most selections per byte first, over all layers) until the GPU is full; the rest of the
     experts on the CPU. `model`: a GGUF path, an open file or a Plan's model; `trace`: a moert.Trace or a
     path. The rules print as -ot with Plan.overrides_string()."""
-    from moert.placement.build import plan
-    from moert.placement.rules import EXPERT_REGEX
     from moert.trace import Trace
 
     trace = trace if isinstance(trace, Trace) else Trace.load(trace)
@@ -256,23 +85,130 @@ def hot_experts(model: Any, trace: Any, gpu_memory: Any = None, context_size: in
 
 
 
-def with_fit_suggestion(err: Any, plan: Plan, context_size: int) -> Any:
-    """A DeviceOutOfMemory from loading `plan`, with the rules `fit` finds for the same GPUs appended."""
-    from moert.errors import DeviceOutOfMemory
 
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")  # the plan's own warnings were given already
-            r = fit(plan.model, context_size=context_size, overrides=plan.rules, gpu_layers=plan.gpu_layers,
-                    split=plan.split, tensor_split=plan.tensor_split, devices=plan.devices, margin=0)
-        hint = (f" A plan that fits (context {r.context_size}): -ot \"{r.overrides_string()}\" -ngl {r.gpu_layers}."
-                if r.success else f" `moert fit` finds no plan for these GPUs: {r.message}.")
-    except Exception as e:  # noqa: BLE001 - the suggestion must never hide the real error
-        hint = f" (fit could not suggest a plan: {e})"
-    new = DeviceOutOfMemory(err.device, err.requested, err.used, err.capacity, err.what)
-    new.args = (str(new) + hint,)
-    new.suggestion = hint.strip()
-    return new
+# ---------------------------------------------------------------- strategies on a Any (moert compare)
+
+_EXPERT = re.compile(EXPERT_REGEX)
 
 
-__all__ = ["FitResult", "auto_plan", "fit", "hot_experts", "with_fit_suggestion"]
+def all_cpu_experts(model) -> list[TensorOverride]:
+    """Every expert tensor on the CPU (llama.cpp --cpu-moe)."""
+    return moe_rules(cpu_moe=True)
+
+
+def cpu_layers(model, n: int, which: str = "first") -> list[TensorOverride]:
+    """The experts of the first n layers on the CPU (llama.cpp --n-cpu-moe), or the last n (ik_llama.cpp)."""
+    return moe_rules(n_cpu_moe=n, n_layer=model_info(model).n_layer, n_cpu_moe_from=which)
+
+
+def fit_order(model, hw, context: int = 4096) -> list[TensorOverride] | None:
+    """llama.cpp's --fit order: dense weights and KV on the GPU, then whole layers front to back (so the last
+    layers' experts stay on the CPU), then part of one more layer (its expert tensors one by one)."""
+    found = smallest_fitting(model, hw, context, lambda n: cpu_layers(model, n, "last"))
+    if found is None:
+        return None
+    n, rules = found
+    info = model_info(model)
+    if n == 0:
+        return rules
+    il = info.n_layer - n                                                # the first CPU layer: split it
+    tensors = [t for t in info.tensors if t.startswith(f"blk.{il}.") and _EXPERT.search(t)]
+    rest = cpu_layers(model, n - 1, "last")
+    keep = list(tensors)
+    for t in sorted(tensors, key=lambda t: ("gate" not in t, "up" not in t)):   # gate, up, then down
+        trial = [x for x in keep if x != t]
+        if fits(model, rest + _exact(trial), hw, context):
+            keep = trial
+    return rest + _exact(keep) if len(keep) < len(tensors) else rules
+
+
+def _exact(names) -> list[TensorOverride]:
+    return [TensorOverride("^" + re.escape(n) + "$", "cpu", source="strategy") for n in names]
+
+
+def fits(model, rules, hw, context: int) -> bool:
+    """Whether `rules` fit the hardware's GPUs at `context` (predict's memory model: f16 KV, llama.cpp buffers)."""
+    from moert.predict import gpu_memory
+
+    return all(v["need"] <= v["capacity"] for v in gpu_memory(hardware_plan(model, rules, hw), hw, context).values())
+
+
+def smallest_fitting(model, hw, context: int, make: Callable[[int], list]) -> tuple[int, list] | None:
+    """The smallest n whose rules `make(n)` fit (n = CPU layers; more never needs more GPU memory), or None."""
+    n_layer = model_info(model).n_layer
+    lo, hi = 0, n_layer
+    if not fits(model, make(hi), hw, context):
+        return None
+    while lo < hi:
+        mid = (lo + hi) // 2
+        lo, hi = (lo, mid) if fits(model, make(mid), hw, context) else (mid + 1, hi)
+    return lo, make(lo)
+
+
+def cost_greedy(model, hw, context: int = 4096, trace=None) -> list[TensorOverride]:
+    """moert's own: start from all experts on the CPU, then bring experts to the GPU in order of predicted
+    decode seconds saved per GPU byte (a trace's hot layers first), while they fit: whole layers first (a
+    layer half on each side pays a link round trip per token), then single tensors of the layers left."""
+    from moert.predict import _selection
+
+    info = model_info(model)
+    q = _selection(info.metadata, trace, info.n_layer)                  # (n_layer, E)
+    gpu_gbs = hw.gpus[0].read_gbs()
+    by_layer: dict[int, list[tuple[float, str, int]]] = {}
+    for name, (typ, shape, nbytes) in info.tensors.items():
+        m = re.match(r"blk\.(\d+)\.", name)
+        if not m or not _EXPERT.search(name) or len(shape) < 3 or int(m.group(1)) >= info.n_layer:
+            continue
+        il = int(m.group(1))
+        read = nbytes * float(q[il].sum()) / shape[0]                  # bytes a token reads of it
+        saved = read / (hw.cpu.matvec_gbs(typ) * 1e9) - read / (gpu_gbs * 1e9)
+        by_layer.setdefault(il, []).append((saved, name, nbytes))
+    value = lambda ts: sum(t[0] for t in ts) / sum(t[2] for t in ts)  # noqa: E731  (seconds saved per byte)
+    on_cpu = {n for ts in by_layer.values() for _, n, _ in ts}
+    for il in sorted(by_layer, key=lambda il: (-value(by_layer[il]), il)):
+        trial = on_cpu - {n for _, n, _ in by_layer[il]}
+        if fits(model, _exact(sorted(trial)), hw, context):
+            on_cpu = trial
+    for _saved, name, _nbytes in sorted((t for ts in by_layer.values() for t in ts if t[1] in on_cpu),
+                                        key=lambda t: -t[0] / t[2]):
+        if fits(model, _exact(sorted(on_cpu - {name})), hw, context):
+            on_cpu = on_cpu - {name}
+    return _compact(_exact(sorted(on_cpu)), info.n_layer)
+
+
+def _compact(rules: list[TensorOverride], n_layer: int) -> list[TensorOverride]:
+    """Whole layers whose three expert tensors are all on the CPU become one layer rule (shorter -ot)."""
+    names = {r.pattern for r in rules}
+    out, done = [], set()
+    for il in range(n_layer):
+        mine = {p for p in names if p.startswith(f"^blk\\.{il}\\.")}
+        if len(mine) == 3:
+            out.append(TensorOverride(expert_layer_regex(il), "cpu", source="strategy"))
+            done |= mine
+    return out + [r for r in rules if r.pattern not in done]
+
+
+def hardware_plan(model, rules, hw) -> Plan:
+    """The plan of `rules` on a Hardware's GPUs, simulated (what predict and compare read)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return plan(model, rules, gpu_backend="sim", gpu_memory=hw.gpu_memory() or None,
+                    gpu_layers="all" if hw.gpus else 0)
+
+
+def named(model, hw, context: int = 4096, trace=None) -> dict[str, list[TensorOverride] | None]:
+    """The strategies `moert compare` runs, by name (None: nothing of that kind fits)."""
+    if not hw.gpus:
+        raise PlacementError(f"{hw.name} has no GPU: every strategy is the same (all on the CPU)")
+    out: dict[str, list | None] = {"all experts on CPU (--cpu-moe)": all_cpu_experts(model)}
+    for which, label in (("first", "--n-cpu-moe N (first N layers)"), ("last", "last N layers (ik_llama.cpp)")):
+        found = smallest_fitting(model, hw, context, lambda n, w=which: cpu_layers(model, n, w))
+        out[label.replace(" N", f" {found[0]}") if found else label] = found[1] if found else None
+    out["--fit order (front layers, then part of one)"] = fit_order(model, hw, context)
+    out["cost-greedy (moert)"] = cost_greedy(model, hw, context, trace)
+    return out
+
+
+
+__all__ = ["FitResult", "all_cpu_experts", "auto_plan", "cost_greedy", "cpu_layers", "fit", "fit_order", "fits",
+           "hardware_plan", "hot_experts", "named", "smallest_fitting", "with_fit_suggestion"]

@@ -1,0 +1,197 @@
+"""Measure this machine's CPU side, so the CPU half of a prediction rests on measurement: `calibrate()`.
+
+    cpu = moert.hardware.calibrate()            # ~5 s: a CPU with measured rates (long=True: ~4x the samples)
+
+What it measures (best of a few rounds each: other jobs share the machine and can only slow a run down):
+  * read bandwidth, 1 thread and all threads: a vectorized sum over a buffer 8x the last-level cache;
+  * moert's one-token matmul (kernels/matmul.py `Prepared`) per weight type and act_quant mode, on one
+    thread, as GB/s of weights streamed: `kernel_gbs` (the model takes min(threads x rate, bandwidth));
+  * its batched matmul (64 and 8 tokens: a dense batch, one expert's share) per type on one thread, as
+    GFLOP/s: `kernel_gflops`;
+  * the fixed cost of one kernel call (a tiny weight): `call_us`;
+  * moert's per-layer and per-token cost beyond the kernels: decode steps of two tiny qwen3moe models of
+    1 and 5 layers (every tensor on the CPU); the slope is `layer_us`, the intercept `token_us`.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import time
+
+import numpy as np
+
+_TYPES = ("Q4_K", "Q5_K", "Q6_K", "Q8_0", "F16")
+_ACT = {"Q4_K": ("int16", "int8"), "Q6_K": ("int16", "int8")}  # kernels with quantized-activation variants
+
+
+def _read_kernels():
+    from numba import njit, prange
+
+    @njit(cache=True, fastmath={"reassoc", "contract"})
+    def part(a, lo, hi):
+        acc = np.zeros(64, dtype=np.float32)       # 8 accumulators of 8 lanes: adds never limit the read
+        n = lo + (hi - lo) // 64 * 64
+        for i in range(lo, n, 64):
+            for j in range(64):
+                acc[j] += a[i + j]
+        return acc.sum()
+
+    @njit(cache=True, parallel=True)
+    def parts(a, n):
+        out = np.zeros(n, dtype=np.float32)
+        step = (a.shape[0] + n - 1) // n
+        for p in prange(n):
+            out[p] = part(a, min(p * step, a.shape[0]), min((p + 1) * step, a.shape[0]))
+        return out.sum()
+
+    return part, parts
+
+
+def _best(fn, rounds: int) -> float:
+    fn()
+    best = float("inf")
+    for _ in range(rounds):
+        t0 = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - t0)
+    return best
+
+
+def read_bandwidth(mib: int = 256, rounds: int = 3, threads: int = 1) -> float:
+    """GB/s `threads` threads read from a buffer of `mib` MiB (best of `rounds`)."""
+    part, parts = _read_kernels()
+    a = np.ones(mib * (1 << 20) // 4, dtype=np.float32)   # written once, so every page is really there
+    fn = (lambda: part(a, 0, a.shape[0])) if threads == 1 else (lambda: parts(a, threads))
+    return a.nbytes / _best(fn, rounds) / 1e9
+
+
+def _weight(type_name: str, rows: int, cols: int, seed: int = 0):
+    """A (rows, cols) weight of `type_name`: 16 quantized random rows tiled (the rate does not depend on values)."""
+    from moert.kernels.moe import QTensor
+    from moert.quants import quantize
+
+    rng = np.random.default_rng(seed)
+    tile = quantize(rng.standard_normal((16, cols), dtype=np.float32), type_name)
+    tile = tile.view(np.uint8).reshape(16, -1)
+    raw = np.ascontiguousarray(np.tile(tile, (rows // 16, 1)))
+    raw.flags.writeable = False                            # as a file map gives it: one compiled variant
+    return QTensor(raw, type_name, (rows, cols))
+
+
+def kernel_rates(mib: int = 128, rounds: int = 3, types=_TYPES) -> tuple[dict, dict]:
+    """One thread: GB/s of the one-token matmul per type (and type/act_quant), GFLOP/s of a 64-token one."""
+    from moert.kernels import matmul as km
+    from moert.kernels import simd
+
+    cols = 2048
+    gbs, gflops = {}, {}
+    x1 = np.random.default_rng(1).standard_normal((1, cols), dtype=np.float32)
+    x64 = np.random.default_rng(2).standard_normal((64, cols), dtype=np.float32)
+    for t in types:
+        row_bytes = km.weight_bytes(_weight(t, 16, cols)) // 16
+        rows = max(16, (mib << 20) // row_bytes // 16 * 16)
+        w = _weight(t, rows, cols)
+        modes = [None] + [m for m in _ACT.get(t, ()) if m != "int8" or simd.available()]
+        for mode in modes:
+            p = km.Prepared(w, act_quant=mode)
+            s = _best(lambda p=p: p(x1), rounds)
+            gbs[t if mode is None else f"{t}/{mode}"] = round(w.raw.nbytes / s / 1e9, 3)
+        small = _weight(t, 512, cols)                      # 64 tokens x 512 rows: compute, not memory
+        for mode in [None] + [m for m in modes if m == "int8"]:        # int16 applies to one token only
+            p = km.Prepared(small, act_quant=mode)
+            key = t if mode is None else f"{t}/{mode}"
+            for x, suffix in ((x64, ""), (x64[:8], "@8")):             # 8 tokens: what one expert sees
+                s = _best(lambda p=p, x=x: p(x), rounds)
+                gflops[key + suffix] = round(2 * x.shape[0] * 512 * cols / s / 1e9, 3)
+    return gbs, gflops
+
+
+def call_overhead_us(rounds: int = 2000) -> float:
+    """Microseconds of one kernel call on a tiny weight (16 x 256 Q8_0): dispatch, checks, allocation."""
+    from moert.kernels import matmul as km
+
+    p = km.Prepared(_weight("Q8_0", 16, 256))
+    x = np.ones((1, 256), dtype=np.float32)
+    for _ in range(50):
+        p(x)
+    t0 = time.perf_counter()
+    for _ in range(rounds):
+        p(x)
+    return (time.perf_counter() - t0) / rounds * 1e6
+
+
+def model_overheads(steps: int = 40) -> tuple[float, float]:
+    """(us per layer, us per token) of moert's decode beyond the kernels: tiny models of 1 and 5 layers."""
+    import moert
+    from moert.demo import cache_dir
+    from moert.testing import write_qwen3moe
+
+    shape = dict(n_embd=64, n_head=4, n_head_kv=2, head_dim=16, n_expert=8, n_expert_used=2, n_ff_exp=64,
+                 n_vocab=256, qtype="Q8_0", context_length=1024)
+    per: dict[int, float] = {}
+    for n in (1, 5):
+        path = cache_dir() / f"calibrate-qwen3moe-L{n}.gguf"
+        if not path.exists():
+            write_qwen3moe(path, n_layer=n, **shape)
+        m = moert.load(path, gpu_layers=0, context_size=steps + 8, progress=False)
+        try:
+            m.forward([1])
+            best = float("inf")
+            for i in range(steps):
+                t0 = time.perf_counter()
+                m.forward([i % 200 + 1], last_only=True)
+                best = min(best, time.perf_counter() - t0)
+            per[n] = best
+        finally:
+            m.close()
+    layer = (per[5] - per[1]) / 4
+    return layer * 1e6, max(per[1] - layer, 0.0) * 1e6
+
+
+def cpu_name() -> str:
+    """The CPU model from /proc/cpuinfo (or platform.processor())."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "this CPU"
+
+
+def calibrate(long: bool = False, threads: int | None = None):
+    """A CPU with this machine's measured rates (see the module docstring); long=True: more samples."""
+    import numba
+
+    from moert.hardware import CPU
+    from moert.model import set_threads
+
+    before = numba.get_num_threads()
+    n = int(threads or before)
+    rounds = 8 if long else 3
+    try:
+        set_threads(1)
+        bw1 = read_bandwidth(512 if long else 256, rounds, 1)
+        gbs, gflops = kernel_rates(256 if long else 128, rounds)   # 4x+ the L3: DRAM
+        call = call_overhead_us(8000 if long else 2000)
+        set_threads(n)
+        bwn = read_bandwidth(512 if long else 256, rounds, n) if n > 1 else bw1
+        layer, token = model_overheads(120 if long else 40)
+    finally:
+        set_threads(before)
+    # a kernel that streamed r GB/s on one thread from a buffer 4x the L3 shows DRAM delivers r: the float-sum
+    # probe reads below what the int8 kernels stream, so the per-thread cap is the larger of the two
+    bw1 = max(bw1, *gbs.values())
+    bwn = max(bwn, bw1) if n > 1 else bw1
+    name = f"local ({cpu_name()}, {n} threads)"
+    # the measured all-thread read is the CPU's whole bandwidth here: efficiency 1 of it
+    return CPU(name, n, round(bwn, 2), ghz=1.0, flops_per_cycle=1, bw_efficiency=1.0, compute_efficiency=1.0,
+               call_us=round(call, 2), layer_us=round(layer, 1), token_us=round(token, 1),
+               kernel_gbs=tuple(sorted(gbs.items())), kernel_gflops=tuple(sorted(gflops.items())),
+               bw_1thread_gbs=round(bw1, 2),
+               source=f"moert.hardware.calibrate(long={long}) on {platform.node() or os.uname().nodename}")
+
+
+__all__ = ["calibrate", "call_overhead_us", "cpu_name", "kernel_rates", "model_overheads", "read_bandwidth"]

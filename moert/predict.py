@@ -1,0 +1,408 @@
+"""Predict prefill and decode speed of a placement on hardware you may not have: `predict(plan, hardware)`.
+
+    hw = moert.hardware.preset("rtx3090+ryzen-7950x")
+    p = moert.plan(moert.zoo.path("gpt-oss-120b"), cpu_moe=True, gpu_backend="sim", gpu_memory=hw.gpu_memory())
+    r = moert.predict(p, hw, n_prompt=512, n_gen=128)      # r.decode_tok_s, r.prefill_tok_s, print(r.table())
+
+The model (llama-bench's tests: pp{n_prompt} and tg{n_gen} starting at KV position `depth`), per layer and
+device. Legend: B tokens in a micro-batch, E experts, K used, q_e the chance a token selects expert e (K/E
+under uniform routing, else from a trace of selection counts):
+  * weight bytes read: every non-expert tensor once per forward; of an expert tensor, the experts selected:
+    distinct(d, B) = sum over e on device d of 1 - (1 - q_e)^B  (uniform: E_d/E * E(1 - (1 - K/E)^B));
+  * FLOPs: 2 x weights x tokens for dense tensors, 2 x (expert weights) x B x sum_{e on d} q_e for experts;
+    attention 2 x B x n_kv x H x (Dk + Dv); KV reads n_kv x Hkv x (Dk + Dv) x kv_bytes per layer;
+  * each part's time: max(bytes / effective bandwidth, FLOPs / effective compute) + fixed costs (GPU: a
+    launch per op; CPU: a call per op, or moert's measured per-layer / per-forward cost when calibrated);
+  * activations cross the link where consecutive work changes device (D floats per token, latency-bound in
+    decode, bandwidth-bound in prefill), weighted by the chance the experts there are used at all;
+  * prefill op offload (`policy`): "llama.cpp" copies CPU-resident weights to the GPU and runs the matmul
+    there when B >= 32 (ggml-cuda offload_op; only the used experts since llama.cpp PR #15346);
+    "ik_llama.cpp" does so for MoE matmuls only when B >= 32 E/K (ik_llama.cpp PR #520); "none" never.
+  * no overlap: ggml_backend_sched runs a graph's splits one after another, so CPU and GPU times add.
+
+A plan's GPU i (sim:i or cuda:i) is the hardware's GPU i. `Prediction.parts` keeps every term, so a table
+can say what bounds each part. Expert placement is read per layer as "which experts of each tensor live on
+which device" (`expert_sets`), so plans that place expert ranges plug in without changing the model.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import sys
+import types
+from collections import defaultdict
+from dataclasses import asdict, dataclass, field
+
+import numpy as np
+
+from moert.errors import PlacementError
+from moert.hardware import Hardware
+
+POLICIES = ("llama.cpp", "ik_llama.cpp", "none")
+OFFLOAD_MIN_BATCH = 32                       # ggml-cuda.cu: get_op_batch_size(op) >= 32
+_EXPERT = re.compile(r"\.ffn_(up|down|gate|gate_up)_(ch|)exps\.weight$")
+_LAYER = re.compile(r"^blk\.(\d+)\.")
+# ops (graph nodes) per stage beyond its matmuls: norms, RoPE, KV copies, softmax/top-k, activations, adds
+_EXTRA_OPS = {"attention": 8, "ffn": 5, "experts": 4}
+
+
+@dataclass(frozen=True)
+class Part:
+    """One term of a prediction: a stage of a layer on a device (or a transfer), and what bounds it."""
+
+    phase: str                   # "prefill" (per micro-batch, summed) or "decode" (per token)
+    device: str                  # "cpu", "gpu0", ..., "link"
+    layer: int | None            # None: input/output and per-forward costs
+    stage: str                   # "attention", "ffn", "experts", "output", "transfer", "offload", "overhead"
+    bytes: float = 0.0           # bytes read from the device's memory (or moved over the link)
+    flops: float = 0.0
+    ops: float = 0.0             # launches (GPU), calls (CPU), copies (link)
+    seconds: float = 0.0
+    bound: str = ""              # "memory", "compute", "kernel", "overhead", "latency", "bandwidth"
+
+
+@dataclass
+class Prediction:
+    """Predicted speeds and every term behind them; `table()` prints a summary."""
+
+    decode_tok_s: float
+    prefill_tok_s: float
+    decode_s: float              # seconds per decoded token (at the mean depth of the tg test)
+    prefill_s: float             # seconds for the n_prompt tokens
+    parts: list[Part]
+    fits: bool
+    memory: dict[str, dict]      # per GPU: need, capacity (bytes)
+    settings: dict = field(default_factory=dict)
+
+    def seconds_by(self, phase: str, key: str = "device") -> dict[str, float]:
+        """Seconds of a phase summed by "device", "stage", "bound" or "layer"."""
+        out: dict = defaultdict(float)
+        for p in self.parts:
+            if p.phase == phase:
+                out[getattr(p, key)] += p.seconds
+        return dict(out)
+
+    def bound(self, phase: str) -> str:
+        """The device and resource taking most of a phase's time, e.g. "cpu memory"."""
+        out: dict = defaultdict(float)
+        for p in self.parts:
+            if p.phase == phase:
+                out[f"{p.device} {p.bound}"] += p.seconds
+        return max(out, key=out.get) if out else ""
+
+    def table(self) -> str:
+        """Speeds, then seconds per phase by device and stage, and the bound."""
+        s = self.settings
+        lines = [f"{s.get('hardware')}: pp{s.get('n_prompt')} {self.prefill_tok_s:,.1f} tok/s, "
+                 f"tg{s.get('n_gen')} {self.decode_tok_s:,.2f} tok/s at depth {s.get('depth')} "
+                 f"({'fits' if self.fits else 'DOES NOT FIT'}; policy {s.get('policy')})"]
+        for phase in ("prefill", "decode"):
+            tot = sum(self.seconds_by(phase).values()) or 1.0
+            cells = ", ".join(f"{k} {100 * v / tot:.0f}%" for k, v in sorted(
+                self.seconds_by(phase, "stage").items(), key=lambda kv: -kv[1]) if v / tot >= 0.005)
+            lines.append(f"  {phase:<8} bound by {self.bound(phase):<16} {cells}")
+        for d, m in self.memory.items():
+            lines.append(f"  {d}: needs {m['need'] / 2**30:.2f} GiB of {m['capacity'] / 2**30:.2f} GiB")
+        return "\n".join(lines)
+
+    def to_dict(self) -> dict:
+        return {"decode_tok_s": self.decode_tok_s, "prefill_tok_s": self.prefill_tok_s, "decode_s": self.decode_s,
+                "prefill_s": self.prefill_s, "fits": self.fits, "memory": self.memory, "settings": self.settings,
+                "bound": {ph: self.bound(ph) for ph in ("prefill", "decode")},
+                "parts": [asdict(p) for p in self.parts]}
+
+
+# ------------------------------------------------------------------------------------- the model's shape
+
+def _md(md: dict, key: str, default=None):
+    v = md.get(f"{md.get('general.architecture')}.{key}", default)
+    if v is None:
+        raise PlacementError(f"metadata key '{md.get('general.architecture')}.{key}' is missing; predict needs it")
+    return int(max(v)) if isinstance(v, (list, tuple, np.ndarray)) else v
+
+
+def expert_sets(plan) -> dict[str, dict[str, range]]:
+    """Expert tensor -> device -> the experts of it held there. Whole tensors today; a placement carrying
+    `experts=(lo, hi)` (expert-range rules) puts [lo, hi) on its device and is read the same way."""
+    out: dict[str, dict[str, range]] = {}
+    for e in plan:
+        if _EXPERT.search(e.name):
+            n = e.shape[0]
+            lo, hi = e.experts if e.experts else (0, n)
+            out.setdefault(e.name, {})[e.device] = range(lo, hi)
+    return out
+
+
+def _selection(md: dict, trace, n_layer: int) -> np.ndarray:
+    """q (n_layer, E): the chance a token selects each expert: K/E, or a trace's counts normalized to K."""
+    E, K = int(_md(md, "expert_count", 0)), int(_md(md, "expert_used_count", 0))
+    if trace is None:
+        return np.full((n_layer, max(E, 1)), K / E if E else 0.0)
+    c = np.asarray(trace, dtype=np.float64)
+    if c.shape != (n_layer, E):
+        raise PlacementError(f"trace has shape {c.shape}; it must be (n_layer, n_expert) = ({n_layer}, {E}) "
+                             f"selection counts, as Model.stats.expert_counts")
+    tokens = c.sum(axis=1, keepdims=True) / max(K, 1)                  # (n_layer, 1) tokens seen per layer
+    return np.divide(c, tokens, out=np.full_like(c, K / E), where=tokens > 0)
+
+
+# ------------------------------------------------------------------------------------------- predict
+
+def predict(plan, hardware: Hardware, n_prompt: int = 512, n_gen: int = 128, depth: int = 0, trace=None,
+            threads: int | None = None, *, policy: str = "llama.cpp", n_ubatch: int = 512, kv_bytes: int = 2,
+            act_quant: str | None = None, experts: dict | None = None, n_ctx: int | None = None) -> Prediction:
+    """Predict llama-bench's pp{n_prompt} and tg{n_gen} at KV position `depth` for `plan` on `hardware`.
+
+    `experts`: {expert tensor name: {device: range of experts}} overriding the plan's (whole-tensor) sets,
+    to try expert-granular placements before rules can express them. `n_ctx`: the context the memory check
+    sizes the KV cache for (default: depth + n_prompt + n_gen)."""
+    if policy not in POLICIES:
+        raise PlacementError(f"policy={policy!r}; use one of {', '.join(POLICIES)}")
+    used = {e.device for e in plan if e.device != "cpu"} | {d for sets in (experts or {}).values()
+                                                            for d in sets if d != "cpu"}
+    if any(_gpu_index(d) >= len(hardware.gpus) for d in used):
+        raise PlacementError(f"the plan puts tensors on {', '.join(sorted(used))} but {hardware.name} has "
+                             f"{len(hardware.gpus)} GPU(s); plan with gpu_memory={hardware.gpu_memory()} "
+                             f"(or gpu_layers=0 for a CPU-only machine)")
+    m = _Shape(plan, kv_bytes, experts)
+    q = _selection(plan.metadata, trace, m.n_layer)
+    ctx = dict(hw=hardware, threads=threads or hardware.cpu.cores, act_quant=act_quant, policy=policy)
+    parts: list[Part] = []
+    mean_kv = depth + n_gen / 2                          # decode cost is linear in n_kv: the mean is exact
+    parts += _forward(plan, m, q, 1, mean_kv, "decode", ctx)
+    prefill_s = 0.0
+    for start in range(0, n_prompt, n_ubatch):
+        B = min(n_ubatch, n_prompt - start)
+        ub = _forward(plan, m, q, B, depth + start + B / 2, "prefill", ctx)
+        parts += ub
+        prefill_s += sum(p.seconds for p in ub)
+    decode_s = sum(p.seconds for p in parts if p.phase == "decode")
+    memory = _gpu_memory(plan, m, hardware, n_ctx or depth + n_prompt + n_gen, n_ubatch)
+    settings = dict(hardware=hardware.name, n_prompt=n_prompt, n_gen=n_gen, depth=depth, policy=policy,
+                    threads=ctx["threads"], n_ubatch=n_ubatch, kv_bytes=kv_bytes, trace=trace is not None,
+                    overlap="none (splits run in order)")
+    return Prediction(1.0 / decode_s if decode_s else math.inf, n_prompt / prefill_s if prefill_s else 0.0,
+                      decode_s, prefill_s, parts, all(v["need"] <= v["capacity"] for v in memory.values()),
+                      memory, settings)
+
+
+class _Shape:
+    """What the cost model needs from a plan: per-layer tensors by stage, and attention dimensions."""
+
+    def __init__(self, plan, kv_bytes: int, experts: dict | None = None):
+        md = plan.metadata
+        # the multi-token-prediction layers at the end (GLM-4.5) are in the file but llama.cpp skips them
+        self.n_layer = plan.n_layer - int(_md(md, "nextn_predict_layers", 0))
+        self.D = int(_md(md, "embedding_length"))
+        self.H = int(_md(md, "attention.head_count"))
+        self.Hkv = int(_md(md, "attention.head_count_kv", self.H))
+        self.Dk = int(_md(md, "attention.key_length", self.D // self.H))
+        self.Dv = int(_md(md, "attention.value_length", self.Dk))
+        self.E, self.K = int(_md(md, "expert_count", 0)), int(_md(md, "expert_used_count", 0))
+        self.kv_bytes = kv_bytes
+        # KV elements cached per token per layer: K and V, or for MLA (key_length_mla present) only the
+        # compressed K of kv_lora + rope, V being a view of it (llama.cpp's deepseek2 cache)
+        mla = f"{md.get('general.architecture')}.attention.key_length_mla" in md
+        self.kv_width = self.Dk if mla else self.Dk + self.Dv
+        self.layers: list[dict[str, list]] = [defaultdict(list) for _ in range(self.n_layer)]
+        self.io: list = []                                 # token_embd, output_norm, output
+        for e in plan:
+            mt = _LAYER.match(e.name)
+            if not mt:
+                self.io.append(e)
+            elif ".nextn." not in e.name and int(mt.group(1)) < self.n_layer:
+                stage = "experts" if _EXPERT.search(e.name) else ("attention" if "attn" in e.name else "ffn")
+                self.layers[int(mt.group(1))][stage].append(e)
+        self.experts = {**expert_sets(plan), **(experts or {})}
+        for name, sets in self.experts.items():
+            n = plan[name].shape[0]
+            if sorted(i for r in sets.values() for i in r) != list(range(n)):
+                raise PlacementError(f"experts[{name!r}]: the devices' ranges must cover experts 0..{n - 1} "
+                                     f"once each, got {dict(sets)}")
+
+
+def _gpu_index(dev: str) -> int:
+    return int(dev.split(":")[1])
+
+
+def _dev(dev: str) -> str:
+    return "cpu" if dev == "cpu" else f"gpu{_gpu_index(dev)}"
+
+
+def _time(dev: str, items, ops: float, ctx, batch: int) -> tuple[float, str]:
+    """Seconds and bound of `items` [(GGML type, bytes read, FLOPs[, tokens per matmul]), ...] and `ops` ops
+    on `dev` (plan name); tokens per matmul defaults to the batch (experts see fewer: B K / E each)."""
+    hw = ctx["hw"]
+    nbytes = sum(i[1] for i in items)
+    if dev == "cpu":
+        cpu, n = hw.cpu, ctx["threads"]
+        if batch == 1:                       # a kernel's streaming rate per type (or DRAM when not measured)
+            t_mem = sum(i[1] / (1e9 * cpu.matvec_gbs(i[0], n, ctx["act_quant"])) for i in items)
+            t_cmp = 0.0
+        else:
+            t_mem = nbytes / (1e9 * cpu.read_gbs(n))
+            t_cmp = sum(i[2] / (1e9 * cpu.matmul_gflops(i[0], n, ctx["act_quant"], i[3] if len(i) > 3 else batch))
+                        for i in items)
+        t_fix = 0.0 if cpu.layer_us else ops * cpu.call_us * 1e-6
+        bound = "kernel" if batch == 1 and t_mem > 1.05 * nbytes / (1e9 * cpu.read_gbs(n)) else "memory"
+    else:
+        g = hw.gpus[_gpu_index(dev)]
+        flops = sum(i[2] for i in items)
+        t_mem, t_cmp = nbytes / (1e9 * g.read_gbs()), flops / (1e12 * g.matmul_tflops())
+        t_fix = ops * g.launch_us * 1e-6
+        bound = "memory"
+    if t_cmp > t_mem:
+        bound = "compute"
+    if t_fix > max(t_mem, t_cmp):
+        bound = "overhead"
+    return max(t_mem, t_cmp) + t_fix, bound
+
+
+def _items(ents, B: int) -> list[tuple[str, float, float]]:
+    """(type, bytes, FLOPs) of dense tensors read once and applied to B tokens."""
+    return [(e.type, float(e.nbytes), 2.0 * B * _elements(e)) for e in ents]
+
+
+def _forward(plan, m: _Shape, q: np.ndarray, B: int, n_kv: float, phase: str, ctx) -> list[Part]:
+    """The parts of one forward of B tokens with n_kv positions in the cache (mean over the batch)."""
+    hw, parts = ctx["hw"], []
+    link, act = hw.link, B * m.D * 4                                   # activations: B x D float32
+    gpu = plan.devices[0].name if plan.devices and hw.gpus else None     # where op offload runs CPU weights
+
+    def add(dev, layer, stage, items, ops):
+        s, bound = _time(dev, items, ops, ctx, B)
+        parts.append(Part(phase, _dev(dev), layer, stage, sum(i[1] for i in items), sum(i[2] for i in items),
+                          ops, s, bound))
+
+    def hop(layer, nbytes, copies=1.0, stage="transfer"):
+        """`copies` moves of `nbytes` each (fractional: the chance the move happens)."""
+        if link is not None and copies > 0:
+            s = link.seconds(nbytes * copies, copies)
+            lat = copies * link.latency_us * 1e-6
+            parts.append(Part(phase, "link", layer, stage, nbytes * copies, 0, copies, s,
+                              "latency" if lat > s - lat else "bandwidth"))
+
+    def offloads(is_moe: bool) -> bool:
+        if gpu is None or ctx["policy"] == "none" or B < OFFLOAD_MIN_BATCH:
+            return False
+        return not (is_moe and ctx["policy"] == "ik_llama.cpp" and B < OFFLOAD_MIN_BATCH * m.E / max(m.K, 1))
+
+    where = "cpu"                                                       # token_embd rows are looked up on the CPU
+    for il in range(m.n_layer):
+        st = m.layers[il]
+        home = plan.attention_device(il).name
+        if home != where:
+            hop(il, act)
+        where = home
+        # weights: attention projections, then norms / router / dense FFN / shared experts ("ffn")
+        for stage in ("attention", "ffn"):
+            for dev, ents in _by_device(st[stage]).items():
+                ops = sum(len(e.shape) >= 2 for e in ents) + _EXTRA_OPS[stage]
+                run_on = gpu if dev == "cpu" and offloads(False) else dev   # op offload: copy, run on the GPU
+                if run_on != dev:
+                    hop(il, sum(e.nbytes for e in ents), stage="offload")
+                if run_on != home:
+                    hop(il, act, 2.0)
+                add(run_on, il, stage, _items(ents, B), ops)
+            if stage == "attention":                                    # the attention itself, where KV lives
+                add(home, il, "attention", [("KV", n_kv * m.Hkv * m.kv_width * m.kv_bytes,
+                                              2.0 * B * n_kv * m.H * (m.Dk + m.Dv))], 2)
+        # experts: per device, the selected experts' bytes and the FLOPs of the token-expert pairs there
+        for dev, (items, p_used) in _expert_load(st["experts"], m, q[il], B).items():
+            ops = len(items) + _EXTRA_OPS["experts"]
+            run_on = gpu if dev == "cpu" and offloads(True) else dev   # only the used experts are copied
+            if run_on != dev:
+                hop(il, sum(i[1] for i in items), stage="offload")
+            if run_on != home:
+                hop(il, act, 2.0 * p_used)
+            add(run_on, il, "experts", items, ops * p_used)
+        if _layer_on_cpu(st) and hw.cpu.layer_us:
+            parts.append(Part(phase, "cpu", il, "overhead", 0, 0, 1, hw.cpu.layer_us * 1e-6, "overhead"))
+    outs = [e for e in m.io if not e.name.startswith("token_embd")]
+    for dev, ents in _by_device(outs).items():
+        if dev != where:
+            hop(None, act)
+        rows = 1                                                         # llama-bench keeps the last logits only
+        add(dev, None, "output", _items(ents, rows), len(ents) + 1)
+        if dev != "cpu":
+            hop(None, rows * _elements(ents[-1]) / m.D * 4)             # logits back to the host
+    if hw.cpu.token_us:
+        parts.append(Part(phase, "cpu", None, "overhead", 0, 0, 1, hw.cpu.token_us * 1e-6, "overhead"))
+    return parts
+
+
+def _layer_on_cpu(stages: dict) -> bool:
+    """Whether any tensor of a layer runs on the CPU (moert's per-layer cost applies)."""
+    return any(e.device == "cpu" for ents in stages.values() for e in ents)
+
+
+def _by_device(entries) -> dict[str, list]:
+    out: dict[str, list] = defaultdict(list)
+    for e in entries:
+        out[e.device].append(e)
+    return out
+
+
+def _elements(e) -> int:
+    return int(np.prod(e.shape, dtype=np.int64))
+
+
+def _expert_load(entries, m: _Shape, q: np.ndarray, B: int) -> dict[str, tuple]:
+    """device -> ([(type, bytes of the distinct experts read, FLOPs)], chance any expert there is used)."""
+    out: dict[str, list] = {}
+    for e in entries:
+        per_expert_bytes, per_expert_el = e.nbytes / e.shape[0], _elements(e) / e.shape[0]
+        for dev, experts in m.experts[e.name].items():
+            qe = q[list(experts)]                                      # (experts on dev,)
+            distinct = float(np.sum(1.0 - (1.0 - qe) ** B))           # experts of this set a batch touches
+            pairs = B * float(qe.sum())                                # token-expert pairs computed here
+            if np.allclose(qe, m.K / max(m.E, 1)):    # uniform: a token picks K distinct experts of E
+                none = math.comb(m.E - len(experts), m.K) / math.comb(m.E, m.K)
+            else:                                      # a trace: picks taken as independent
+                none = float(np.prod(1.0 - qe))
+            p_used = 1.0 - none ** B                   # the chance the batch needs this device at all
+            acc = out.setdefault(dev, [[], 0.0])
+            acc[0].append((e.type, distinct * per_expert_bytes, 2.0 * pairs * per_expert_el,
+                           pairs / distinct if distinct else B))   # tokens each used expert multiplies
+            acc[1] = max(acc[1], p_used)
+    return {d: tuple(v) for d, v in out.items()}
+
+
+def gpu_memory(plan, hardware: Hardware, n_ctx: int, n_ubatch: int = 512, kv_bytes: int = 2) -> dict[str, dict]:
+    """Per GPU of `hardware`: bytes needed (weights, f16 KV, buffers) and capacity, without predicting speed."""
+    return _gpu_memory(plan, _Shape(plan, kv_bytes), hardware, n_ctx, n_ubatch)
+
+
+def _gpu_memory(plan, m: _Shape, hw: Hardware, n_ctx: int, n_ubatch: int) -> dict[str, dict]:
+    """Per GPU: weights + f16 KV of its attention layers + a llama.cpp-like compute buffer (flash attention:
+    no score matrix; B x (4 D + 3 K F) floats, plus B x vocabulary logits where the output layer is);
+    capacity is the card's memory less `reserved_gib` (CUDA context and workspaces)."""
+    out: dict[str, dict] = {}
+    F = int(_md(plan.metadata, "expert_feed_forward_length", 0))
+    for d in plan.devices:
+        if _gpu_index(d.name) >= len(hw.gpus):
+            continue                                                   # an unused device of the plan
+        g = hw.gpus[_gpu_index(d.name)]
+        w = sum(e.nbytes for e in plan if e.device == d.name   # nextn layers' tensors are not loaded
+                and (e.layer is None or not m.n_layer <= e.layer < plan.n_layer))
+        kv = sum(n_ctx * m.Hkv * m.kv_width * m.kv_bytes for il in range(m.n_layer)
+                 if plan.attention_device(il).name == d.name)
+        out_rows = next((e.shape[0] for e in plan if e.name == "output.weight" and e.device == d.name), 0)
+        scratch = n_ubatch * (4 * m.D + 3 * m.K * F + out_rows) * 4
+        out[_dev(d.name)] = {"need": w + kv + scratch, "capacity": g.mem_bytes - int(g.reserved_gib * 2**30),
+                             "weights": w, "kv": kv,
+                             "scratch": scratch}
+    return out
+
+
+class _CallableModule(types.ModuleType):
+    """`moert.predict(...)` is the function even after `import moert.predict` binds the module to that name."""
+
+    def __call__(self, *args, **kwargs) -> Prediction:
+        return predict(*args, **kwargs)
+
+
+sys.modules[__name__].__class__ = _CallableModule
+
+__all__ = ["POLICIES", "Part", "Prediction", "expert_sets", "gpu_memory", "predict"]

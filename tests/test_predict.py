@@ -1,0 +1,182 @@
+"""moert.predict: properties of the cost model on zoo twins (no weights needed, so every case is fast)."""
+
+from __future__ import annotations
+
+import json
+import warnings
+
+import pytest
+
+import moert
+from moert import hardware, zoo
+from moert.errors import PlacementError
+
+
+@pytest.fixture(autouse=True)
+def _cache(tmp_path_factory, monkeypatch):
+    monkeypatch.setenv("MOERT_CACHE", str(tmp_path_factory.getbasetemp() / "cache"))
+
+
+def _plan(model="qwen3-30b-a3b", hw=None, **kw):
+    hw = hw or hardware.preset("rtx4090+ryzen-7950x")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return moert.plan(zoo.path(model), gpu_backend="sim", gpu_memory=hw.gpu_memory() or None, **kw)
+
+
+def test_more_expert_layers_on_the_gpu_never_predict_slower_decode():
+    hw = hardware.preset("rtx4090+ryzen-7950x")
+    for order in ("first", "last"):
+        speeds = [moert.predict(_plan(hw=hw, n_cpu_moe=n, n_cpu_moe_from=order), hw).decode_tok_s
+                  for n in (48, 40, 32, 24, 16, 8, 0)]                  # fewer CPU layers = more GPU experts
+        assert speeds == sorted(speeds), (order, speeds)
+        assert speeds[-1] > 3 * speeds[0]                               # and it matters a lot
+
+
+def test_a_split_of_each_layers_experts_lands_between_all_cpu_and_all_gpu():
+    hw = hardware.preset("rtx4090+ryzen-7950x")
+    p = _plan(hw=hw, cpu_moe=True)
+    half = {e.name: {"cpu": range(0, 64), "sim:0": range(64, 128)} for e in p if "_exps." in e.name}
+    cpu = moert.predict(p, hw).decode_tok_s
+    split = moert.predict(p, hw, experts=half).decode_tok_s
+    gpu = moert.predict(_plan(hw=hw), hw).decode_tok_s
+    assert cpu < split < gpu
+
+
+def test_expert_ranges_must_cover_every_expert_once():
+    p = _plan(cpu_moe=True)
+    with pytest.raises(PlacementError, match="cover experts 0..127"):
+        moert.predict(p, hardware.preset("rtx4090+ryzen-7950x"),
+                      experts={"blk.0.ffn_up_exps.weight": {"cpu": range(0, 100)}})
+
+
+def test_a_placement_that_does_not_fit_is_reported():
+    hw = hardware.preset("rtx4070+ryzen-7950x")                          # 12 GiB; the model is 17.3 GiB
+    full = moert.predict(_plan(hw=hw), hw)
+    assert not full.fits and full.memory["gpu0"]["need"] > full.memory["gpu0"]["capacity"]
+    assert "DOES NOT FIT" in full.table()
+    assert moert.predict(_plan(hw=hw, cpu_moe=True), hw).fits
+
+
+def test_uniform_routing_reads_k_of_e_experts_per_token_and_the_expected_distinct_set_per_batch():
+    hw = hardware.preset("rtx4090+ryzen-7950x")
+    p = _plan(hw=hw, cpu_moe=True)
+    layer0 = sum(e.nbytes for e in p if e.name.startswith("blk.0.") and "_exps." in e.name)
+    r = moert.predict(p, hw, n_prompt=16, n_gen=1, policy="none")
+    dec = [x for x in r.parts if x.phase == "decode" and x.layer == 0 and x.stage == "experts"]
+    assert sum(x.bytes for x in dec) == pytest.approx(layer0 * 8 / 128)            # K/E of the bytes
+    pre = [x for x in r.parts if x.phase == "prefill" and x.layer == 0 and x.stage == "experts"]
+    assert sum(x.bytes for x in pre) == pytest.approx(layer0 * (1 - (1 - 8 / 128) ** 16))   # E(1-(1-K/E)^B)/E
+
+
+def test_a_trace_changes_what_a_batch_reads():
+    import numpy as np
+
+    hw = hardware.preset("rtx4090+ryzen-7950x")
+    p = _plan(hw=hw, cpu_moe=True)
+    uniform = np.full((48, 128), 10)
+    hot = np.zeros((48, 128), dtype=int)
+    hot[:, :8] = 10                                                      # every token picks the same 8 experts
+    base = moert.predict(p, hw, n_prompt=64, policy="none")
+    assert moert.predict(p, hw, n_prompt=64, policy="none", trace=uniform).prefill_s == pytest.approx(base.prefill_s)
+    skew = moert.predict(p, hw, n_prompt=64, policy="none", trace=hot)
+    bytes_of = lambda r: sum(x.bytes for x in r.parts if x.phase == "prefill" and x.stage == "experts")  # noqa: E731
+    assert bytes_of(skew) < 0.2 * bytes_of(base)
+    with pytest.raises(PlacementError, match="trace has shape"):
+        moert.predict(p, hw, trace=np.zeros((3, 3)))
+
+
+def test_decode_time_grows_linearly_with_depth():
+    hw = hardware.preset("rtx3060+ryzen-7600")
+    p = _plan(hw=hw, gpu_layers=20)
+    t = [moert.predict(p, hw, depth=d, n_prompt=0).decode_s for d in (0, 8192, 16384)]
+    assert t[0] < t[1] < t[2]
+    assert t[2] - t[1] == pytest.approx(t[1] - t[0], rel=1e-9)
+
+
+def test_cpu_decode_scales_with_threads_until_memory_saturates():
+    cpu = moert.CPU("c", 16, 80.0, bw_efficiency=0.75, bw_1thread_gbs=10.0)   # 60 GB/s in all: 6 threads fill it
+    hw = moert.Hardware(cpu=cpu)
+    p = _plan(hw=hw, gpu_layers=0)
+    t = {n: moert.predict(p, hw, threads=n, n_prompt=0).decode_s for n in (1, 2, 4, 8, 16)}
+    assert t[1] > t[2] > t[4] > t[8]
+    assert t[8] == pytest.approx(t[16])                                 # bandwidth-bound: more threads, same
+    assert t[1] / t[4] == pytest.approx(4, rel=0.1)                      # per-thread-bound: near linear
+
+
+def test_op_offload_policies():
+    hw = hardware.preset("rtx4090+ryzen-7950x")
+    p = _plan(hw=hw, cpu_moe=True)
+    stages = lambda r: {x.stage for x in r.parts if x.phase == "prefill"}  # noqa: E731
+    assert "offload" in stages(moert.predict(p, hw, n_prompt=512))             # B >= 32: used experts copied
+    assert "offload" not in stages(moert.predict(p, hw, n_prompt=16))          # B < 32: computed on the CPU
+    assert "offload" not in stages(moert.predict(p, hw, n_prompt=512, policy="none"))
+    # ik_llama.cpp: MoE matmuls offloaded only when B >= 32 E/K = 512 for 128 experts, 8 used
+    assert "offload" not in stages(moert.predict(p, hw, n_prompt=256, n_ubatch=256, policy="ik_llama.cpp"))
+    assert "offload" in stages(moert.predict(p, hw, n_prompt=512, policy="ik_llama.cpp"))
+    with pytest.raises(PlacementError, match="policy"):
+        moert.predict(p, hw, policy="vllm")
+
+
+def test_decode_crossings_are_latency_bound_and_absent_when_all_is_on_the_gpu():
+    hw = hardware.preset("rtx4090+ryzen-7950x")
+    r = moert.predict(_plan(hw=hw, cpu_moe=True), hw)
+    hops = [x for x in r.parts if x.phase == "decode" and x.stage == "transfer" and x.ops > 1.5]
+    assert len(hops) == 48 and all(x.bound == "latency" for x in hops)       # expert round trip per layer
+    # P(at least one of 8 picks lands on the CPU's 128 experts) = 1: two copies of 2048 floats each
+    assert all(x.ops == pytest.approx(2.0) and x.bytes == pytest.approx(2 * 2048 * 4) for x in hops)
+    full = moert.predict(_plan(hw=hw), hw)
+    assert not [x for x in full.parts if x.stage == "transfer" and x.layer not in (None, 0)]
+
+
+def test_plans_for_more_gpus_than_the_hardware_has_are_refused():
+    hw = hardware.preset("rtx4090+ryzen-7950x")
+    two = _plan(hw=hardware.preset("2x rtx3090+epyc-9554"))
+    with pytest.raises(PlacementError, match="1 GPU"):
+        moert.predict(two, hw)
+
+
+def test_every_zoo_architecture_predicts_and_serializes():
+    hw = hardware.preset("h100-pcie+epyc-9554")
+    for name in ("deepseek-v3", "gpt-oss-20b", "glm-4.5-air", "glm-4.7-flash", "mixtral-8x7b", "qwen1.5-moe-a2.7b"):
+        r = moert.predict(_plan(name, hw=hw, cpu_moe=True), hw)
+        assert 0 < r.decode_tok_s < 1e4 and 0 < r.prefill_tok_s < 1e6, name
+        d = json.loads(json.dumps(r.to_dict()))
+        assert d["bound"]["decode"] and len(d["parts"]) == len(r.parts)
+
+
+def test_predict_is_callable_after_importing_the_module():
+    import moert.predict as mod
+
+    assert callable(moert.predict) and mod.Prediction is moert.Prediction
+
+
+def test_strategies_return_rules_that_fit_and_compare_ranks_them(capsys):
+    from moert.cli import main
+    from moert.placement import strategies
+
+    hw = hardware.preset("rtx4070+ryzen-7950x")                          # 12 GiB for a 17.3 GiB model
+    m = str(zoo.path("qwen3-30b-a3b"))
+    n, rules = strategies.smallest_fitting(m, hw, 4096, lambda k: strategies.cpu_layers(m, k, "first"))
+    assert 0 < n < 48 and strategies.fits(m, rules, hw, 4096)
+    assert not strategies.fits(m, strategies.cpu_layers(m, n - 1, "first"), hw, 4096)   # the smallest n
+    fo = strategies.fit_order(m, hw, 4096)
+    assert strategies.fits(m, fo, hw, 4096)
+    assert main(["compare", "zoo:olmoe-1b-7b", "--hardware", "rtx4070+ryzen-7950x", "--gpu-mem", "3GiB",
+                 "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)["rows"]
+    best = [r for r in rows if r["best"]]
+    assert len(best) == 1 and best[0]["fits"]
+    cpu_moe = next(r for r in rows if r["strategy"].startswith("all experts"))
+    assert best[0]["tg"] >= cpu_moe["tg"] and cpu_moe["gpu_share"] == 0
+
+
+def test_compare_bars_draws_a_png(tmp_path):
+    pytest.importorskip("matplotlib")
+    from moert.plots import compare_bars
+
+    rows = [dict(strategy="a", fits=True, pp=100.0, tg=20.0, best=True),
+            dict(strategy="b", fits=False, pp=300.0, tg=40.0, best=False),
+            dict(strategy="c", fits=False, pp=None, tg=None, best=False)]            # nothing of that kind fits
+    p = compare_bars(rows, tmp_path / "c.png")
+    assert p.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and p.stat().st_size > 5000
