@@ -32,7 +32,7 @@ import re
 import sys
 import types
 from collections import defaultdict
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 
 import numpy as np
 
@@ -122,15 +122,14 @@ def _md(md: dict, key: str, default=None):
     return int(max(v)) if isinstance(v, (list, tuple, np.ndarray)) else v
 
 
-def expert_sets(plan) -> dict[str, dict[str, range]]:
-    """Expert tensor -> device -> the experts of it held there. Whole tensors today; a placement carrying
-    `experts=(lo, hi)` (expert-range rules) puts [lo, hi) on its device and is read the same way."""
-    out: dict[str, dict[str, range]] = {}
+def expert_sets(plan) -> dict[str, dict[str, list[int]]]:
+    """Expert tensor -> device -> the experts of it held there (a tensor split over experts by expert-set rules
+    has one piece per device and rule; a whole tensor holds all of its experts on one device)."""
+    out: dict[str, dict[str, list[int]]] = {}
     for e in plan:
         if _EXPERT.search(e.name):
-            n = e.shape[0]
-            lo, hi = e.experts if e.experts else (0, n)
-            out.setdefault(e.name, {})[e.device] = range(lo, hi)
+            ids = list(e.experts) if e.experts is not None else list(range(e.shape[0]))
+            out.setdefault(e.name, {}).setdefault(e.device, []).extend(ids)
     return out
 
 
@@ -144,7 +143,8 @@ def _selection(md: dict, trace, n_layer: int) -> np.ndarray:
         raise PlacementError(f"trace has shape {c.shape}; it must be (n_layer, n_expert) = ({n_layer}, {E}) "
                              f"selection counts, as Model.stats.expert_counts")
     tokens = c.sum(axis=1, keepdims=True) / max(K, 1)                  # (n_layer, 1) tokens seen per layer
-    return np.divide(c, tokens, out=np.full_like(c, K / E), where=tokens > 0)
+    q = np.divide(c, tokens, out=np.full_like(c, K / E), where=tokens > 0)
+    return np.clip(q, 0.0, 1.0)     # an expert serves a token at most once (counts from a real trace obey it)
 
 
 # ------------------------------------------------------------------------------------------- predict
@@ -207,7 +207,13 @@ class _Shape:
         self.kv_width = self.Dk if mla else self.Dk + self.Dv
         self.layers: list[dict[str, list]] = [defaultdict(list) for _ in range(self.n_layer)]
         self.io: list = []                                 # token_embd, output_norm, output
+        seen: set[str] = set()
         for e in plan:
+            if e.experts is not None:                      # a piece of a split tensor: the whole tensor, once
+                if e.name in seen:
+                    continue
+                seen.add(e.name)
+                e = replace(e, nbytes=sum(p.nbytes for p in plan.pieces(e.name)), experts=None)
             mt = _LAYER.match(e.name)
             if not mt:
                 self.io.append(e)
@@ -216,7 +222,7 @@ class _Shape:
                 self.layers[int(mt.group(1))][stage].append(e)
         self.experts = {**expert_sets(plan), **(experts or {})}
         for name, sets in self.experts.items():
-            n = plan[name].shape[0]
+            n = plan.pieces(name)[0].shape[0]
             if sorted(i for r in sets.values() for i in r) != list(range(n)):
                 raise PlacementError(f"experts[{name!r}]: the devices' ranges must cover experts 0..{n - 1} "
                                      f"once each, got {dict(sets)}")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import warnings
 
+import numpy as np
 import pytest
 
 import moert
@@ -180,3 +181,47 @@ def test_compare_bars_draws_a_png(tmp_path):
             dict(strategy="c", fits=False, pp=None, tg=None, best=False)]            # nothing of that kind fits
     p = compare_bars(rows, tmp_path / "c.png")
     assert p.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and p.stat().st_size > 5000
+
+
+def test_expert_set_strategies_and_a_trace():
+    """Equal share, random (the control) and a trace's hot experts per layer place the same bytes on the GPU;
+    with a skewed trace the hot ones serve far more selections there and are predicted faster. A plan of expert
+    pieces predicts what the same sets given as `experts=` do."""
+    import dataclasses
+
+    from moert.hardware import preset
+    from moert.placement import strategies as S
+
+    model = moert.zoo.path("olmoe-1b-7b")
+    hw = preset("rtx3060+ryzen-7600")
+    hw = dataclasses.replace(hw, gpus=[dataclasses.replace(hw.gpus[0], mem_gib=2.5)])
+    rng = np.random.default_rng(0)
+    E, K, L = 64, 8, 16
+    p = 1 / np.arange(1, E + 1) ** 1.1
+    counts = np.zeros((L, E))
+    for il in range(L):
+        perm = rng.permutation(E)
+        for _ in range(300):
+            counts[il, perm[rng.choice(E, K, replace=False, p=p / p.sum())]] += 1
+    rules = {n: f(model, hw, 4096) for n, f in (("equal", S.equal_share), ("random", S.random_experts))}
+    rules["hot"] = S.hot_per_layer(model, hw, 4096, counts)
+    plans = {n: S.hardware_plan(model, r, hw) for n, r in rules.items()}
+    on_gpu = {n: p.bytes_by_device()["sim:0"] for n, p in plans.items()}
+    assert on_gpu["equal"] == on_gpu["random"] == on_gpu["hot"] > 0
+    preds = {n: moert.predict(p, hw, n_prompt=64, n_gen=16, trace=counts) for n, p in plans.items()}
+    assert all(r.fits for r in preds.values())
+    share = {n: sum(v for d, v in _hits(plans[n], counts).items() if d != "cpu") for n in plans}
+    assert share["hot"] > 1.5 * share["equal"] and preds["hot"].decode_tok_s > preds["equal"].decode_tok_s
+    sets = {n: {d: list(ids) for d, ids in s.items()} for n, s in moert.predict.expert_sets(plans["hot"]).items()}
+    whole = S.hardware_plan(model, S.all_cpu_experts(model), hw)
+    via = moert.predict(whole, hw, n_prompt=64, n_gen=16, trace=counts, experts=sets)
+    assert via.decode_tok_s == pytest.approx(preds["hot"].decode_tok_s, rel=1e-9)
+
+
+def _hits(plan, counts) -> dict:
+    from moert.trace import Trace
+
+    t = Trace(counts.shape[1], np.zeros(0, np.int64), np.zeros(0, bool), np.zeros((0, counts.shape[0], 1), np.int32),
+              np.zeros((0, counts.shape[0], 1), np.float32))
+    t.counts = lambda: counts            # the shares from the counts alone
+    return t.hits(plan)

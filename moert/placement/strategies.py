@@ -4,6 +4,8 @@
     hot_experts(model, trace, gpu_memory=...)     dense weights, router, attention, KV on the GPU, then the
                                                   experts a routing trace selected most, until it is full
     all_cpu_experts(model)                        llama.cpp --cpu-moe
+    equal_share / random_experts / hot_per_layer  n experts of every layer on the GPU: 0..n-1, random (the
+                                                  control), or a trace's hottest; n as large as fits
     cpu_layers(model, n, "first" | "last")        llama.cpp --n-cpu-moe N, or the last N (ik_llama.cpp)
     fit_order(model, hw, context)                 --fit's order on a Any: whole layers, then part of one
     cost_greedy(model, hw, context, trace)        moert's own: predicted decode seconds saved per GPU byte
@@ -196,6 +198,46 @@ def hardware_plan(model, rules, hw) -> Plan:
                     gpu_layers="all" if hw.gpus else 0)
 
 
+def _per_layer(model, pick: Callable[[int, int], list[int]], n: int) -> list[TensorOverride]:
+    """Experts pick(layer, n) of each layer on GPU 0, every other expert on the CPU."""
+    info = model_info(model)
+    layers = sorted({int(t.split(".")[1]) for t in info.tensors if t.startswith("blk.") and _EXPERT.search(t)})
+    rules = [TensorOverride(expert_layer_regex(il), "gpu:0", experts=pick(il, n), source="strategy")
+             for il in layers if n > 0]
+    return rules + all_cpu_experts(model)
+
+
+def experts_per_layer(model, hw, context: int, pick: Callable[[int, int], list[int]]) -> list | None:
+    """The most experts per layer, chosen by pick(layer, n), that fit on GPU 0 (binary search on n)."""
+    E = metadata_int(model_info(model).metadata, "expert_count")
+    if not E or not fits(model, _per_layer(model, pick, 0), hw, context):
+        return None
+    lo, hi = 0, E
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        lo, hi = (mid, hi) if fits(model, _per_layer(model, pick, mid), hw, context) else (lo, mid - 1)
+    return _per_layer(model, pick, lo)
+
+
+def equal_share(model, hw, context: int = 4096) -> list | None:
+    """The same number of experts of every layer on the GPU (experts 0..n-1), as many as fit."""
+    return experts_per_layer(model, hw, context, lambda il, n: list(range(n)))
+
+
+def random_experts(model, hw, context: int = 4096, seed: int = 0) -> list | None:
+    """The control: as many experts per layer as equal_share, chosen at random (seeded) in each layer."""
+    E = metadata_int(model_info(model).metadata, "expert_count")
+    rng = np.random.default_rng(seed)
+    order = {il: [int(e) for e in rng.permutation(E)] for il in range(model_info(model).n_layer)}
+    return experts_per_layer(model, hw, context, lambda il, n: sorted(order[il][:n]))
+
+
+def hot_per_layer(model, hw, context: int, counts: np.ndarray) -> list | None:
+    """The n most-selected experts of each layer of a trace's counts (n_layer, E) on the GPU, as many as fit."""
+    order = np.argsort(-np.asarray(counts), axis=1, kind="stable")
+    return experts_per_layer(model, hw, context, lambda il, n: sorted(int(e) for e in order[il][:n]))
+
+
 def named(model, hw, context: int = 4096, trace=None) -> dict[str, list[TensorOverride] | None]:
     """The strategies `moert compare` runs, by name (None: nothing of that kind fits)."""
     if not hw.gpus:
@@ -205,10 +247,14 @@ def named(model, hw, context: int = 4096, trace=None) -> dict[str, list[TensorOv
         found = smallest_fitting(model, hw, context, lambda n, w=which: cpu_layers(model, n, w))
         out[label.replace(" N", f" {found[0]}") if found else label] = found[1] if found else None
     out["--fit order (front layers, then part of one)"] = fit_order(model, hw, context)
+    out["equal share of experts per layer"] = equal_share(model, hw, context)
+    out["random experts (control)"] = random_experts(model, hw, context)
+    if trace is not None:
+        out["hot experts per layer (trace)"] = hot_per_layer(model, hw, context, trace)
     out["cost-greedy (moert)"] = cost_greedy(model, hw, context, trace)
     return out
 
 
-
-__all__ = ["FitResult", "all_cpu_experts", "auto_plan", "cost_greedy", "cpu_layers", "fit", "fit_order", "fits",
-           "hardware_plan", "hot_experts", "named", "smallest_fitting", "with_fit_suggestion"]
+__all__ = ["FitResult", "all_cpu_experts", "auto_plan", "cost_greedy", "cpu_layers", "equal_share",
+           "experts_per_layer", "fit", "fit_order", "fits", "hardware_plan", "hot_experts", "hot_per_layer",
+           "named", "random_experts", "smallest_fitting", "with_fit_suggestion"]
