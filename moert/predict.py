@@ -213,7 +213,10 @@ class _Shape:
                 if e.name in seen:
                     continue
                 seen.add(e.name)
-                e = replace(e, nbytes=sum(p.nbytes for p in plan.pieces(e.name)), experts=None)
+                pieces = plan.pieces(e.name)
+                devs = {p.device for p in pieces}                  # "cpu" if any expert runs there (its
+                e = replace(e, nbytes=sum(p.nbytes for p in pieces), experts=None,   # per-layer CPU cost)
+                            device="cpu" if "cpu" in devs else pieces[0].device)
             mt = _LAYER.match(e.name)
             if not mt:
                 self.io.append(e)

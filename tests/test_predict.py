@@ -208,6 +208,8 @@ def test_expert_set_strategies_and_a_trace():
     plans = {n: S.hardware_plan(model, r, hw) for n, r in rules.items()}
     on_gpu = {n: p.bytes_by_device()["sim:0"] for n, p in plans.items()}
     assert on_gpu["equal"] == on_gpu["random"] == on_gpu["hot"] > 0
+    uniform = {n: moert.predict(plans[n], hw, n_prompt=64, n_gen=16).decode_tok_s for n in ("equal", "random")}
+    assert uniform["equal"] == pytest.approx(uniform["random"], rel=1e-9)   # which experts: no matter, uniformly
     preds = {n: moert.predict(p, hw, n_prompt=64, n_gen=16, trace=counts) for n, p in plans.items()}
     assert all(r.fits for r in preds.values())
     share = {n: sum(v for d, v in _hits(plans[n], counts).items() if d != "cpu") for n in plans}

@@ -202,8 +202,12 @@ def _per_layer(model, pick: Callable[[int, int], list[int]], n: int) -> list[Ten
     """Experts pick(layer, n) of each layer on GPU 0, every other expert on the CPU."""
     info = model_info(model)
     layers = sorted({int(t.split(".")[1]) for t in info.tensors if t.startswith("blk.") and _EXPERT.search(t)})
-    rules = [TensorOverride(expert_layer_regex(il), "gpu:0", experts=pick(il, n), source="strategy")
-             for il in layers if n > 0]
+    sets = {il: pick(il, n) for il in layers} if n > 0 else {}
+    if sets and all(ids == sets[layers[0]] for ids in sets.values()):       # one set for every layer: one rule
+        return [TensorOverride(EXPERT_REGEX, "gpu:0", experts=sets[layers[0]], source="strategy"),
+                *all_cpu_experts(model)]
+    rules = [TensorOverride(expert_layer_regex(il), "gpu:0", experts=ids, source="strategy")
+             for il, ids in sets.items()]
     return rules + all_cpu_experts(model)
 
 
