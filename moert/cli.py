@@ -43,7 +43,7 @@ def cmd_inspect(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from moert import cli_bench
+    from moert import cli_bench, cli_explain
     from moert.cli_generate import add_commands
     from moert.placement_cli import add_fit_args, add_placement_args
 
@@ -64,6 +64,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_fit_args(sub.add_parser("fit", help="find the context size and -ot rules that fit the GPU memory"))
     add_commands(sub)
     cli_bench.add_commands(sub)
+    cli_explain.add_commands(sub)
     return p
 
 

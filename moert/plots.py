@@ -3,6 +3,7 @@
     expert_heatmap(counts, path)    which experts each layer selected: the raw material of placement research
     placement_bars(plan, path)      bytes per device, split by rule: what each rule did
     speed_bars(speeds, path)        tokens/s per engine and test (bench/e2e.py --plot): who is faster, where
+    explain_plot(trace, path)       one token, per layer: router probabilities, chosen experts, residual updates
 """
 
 from __future__ import annotations
@@ -94,5 +95,39 @@ def speed_bars(speeds: dict[str, dict[str, float]], path: str | Path, title: str
     fig.tight_layout()
     path = Path(path)
     fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
+def explain_plot(trace, path: str | Path) -> Path:
+    """`moert explain --plot`: router probabilities per layer (chosen experts boxed) and the residual
+    updates of attention and FFN per layer, for one token (a moert.explain.Trace); returns the path."""
+    plt = _pyplot()
+    layers = trace.layers
+    moe = [lt for lt in layers if lt.probs is not None]
+    fig, axes = plt.subplots(1, 2 if moe else 1, figsize=(12 if moe else 6, 1.5 + 0.5 * len(layers)), squeeze=False)
+    if moe:
+        ax = axes[0, 0]
+        probs = np.array([lt.probs for lt in moe])                     # (layers, E)
+        im = ax.imshow(probs, aspect="auto", interpolation="nearest", cmap="magma")
+        for row, lt in enumerate(moe):
+            for e in lt.experts:
+                ax.add_patch(plt.Rectangle((e - 0.5, row - 0.5), 1, 1, fill=False, ec="cyan", lw=2))
+        ax.set_yticks(range(len(moe)), [f"blk.{lt.layer}" for lt in moe])
+        ax.set_xlabel("expert (cyan: chosen)")
+        ax.set_title("router probabilities")
+        fig.colorbar(im, ax=ax)
+    ax = axes[0, -1]
+    y = np.arange(len(layers))
+    ax.barh(y - 0.2, [lt.attention_update for lt in layers], 0.4, label="attention")
+    ax.barh(y + 0.2, [lt.ffn_update for lt in layers], 0.4, label="experts" if moe else "FFN")
+    ax.set_yticks(y, [f"blk.{lt.layer}" for lt in layers])
+    ax.invert_yaxis()
+    ax.set_xlabel("|update| / |residual|")
+    ax.legend()
+    fig.suptitle(f"token {trace.position} {trace.token!r}")
+    fig.tight_layout()
+    path = Path(path)
+    fig.savefig(path, dpi=110)
     plt.close(fig)
     return path
