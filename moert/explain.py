@@ -82,6 +82,10 @@ class Recorder:
         for name in self._orig:
             delattr(self.m, name)      # the class's methods again
 
+    def host(self, x) -> np.ndarray:
+        """A recorded array on the host, float64 (the read is not counted as a transfer of the model's)."""
+        return _host(self.m, x)
+
     def _attention_device(self, il: int):
         dev = self._orig["attention_device"](il)
         self._cur = {"layer": il, "dev": dev, "x": None, "y": None, "time": {}, "moves": []}
