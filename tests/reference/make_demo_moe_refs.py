@@ -83,6 +83,28 @@ def llama_side(windows: np.ndarray) -> dict | None:
             "greedy": greedy}
 
 
+def transformers_side(windows: np.ndarray, work: Path) -> dict | None:
+    """HF Qwen3MoeForCausalLM in float32: on the Q4_K_M file's weights dequantized (NLL of the first two windows,
+    as moert's), and on the float checkpoint (its logits against the training code's: the same math)."""
+    try:
+        import torch
+        from make_qwen3moe_refs import hf_logits
+        from train_demo_moe import MoE, export
+    except ImportError as e:
+        print(f"no transformers fixtures: {e}", file=sys.stderr)
+        return None
+    q4 = [nll(hf_logits(GGUF_PATH, w), w) for w in windows[:2]]
+    ck = torch.load(work / "demo_moe.pt", weights_only=False)
+    model = MoE(ck["arch"])
+    model.load_state_dict(ck["state"])
+    with torch.no_grad():
+        ours = model(torch.from_numpy(windows[0][None]))[0][0].numpy()
+    f32 = work / "demo-qwen3moe-f32.gguf"
+    export(model, ck["arch"], ck["vocab"], f32, qtype="F32")
+    hf = hf_logits(f32, windows[0])
+    return {"window_nll_q4_k_m": q4, "float_logits_rel_error": float(np.linalg.norm(hf - ours) / np.linalg.norm(hf))}
+
+
 def main() -> None:
     from moert import gguf
     from moert.tokenizer import Tokenizer
@@ -95,12 +117,15 @@ def main() -> None:
     train = json.loads((FIXTURES / "train.json").read_text())
     ours = moert_side(windows)
     llama = llama_side(windows)
+    hf = transformers_side(windows, Path("/tmp/moert-demo-train"))
     out = {"model": str(GGUF_PATH.relative_to(GGUF_PATH.parents[2])), "eval_tokens": int(windows.size),
            "scored_tokens": n, "float_perplexity": train["float_perplexity"],
            "moert_perplexity": round(math.exp(sum(ours["window_nll"]) / n), 4),
            "llama_cpp_perplexity": None if llama is None else round(math.exp(sum(llama["window_nll"]) / n), 4),
            "windows": windows[:2].tolist(),
-           "windows_nll": {"moert": ours["window_nll"][:2], "llama_cpp": llama and llama["window_nll"][:2]},
+           "windows_nll": {"moert": ours["window_nll"][:2], "llama_cpp": llama and llama["window_nll"][:2],
+                           "transformers": hf and hf["window_nll_q4_k_m"]},
+           "float_vs_transformers_rel_error": hf and hf["float_logits_rel_error"],
            "texts": TEXTS, "tokens": {"moert": ours["tokens"], "llama_cpp": llama and llama["tokens"]},
            "prompts": PROMPTS, "greedy": {"moert": ours["greedy"], "llama_cpp": llama and llama["greedy"]},
            "versions": versions()}

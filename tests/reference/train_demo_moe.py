@@ -160,14 +160,17 @@ def use_more_bits(i: int, n: int) -> bool:
     return i < n // 8 or i >= 7 * n // 8 or (i - n // 8) % 3 == 2
 
 
-def export(model, a: dict, vocab: dict, path: Path) -> None:
+def export(model, a: dict, vocab: dict, path: Path, qtype: str = "Q4_K_M") -> None:
+    """The model as GGUF: qtype "Q4_K_M" (llama.cpp's mix) or "F32" (for the float oracle)."""
     from moert.testing import tensor_type, write_gguf
 
     n = a["n_layer"]
     more = "|".join(str(i) for i in range(n) if use_more_bits(i, n))
     types = {r"^output\.weight$": "Q6_K", rf"^blk\.({more})\.(attn_v|ffn_down_exps)\.weight$": "Q6_K"}
+    base, types = ("Q4_K", types) if qtype == "Q4_K_M" else (qtype, {})
     A = "qwen3moe"
-    md = {"general.name": "moert demo qwen3moe (Python stdlib)", "general.file_type": 15,  # MOSTLY_Q4_K_M
+    md = {"general.name": "moert demo qwen3moe (Python stdlib)",
+          "general.file_type": 15 if qtype == "Q4_K_M" else 0,  # LLAMA_FTYPE_MOSTLY_Q4_K_M / ALL_F32
           "general.quantization_version": 2,
           "general.description": "trained by moert/tests/reference/train_demo_moe.py on Python's standard library",
           f"{A}.block_count": n, f"{A}.context_length": a["context_length"], f"{A}.embedding_length": a["n_embd"],
@@ -189,7 +192,7 @@ def export(model, a: dict, vocab: dict, path: Path) -> None:
                (b + "ffn_gate_exps.weight", f(L.gate)), (b + "ffn_up_exps.weight", f(L.up)),
                (b + "ffn_down_exps.weight", f(L.down))]
     ts += [("output_norm.weight", f(model.out_norm)), ("output.weight", f(model.out))]
-    write_gguf(path, A, md, ((name, x, tensor_type(name, x.shape, "Q4_K", types)) for name, x in ts))
+    write_gguf(path, A, md, ((name, x, tensor_type(name, x.shape, base, types)) for name, x in ts))
 
 
 def plot(log: list[dict], path: Path) -> None:
