@@ -1,6 +1,7 @@
 """Fixtures for the demo model (moert/data/demo-qwen3moe.gguf): perplexities, tokens and greedy continuations.
 
-    python tests/reference/make_demo_moe_refs.py       # after train_demo_moe.py; llama.cpp if installed
+    python tests/reference/make_demo_moe_refs.py [WORK]   # after train_demo_moe.py (its --work, default
+                                                          # /tmp/moert-demo-train); llama.cpp if installed
 
 Writes tests/fixtures/demo_moe/checks.json: the float torch model's held-out perplexity (from train.json),
 moert's on the Q4_K_M file, llama.cpp's on the same file and windows (llama-cpp-python, when importable),
@@ -117,7 +118,7 @@ def main() -> None:
     train = json.loads((FIXTURES / "train.json").read_text())
     ours = moert_side(windows)
     llama = llama_side(windows)
-    hf = transformers_side(windows, Path("/tmp/moert-demo-train"))
+    hf = transformers_side(windows, Path(sys.argv[1] if len(sys.argv) > 1 else "/tmp/moert-demo-train"))
     out = {"model": str(GGUF_PATH.relative_to(GGUF_PATH.parents[2])), "eval_tokens": int(windows.size),
            "scored_tokens": n, "float_perplexity": train["float_perplexity"],
            "moert_perplexity": round(math.exp(sum(ours["window_nll"]) / n), 4),
