@@ -211,6 +211,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
     backend = _demo_backend()
     print(f"\n== placement: experts on the CPU (--cpu-moe), everything else on {backend}:0 "
           f"({'a real GPU' if backend == 'cupy' else 'the simulated GPU: no CUDA device found'})\n")
+    if args.threads is None:   # its experts are 128x256: a parallel region costs more than the work
+        args.threads = 1
     t1 = time.perf_counter()
     model = load_from_args(str(path), args, cpu_moe=True, gpu_backend=backend, gpu_memory=args.gpu_mem)
     print(f"loaded in {time.perf_counter() - t1:.1f} s, of which {model.warmup_seconds or 0:.1f} s warming up (a "

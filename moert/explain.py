@@ -229,8 +229,10 @@ def format_layer(lt: LayerTrace) -> list[str]:
     """One layer of `format_trace`."""
     lines = [f"layer {lt.layer}   attention on {lt.attention_device}, FFN "
              + (f"= {len(lt.experts)} routed experts on {lt.expert_device}" if lt.ffn == "moe" else "dense"),
-             f"  residual |x| = {lt.residual_norm:.2f}   attention added {lt.attention_update:.2f} |x|,   "
-             f"{'experts' if lt.ffn == 'moe' else 'FFN'} added {lt.ffn_update:.2f} |x|"]
+             f"  residual |x| = {lt.residual_norm:.2f};  attention added a vector of norm "
+             f"{lt.attention_update * lt.residual_norm:.2f} ({lt.attention_update:.2f} |x|), "
+             f"{'the experts' if lt.ffn == 'moe' else 'the FFN'} one of "
+             f"{lt.ffn_update * lt.residual_norm:.2f} ({lt.ffn_update:.2f} |x|)"]
     if lt.ffn == "moe":
         lines.append(f"  router: softmax(ffn_gate_inp . ffn_norm(x)) over {len(lt.probs)} experts, "
                      f"top {len(lt.experts)} renormalized")
