@@ -169,7 +169,7 @@ def explain(m, prompt: str | list[int], token: int = -1, top: int = 5) -> Trace:
         logits = m.forward(ids[i:i + 1])                       # (1, V): the token alone, a decode step
     call = m.stats.last
     layers = [_layer_trace(m, r) for r in rec.layers]
-    xs = [lt_x for lt_x in (_host(m, r["x"])[0] for r in rec.layers)] + [_host(m, rec.final)[0]]
+    xs = [_host(m, r["x"])[0] for r in rec.layers] + [_host(m, rec.final)[0]]        # residuals, (D,) each
     for k, lt in enumerate(layers):                            # attention's addition = total - the FFN's
         total = xs[k + 1] - xs[k]
         ffn = _host(m, rec.layers[k]["y"])[0] if rec.layers[k]["y"] is not None else np.zeros_like(total)
