@@ -1,6 +1,6 @@
 """Train moert's demo model: a small qwen3moe on Python's standard library, exported as Q4_K_M GGUF.
 
-    nice -n 10 python tests/reference/train_demo_moe.py            # ~40 min on one CPU thread shared with others
+    nice -n 10 python tests/reference/train_demo_moe.py            # ~15-40 min on one CPU thread (700 steps)
 
 Deterministic from --seed on one thread: the corpus is the stdlib's .py files (PSF licence; every 20th
 file in sorted order is held out), the tokenizer is a byte-level BPE trained by `moert.testing.
@@ -218,7 +218,7 @@ def plot(log: list[dict], path: Path) -> None:
 
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0], allow_abbrev=False)
-    ap.add_argument("--steps", type=int, default=340)
+    ap.add_argument("--steps", type=int, default=700)
     ap.add_argument("--batch", type=int, default=8)
     ap.add_argument("--lr", type=float, default=4e-3)
     ap.add_argument("--aux", type=float, default=0.01, help="load-balancing loss coefficient")
