@@ -7,6 +7,8 @@ Writes tests/fixtures/demo_moe/checks.json: the float torch model's held-out per
 moert's on the Q4_K_M file, llama.cpp's on the same file and windows (llama-cpp-python, when importable),
 token ids of a few texts and greedy continuations of a few prompts by both engines, and two scored
 windows with moert's and llama.cpp's NLL so tests/test_demo_moe.py can re-check moert without the stdlib.
+The committed fixtures used llama-cpp-python 0.3.36's Python package and the libllama / libggml built from
+its sdist (`pip install llama-cpp-python` compiles them first; they sit in llama_cpp/lib).
 """
 
 from __future__ import annotations
