@@ -123,7 +123,8 @@ def explain_plot(trace, path: str | Path) -> Path:
     ax.barh(y + 0.2, [lt.ffn_update for lt in layers], 0.4, label="experts" if moe else "FFN")
     ax.set_yticks(y, [f"blk.{lt.layer}" for lt in layers])
     ax.invert_yaxis()
-    ax.set_xlabel("|update| / |residual|")
+    ax.set_xscale("log")   # layer 0 often adds hundreds of times the embedding's norm, later layers a fraction
+    ax.set_xlabel("|update| / |residual| (log scale)")
     ax.legend()
     fig.suptitle(f"token {trace.position} {trace.token!r}")
     fig.tight_layout()
