@@ -45,7 +45,7 @@ def cmd_inspect(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from moert import cli_bench, cli_compare, cli_hardware, cli_serve, cli_trace
+    from moert import cli_bench, cli_compare, cli_explain, cli_hardware, cli_serve, cli_trace
     from moert.cli_common import LlamaArgumentParser, VersionAction, add_model_arg, refuse_other_llama_flags
     from moert.cli_generate import add_commands
     from moert.placement.cli import add_fit_args, add_placement_args
@@ -69,6 +69,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_fit_args(sub.add_parser("fit", help="find the context size and -ot rules that fit the GPU memory"))
     add_commands(sub)
     cli_bench.add_commands(sub)
+    cli_explain.add_commands(sub)
     cli_trace.add_commands(sub)
     cli_serve.add_commands(sub)
     cli_hardware.add_commands(sub)

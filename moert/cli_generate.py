@@ -252,7 +252,7 @@ def _demo_backend() -> str:
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
-    from moert.demo import demo_model_path
+    from moert.demo import DEMO_PROMPT, demo_model_path, expert_table
     from moert.gguf import open as open_gguf
     from moert.placement.memory import estimate
     from moert.summary import format_summary, summarize
@@ -264,19 +264,24 @@ def cmd_demo(args: argparse.Namespace) -> int:
     backend = _demo_backend()
     print(f"\n== placement: experts on the CPU (--cpu-moe), everything else on {backend}:0 "
           f"({'a real GPU' if backend == 'cupy' else 'the simulated GPU: no CUDA device found'})\n")
+    if args.threads is None:   # its experts are 128x256: a parallel region costs more than the work
+        args.threads = 1
     t1 = time.perf_counter()
     model = load_from_args(str(path), args, cpu_moe=True, gpu_backend=backend, gpu_memory=args.gpu_mem)
     print(f"loaded in {time.perf_counter() - t1:.1f} s, of which {model.warmup_seconds or 0:.1f} s warming up (a "
           f"first run compiles the CPU kernels; later runs load them from Numba's cache)\n")
     print(model.plan.explain(only=r"^blk\.0\.|^output|^token_embd"))
     print("\n" + estimate(model.plan, model.context_size).table())
-    prompt = "The capital of France is"
-    print(f"\n== generating {args.n_predict} tokens (random weights: expect gibberish), greedy\n")
+    print(f"\n== generating {args.n_predict} tokens, greedy, from a Python prompt (the model learned Python "
+          f"from the standard library)\n")
     args.temp = 0.0
-    text, stats = _stream_to_stdout(model, prompt, args, echo=prompt)
+    text, stats = _stream_to_stdout(model, DEMO_PROMPT, args, echo=DEMO_PROMPT)
     print()
     print_stats(model, stats, file=sys.stdout)
-    print(f"\ndemo done in {time.perf_counter() - t0:.1f} s; try: moert inspect {path} --cpu-moe --gpu-backend sim")
+    print("\n== what the experts learned\n")
+    print(expert_table(model))
+    print(f"\ndemo done in {time.perf_counter() - t0:.1f} s; follow one token through the model with:\n"
+          f"  moert explain {path} -p 'for i in range(' --cpu-moe --gpu-backend sim")
     return 0
 
 
@@ -309,7 +314,7 @@ def add_commands(sub) -> None:
 
     d = sub.add_parser("demo", help="the main job on a built-in model: inspect, place, generate, measure")
     d.set_defaults(func=cmd_demo, json=False, no_display_prompt=False)
-    add_sampling_args(d, n_predict=16)
+    add_sampling_args(d, n_predict=48)
     d.add_argument("--gpu-mem", default=None, help="GPU memory for the demo's GPU (default: 24GiB sim)")
     d.set_defaults(ctx=512, override_tensor=[], gpu_layers="all", cpu_moe=True, n_cpu_moe=None,
                    n_cpu_moe_from="first", gpu_backend="auto", split="layer", strict=False)

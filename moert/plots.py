@@ -5,6 +5,7 @@
     placement_bars(plan, path)      bytes per device, split by rule: what each rule did
     speed_bars(speeds, path)        tokens/s per engine and test (bench/e2e.py --plot): who is faster, where
     compare_bars(rows, path)        predicted pp/tg per placement strategy (moert compare --plot)
+    explain_plot(trace, path)       one token, per layer: router probabilities, chosen experts, residual updates
 """
 
 from __future__ import annotations
@@ -150,6 +151,36 @@ def compare_bars(rows: list[dict], path: str | Path, title: str = "placement str
     axes[0].set_yticks(range(len(rows)), names, fontsize=8)
     axes[0].invert_yaxis()
     fig.suptitle(f"{title} (predicted; green: best that fits)", fontsize=10)
+
+
+def explain_plot(trace, path: str | Path) -> Path:
+    """`moert explain --plot`: router probabilities per layer (chosen experts boxed) and the residual
+    updates of attention and FFN per layer, for one token (a moert.explain.Trace); returns the path."""
+    plt = _pyplot()
+    layers = trace.layers
+    moe = [lt for lt in layers if lt.probs is not None]
+    fig, axes = plt.subplots(1, 2 if moe else 1, figsize=(12 if moe else 6, 1.5 + 0.5 * len(layers)), squeeze=False)
+    if moe:
+        ax = axes[0, 0]
+        probs = np.array([lt.probs for lt in moe])                     # (layers, E)
+        im = ax.imshow(probs, aspect="auto", interpolation="nearest", cmap="magma")
+        for row, lt in enumerate(moe):
+            for e in lt.experts:
+                ax.add_patch(plt.Rectangle((e - 0.5, row - 0.5), 1, 1, fill=False, ec="cyan", lw=2))
+        ax.set_yticks(range(len(moe)), [f"blk.{lt.layer}" for lt in moe])
+        ax.set_xlabel("expert (cyan: chosen)")
+        ax.set_title("router probabilities")
+        fig.colorbar(im, ax=ax)
+    ax = axes[0, -1]
+    y = np.arange(len(layers))
+    ax.barh(y - 0.2, [lt.attention_update for lt in layers], 0.4, label="attention")
+    ax.barh(y + 0.2, [lt.ffn_update for lt in layers], 0.4, label="experts" if moe else "FFN")
+    ax.set_yticks(y, [f"blk.{lt.layer}" for lt in layers])
+    ax.invert_yaxis()
+    ax.set_xscale("log")   # layer 0 often adds hundreds of times the embedding's norm, later layers a fraction
+    ax.set_xlabel("|update| / |residual| (log scale)")
+    ax.legend()
+    fig.suptitle(f"token {trace.position} {trace.token!r}")
     fig.tight_layout()
     path = Path(path)
     fig.savefig(path, dpi=110)

@@ -147,8 +147,8 @@ def test_default_threads_are_physical_cores():
 
 def test_demo_help_says_the_real_default(parser, capsys):
     sub = parser._subparsers._group_actions[0].choices
-    assert sub["demo"].parse_args([]).n_predict == 16
-    assert "default: 16" in sub["demo"].format_help()
+    assert sub["demo"].parse_args([]).n_predict == 48
+    assert "default: 48" in sub["demo"].format_help()
 
 
 def test_load_warnings_are_one_line_naming_flags_before_the_progress_bar(model):
