@@ -23,7 +23,7 @@ import numpy as np
 from moert.config import Config as BaseConfig
 from moert.config import key
 from moert.layers import gelu_tanh, rms_norm
-from moert.models.blocks import qk_norm_attention, qk_norm_attention_tensors
+from moert.models.blocks import decoder, qk_norm_attention, qk_norm_attention_tensors
 from moert.models.spec import TensorSpec, io_tensors, spec
 
 ROPE_NEOX = True    # llama.cpp: LLAMA_ROPE_TYPE_NEOX for gemma3
@@ -69,11 +69,7 @@ def tensors(c: Config) -> list[TensorSpec]:
 
 def forward(m, tokens: np.ndarray):
     """Logits (T, n_vocab) for `tokens` (T,) continuing at position m.position; on the host."""
-    x = m.embed("token_embd.weight", tokens)                            # (T, D)
-    x = x * np.float32(math.sqrt(m.config.n_embd))
-    for il in range(m.config.n_layer):
-        x = block(m, il, x)
-    return m.output("output_norm.weight", "output.weight", x)           # (T, V)
+    return decoder(m, tokens, block, embed_scale=math.sqrt(m.config.n_embd))
 
 
 def block(m, il: int, x):

@@ -17,7 +17,7 @@ import numpy as np
 from moert.config import Config as BaseConfig
 from moert.config import key
 from moert.layers import rms_norm
-from moert.models.blocks import attention_tensors, dense_ffn, ffn_tensors, gqa_attention
+from moert.models.blocks import attention_tensors, decoder, dense_ffn, ffn_tensors, gqa_attention
 from moert.models.spec import TensorSpec, io_tensors, spec
 from moert.moe import topk_softmax
 
@@ -60,10 +60,7 @@ def tensors(c: Config) -> list[TensorSpec]:
 
 def forward(m, tokens: np.ndarray):
     """Logits (T, n_vocab) for `tokens` (T,) continuing at position m.position; on the host."""
-    x = m.embed("token_embd.weight", tokens)                            # (T, D)
-    for il in range(m.config.n_layer):
-        x = block(m, il, x)
-    return m.output("output_norm.weight", "output.weight", x)           # (T, V)
+    return decoder(m, tokens, block)
 
 
 def block(m, il: int, x):

@@ -13,7 +13,7 @@ import numpy as np
 
 from moert.config import MoEConfig, key
 from moert.layers import rms_norm
-from moert.models.blocks import attention_tensors, gqa_attention
+from moert.models.blocks import attention_tensors, decoder, gqa_attention
 from moert.models.spec import TensorSpec, io_tensors, spec
 from moert.moe import softmax_topk
 
@@ -42,10 +42,7 @@ def tensors(c: Config) -> list[TensorSpec]:
 
 def forward(m, tokens: np.ndarray):
     """Logits (T, n_vocab) for `tokens` (T,) continuing at position m.position; on the host."""
-    x = m.embed("token_embd.weight", tokens)                            # (T, D)
-    for il in range(m.config.n_layer):
-        x = block(m, il, x)
-    return m.output("output_norm.weight", "output.weight", x)           # (T, V)
+    return decoder(m, tokens, block)
 
 
 def block(m, il: int, x):

@@ -16,7 +16,7 @@ import numpy as np
 
 from moert.config import MoEConfig, key
 from moert.layers import rms_norm
-from moert.models.blocks import attention_tensors, ffn_tensors, gqa_attention, shared_expert
+from moert.models.blocks import attention_tensors, decoder, ffn_tensors, gqa_attention, shared_expert
 from moert.models.spec import TensorSpec, io_tensors, spec
 from moert.moe import softmax_topk
 
@@ -49,10 +49,7 @@ def tensors(c: Config) -> list[TensorSpec]:
 
 def forward(m, tokens: np.ndarray):
     """Logits (T, n_vocab) for `tokens` (T,) continuing at position m.position; on the host."""
-    x = m.embed("token_embd.weight", tokens)                            # (T, D)
-    for il in range(m.config.n_layer):
-        x = block(m, il, x)
-    return m.output("output_norm.weight", "output.weight", x)           # (T, V)
+    return decoder(m, tokens, block)
 
 
 def block(m, il: int, x):

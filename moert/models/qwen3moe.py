@@ -19,7 +19,7 @@ import numpy as np
 
 from moert.config import MoEConfig
 from moert.layers import rms_norm
-from moert.models.blocks import qk_norm_attention, qk_norm_attention_tensors
+from moert.models.blocks import decoder, qk_norm_attention, qk_norm_attention_tensors
 from moert.models.spec import TensorSpec, io_tensors, spec
 from moert.moe import softmax_topk
 
@@ -58,10 +58,7 @@ def route(logits, k: int, xp=np):
 
 def forward(m, tokens: np.ndarray):
     """Logits (T, n_vocab) for `tokens` (T,) continuing at position m.position; on the output's device."""
-    x = m.embed("token_embd.weight", tokens)                            # (T, D)
-    for il in range(m.config.n_layer):
-        x = block(m, il, x)
-    return m.output("output_norm.weight", "output.weight", x)           # (T, V)
+    return decoder(m, tokens, block)
 
 
 def block(m, il: int, x):
