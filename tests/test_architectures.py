@@ -140,3 +140,15 @@ def test_cli_inspect_fit_run_on_every_architecture(tiny, capsys):
     toks = cli("run", path, "-p", "1 2 3", "-n", "4", "--temp", "0", "--cpu-moe", "--gpu-backend", "sim", "-c", "32",
                "--no-warmup")
     assert len(toks.split()) == 4
+
+
+@pytest.mark.parametrize("name", ["llama", "llama-dense", "qwen2moe", "olmoe"])
+def test_at_least_as_close_as_llama_cpp(name, one_numba_thread):
+    """On a Q4_K_M file llama.cpp quantized itself: moert is at least as close to the float oracle (on the
+    same dequantized weights) as llama.cpp's logits are, and picks the oracle's top-1 at least as often."""
+    f = np.load(FIX / f"{name}_q4km.npz")
+    hf, ll = f["hf_logits"], f["llama_logits"]
+    ours = load(FIX / f"{name}_q4km.gguf", gpu_layers=0, context_size=64).forward(f["tokens"])
+    assert rel(ours, hf) < 1e-5 and rel(ours, hf) <= rel(ll, hf)
+    assert (ll.argmax(1) == hf.argmax(1)).mean() > 0.5                      # the fixture means something
+    assert (ours.argmax(1) == hf.argmax(1)).mean() >= (ll.argmax(1) == hf.argmax(1)).mean()

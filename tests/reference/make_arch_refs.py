@@ -8,6 +8,10 @@ a small random GGUF is written (Q8_0 matrices, committed), every tensor is dequa
 moert) and mapped to the Hugging Face class of that family (MixtralForCausalLM, LlamaForCausalLM,
 Qwen2MoeForCausalLM, OlmoeForCausalLM; eager attention, float32); its logits for a fixed prompt are the
 oracle. llama.cpp stores llama q/k rows permuted for its RoPE mode: they are un-permuted here for HF.
+
+With llama-cpp-python importable (`--llama`), each family also gets <name>_q4km.gguf: an F32 model written
+here with rows of 256, quantized to Q4_K_M by llama.cpp itself (llama_model_quantize), the oracle run on
+its gguf-py-dequantized weights, and llama.cpp's own logits on the file (`llama_logits`).
 """
 
 from __future__ import annotations
@@ -23,6 +27,9 @@ ROOT = Path(__file__).resolve().parents[2]
 OUT = ROOT / "tests" / "fixtures" / "arch"
 N_TOKENS = 24
 MODELS = {"llama": 11, "llama-dense": 12, "qwen2moe": 13, "olmoe": 14}     # TINY name -> seed
+# for llama.cpp's Q4_K_M every row must be a multiple of 256 (else it falls back to other types)
+WIDE = {"embedding_length": 256, "attention.key_length": 64, "attention.value_length": 64,
+        "feed_forward_length": 256, "expert_feed_forward_length": 256, "expert_shared_feed_forward_length": 256}
 
 
 def unpermute(w: np.ndarray, n_head: int) -> np.ndarray:
@@ -109,12 +116,49 @@ def hf_model(name: str, md: dict, w: dict[str, np.ndarray]):
     return model
 
 
+def hf_logits(name: str, path: Path, tokens: np.ndarray) -> np.ndarray:
+    import torch
+
+    md, w = gguf_tensors(path)
+    with torch.no_grad():
+        return hf_model(name, md, w)(torch.from_numpy(tokens)[None], use_cache=False).logits[0].numpy()
+
+
+def llama_refs(name: str, seed: int) -> None:
+    """<name>_q4km.gguf quantized by llama.cpp, with the oracle's and llama.cpp's logits on it."""
+    import shutil
+    import tempfile
+
+    from make_qwen3moe_refs import llama_logits, llama_quantize
+
+    from moert.testing import TINY, write_tiny
+
+    hp = {**TINY[name]["hparams"], **{k: v for k, v in WIDE.items() if k in TINY[name]["hparams"]
+                                      or k in ("embedding_length", "attention.key_length")}}
+    tokens = np.random.default_rng(3000 + seed).integers(0, 256, N_TOKENS).astype(np.int64)
+    with tempfile.TemporaryDirectory() as tmp:
+        src = write_tiny(Path(tmp) / "f32.gguf", name, seed=seed, qtype="F32", hparams=hp)
+        q = Path(tmp) / "q.gguf"
+        llama_quantize(src, q)
+        path = OUT / f"{name}_q4km.gguf"
+        shutil.copyfile(q, path)
+    hf = hf_logits(name, path, tokens).astype(np.float32)
+    ll = llama_logits(path, tokens)
+    np.savez(OUT / f"{name}_q4km.npz", tokens=tokens, hf_logits=hf, llama_logits=ll, **versions())
+    print(f"{name}_q4km: {path.stat().st_size:,} bytes; llama.cpp top-1 agreement "
+          f"{float(np.mean(ll.argmax(-1) == hf.argmax(-1))):.2f}", file=sys.stderr)
+
+
 def main() -> int:
     import torch
 
     from moert.testing import write_tiny
 
     OUT.mkdir(parents=True, exist_ok=True)
+    if "--llama" in sys.argv:
+        for name, seed in MODELS.items():
+            llama_refs(name, seed)
+        return 0
     for name, seed in MODELS.items():
         path = write_tiny(OUT / f"{name}.gguf", name, seed=seed)
         md, w = gguf_tensors(path)
