@@ -24,12 +24,12 @@ def cmd_serve(args: argparse.Namespace) -> int:
         sock = listen(args.host, args.port)       # bound before loading: a taken port fails fast
     except OSError as e:
         raise MoertError(f"cannot listen on {args.host}:{args.port} ({e.strerror}); pick another --port") from None
-    model = load_from_args(args.model, args)
+    model = load_from_args(args.model, args, trace=args.trace)
     server = Server(model, name=args.alias or model.gguf.path.name, queue_size=args.queue,
                     defaults=_defaults(args), chat_template=args.chat_template)
     host, port = sock.getsockname()[:2]
     print(f"moert serve: {server.name} on http://{host}:{port} (OpenAI API under /v1; /health, /completion, "
-          f"/tokenize, /detokenize, /stats, /placement); Ctrl-C stops", file=sys.stderr, flush=True)
+          f"/tokenize, /detokenize, /stats, /placement, /trace); Ctrl-C stops", file=sys.stderr, flush=True)
     try:
         uvicorn.Server(uvicorn.Config(create_app(server), log_level="warning")).run(sockets=[sock])
     finally:
@@ -56,6 +56,7 @@ def add_commands(sub) -> None:
                        "is not recomputed); the sampling flags are the defaults of requests that do not set them.")
     add_model_arg(s)
     g = s.add_argument_group("server (llama-server's flags)")
+    g.add_argument("--trace", action="store_true", help="record every token's routing; GET /trace returns it")
     g.add_argument("--host", default="127.0.0.1", help="address to listen on (default: 127.0.0.1, this machine "
                    "only)")
     g.add_argument("--port", type=int, default=8080, help="port to listen on (default: 8080)")

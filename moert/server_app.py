@@ -4,6 +4,7 @@
     GET  /v1/models  /health                      OpenAI's model list; llama.cpp's health
     POST /completion  /tokenize  /detokenize      llama.cpp server's
     GET  /stats  /placement                       Model.stats.total and the placement plan, as JSON
+    GET  /trace[?last=N]                          the routing trace (moert serve --trace): summary, last N tokens
 
 Every error is OpenAI's JSON error object with a message that says what to fix: bad JSON or a bad field
 or a prompt longer than the context is 400, a full queue 503; a client that leaves cancels its request.
@@ -280,6 +281,19 @@ def create_app(server: Server) -> FastAPI:
     @app.get("/placement")
     async def placement():
         return server.model.plan.to_dict()
+
+    @app.get("/trace")
+    async def trace(last: int = 0):
+        """The routing trace since the server started (moert serve --trace): its summary, and with ?last=N the
+        expert ids and weights of the last N tokens processed (a request's are the last it added)."""
+        t = server.model.trace
+        if t is None:
+            return error(400, "tracing is off: start the server with moert serve ... --trace")
+        out = t.summary()
+        if last > 0:
+            out["last"] = {"positions": t.positions[-last:].tolist(), "ids": t.ids[-last:].tolist(),
+                           "weights": t.weights[-last:].round(6).tolist()}
+        return out
 
     return app
 

@@ -108,6 +108,23 @@ def test_models_health_stats_placement_and_llama_endpoints(served):
         assert r["content"] == refs[PROMPTS[1]] and r["tokens_predicted"] == N and r["stop"] is True
         ids = h.post("/tokenize", json={"content": "Hello world"}).json()["tokens"]
         assert h.post("/detokenize", json={"tokens": ids}).json()["content"] == "Hello world"
+        r = h.get("/trace")
+        assert r.status_code == 400 and "start the server with moert serve ... --trace" in r.text
+
+
+def test_trace_endpoint(served):
+    url, refs, server, _ = served
+    server.model.trace_start()
+    try:
+        with httpx.Client(base_url=url, timeout=30) as h:
+            r = h.post("/completion", json={"prompt": PROMPTS[2], "n_predict": N, "temperature": 0}).json()
+            assert r["content"] == refs[PROMPTS[2]]
+            t = h.get("/trace", params={"last": 3}).json()
+        assert t["tokens"] >= N and len(t["counts"]) == 2 and len(t["last"]["ids"]) == 3
+        assert len(t["last"]["ids"][0]) == 2 and len(t["last"]["ids"][0][0]) == server.model.config.n_expert_used
+        assert sum(map(sum, t["counts"])) == t["tokens"] * 2 * server.model.config.n_expert_used
+    finally:
+        server.model.trace_stop()
 
 
 def _wait(predicate, what: str, seconds: float = 30.0):
