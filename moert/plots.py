@@ -151,6 +151,11 @@ def compare_bars(rows: list[dict], path: str | Path, title: str = "placement str
     axes[0].set_yticks(range(len(rows)), names, fontsize=8)
     axes[0].invert_yaxis()
     fig.suptitle(f"{title} (predicted; green: best that fits)", fontsize=10)
+    fig.tight_layout()
+    path = Path(path)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
 
 
 def explain_plot(trace, path: str | Path) -> Path:
