@@ -4,12 +4,12 @@ The pipeline, one module per stage:
     gguf.open(path)            moert/gguf.py        the file: metadata and zero-copy tensor views
     quants.dequantize(...)     moert/quants/        GGML block formats (NumPy/CuPy reference), kernels/ (Numba)
     TensorOverride, -ot        moert/placement/     rules.py: regex (+ expert set) -> device (llama.cpp, LM-Kit)
-    plan(model, rules)                              plan.py: first match wins, per tensor and expert
+    plan(model, rules)                              build.py -> plan.py: first match wins, per tensor and expert
     estimate / fit                                  memory.py: pre-flight bytes; strategies.py: rules that fit
     load_weights(gguf, plan)   moert/weights.py     tensors onto cpu / cuda:N / sim:N (moert/devices.py)
-    load(path, ...) -> Model   moert/model.py       KV cache + forward; architectures in moert/models/
+    load(path, ...) -> Model   moert/model.py       KV cache (kvcache.py) + forward; experts.py; models/ per architecture
     generate / stream / chat   moert/generate.py    tokenizer.py, sampling.py, chat.py
-    predict(plan, hardware)    moert/predict.py     speed on other hardware: hardware.py, zoo.py, strategies.py
+    predict(plan, hardware)    moert/predict.py     speed on other hardware: hardware.py, zoo.py, placement/strategies.py
 """
 
 from __future__ import annotations
