@@ -7,9 +7,9 @@ The pipeline, one module per stage:
     plan(model, rules)                              build.py -> plan.py: first match wins, per tensor and expert
     estimate / fit                                  memory.py: pre-flight bytes; strategies.py: rules that fit
     load_weights(gguf, plan)   moert/weights.py     tensors onto cpu / cuda:N / sim:N (moert/devices.py)
-    load(path, ...) -> Model   moert/model.py       KV cache (kvcache.py) + forward; experts.py; models/ per architecture
+    load(path, ...) -> Model   moert/model.py       KV cache (kvcache.py), forward, experts.py; models/
     generate / stream / chat   moert/generate.py    tokenizer.py, sampling.py, chat.py
-    predict(plan, hardware)    moert/predict.py     speed on other hardware: hardware.py, zoo.py, placement/strategies.py
+    predict(plan, hardware)    moert/predict.py     other hardware: hardware.py, zoo.py, strategies
 """
 
 from __future__ import annotations
