@@ -150,15 +150,10 @@ def model_overheads(steps: int = 40) -> tuple[float, float]:
 
 
 def cpu_name() -> str:
-    """The CPU model from /proc/cpuinfo (or platform.processor())."""
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "this CPU"
+    """The CPU model (moert.bench.cpu_model: /proc/cpuinfo, else what platform says)."""
+    from moert.bench import cpu_model
+
+    return cpu_model()
 
 
 def calibrate(long: bool = False, threads: int | None = None):

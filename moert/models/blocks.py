@@ -103,6 +103,21 @@ def gqa_attention(m, il: int, h, dev, rope_base: float, *, neox: bool, qk_norm: 
     return _biased(m, m.linear(a, b + "attn_output.weight", dev), b + "attn_output.bias", dev)
 
 
+# ---------------------------------------------------------------------------------------- routed experts
+
+def routed_experts(m, il: int, x, dev, route):
+    """The routed-experts half of a MoE block on dev: h = RMSNorm(x) (ffn_norm), the router's logits (T, E),
+    `route(logits) -> ids, weights` (the architecture's semantics, moert/moe.py), then the experts wherever
+    the plan put them (m.experts). Returns h (T, D), for a shared expert, and the experts' output (T, D)."""
+    c, b = m.config, f"blk.{il}."
+    with m.phase("router", dev):
+        h = rms_norm(x, m.w(b + "ffn_norm.weight", dev), c.rms_eps, dev.xp)                  # (T, D)
+        logits = h @ m.w(b + "ffn_gate_inp.weight", dev).T              # (T, E)
+        ids, weights = route(logits)                                    # (T, K), (T, K)
+    names = (b + "ffn_gate_exps.weight", b + "ffn_up_exps.weight", b + "ffn_down_exps.weight")
+    return h, m.experts(il, h, ids, weights, names, logits=logits)     # (T, D) on dev
+
+
 # ----------------------------------------------------------------------------- FFNs: dense, shared expert
 
 def ffn_tensors(b: str, n_ff: str, suffix: str = "", bias: bool = False) -> list[TensorSpec]:

@@ -17,7 +17,7 @@ import numpy as np
 from moert.config import Config as BaseConfig
 from moert.config import key
 from moert.layers import rms_norm
-from moert.models.blocks import attention_tensors, decoder, dense_ffn, ffn_tensors, gqa_attention
+from moert.models.blocks import attention_tensors, decoder, dense_ffn, ffn_tensors, gqa_attention, routed_experts
 from moert.models.spec import TensorSpec, io_tensors, spec
 from moert.moe import topk_softmax
 
@@ -72,14 +72,12 @@ def block(m, il: int, x):
     with m.phase("attention", dev):
         h = rms_norm(x, m.w(b + "attn_norm.weight", dev), c.rms_eps, xp)
         x = x + gqa_attention(m, il, h, dev, c.rope_base, neox=ROPE_NEOX)
-        h = rms_norm(x, m.w(b + "ffn_norm.weight", dev), c.rms_eps, xp)                       # (T, D)
     if not c.n_expert:
+        with m.phase("attention", dev):
+            h = rms_norm(x, m.w(b + "ffn_norm.weight", dev), c.rms_eps, xp)                   # (T, D)
         fdev = m.device_of(b + "ffn_up.weight")
         with m.phase("ffn", fdev):
             y = dense_ffn(m, b, m.to(h, fdev, "hidden"), fdev)
         return x + m.to(y, dev, "ffn output")
-    with m.phase("router", dev):
-        logits = h @ m.w(b + "ffn_gate_inp.weight", dev).T              # (T, E)
-        ids, weights = topk_softmax(logits, c.n_expert_used, xp)        # (T, K)
-    return x + m.experts(il, h, ids, weights, (b + "ffn_gate_exps.weight", b + "ffn_up_exps.weight",
-                                               b + "ffn_down_exps.weight"), logits=logits)
+    _, y = routed_experts(m, il, x, dev, lambda logits: topk_softmax(logits, c.n_expert_used, xp))
+    return x + y

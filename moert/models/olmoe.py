@@ -13,7 +13,7 @@ import numpy as np
 
 from moert.config import MoEConfig, key
 from moert.layers import rms_norm
-from moert.models.blocks import attention_tensors, decoder, gqa_attention
+from moert.models.blocks import attention_tensors, decoder, gqa_attention, routed_experts
 from moert.models.spec import TensorSpec, io_tensors, spec
 from moert.moe import softmax_topk
 
@@ -54,9 +54,5 @@ def block(m, il: int, x):
     with m.phase("attention", dev):
         h = rms_norm(x, m.w(b + "attn_norm.weight", dev), c.rms_eps, xp)
         x = x + gqa_attention(m, il, h, dev, c.rope_base, neox=ROPE_NEOX, qk_norm="full")
-    with m.phase("router", dev):
-        h = rms_norm(x, m.w(b + "ffn_norm.weight", dev), c.rms_eps, xp)                       # (T, D)
-        logits = h @ m.w(b + "ffn_gate_inp.weight", dev).T              # (T, E)
-        ids, weights = softmax_topk(logits, c.n_expert_used, xp, renorm=False)               # (T, K)
-    return x + m.experts(il, h, ids, weights, (b + "ffn_gate_exps.weight", b + "ffn_up_exps.weight",
-                                               b + "ffn_down_exps.weight"), logits=logits)
+    _, y = routed_experts(m, il, x, dev, lambda logits: softmax_topk(logits, c.n_expert_used, xp, renorm=False))
+    return x + y

@@ -16,7 +16,7 @@ import numpy as np
 
 from moert.config import MoEConfig, key
 from moert.layers import rms_norm
-from moert.models.blocks import attention_tensors, decoder, ffn_tensors, gqa_attention, shared_expert
+from moert.models.blocks import attention_tensors, decoder, ffn_tensors, gqa_attention, routed_experts, shared_expert
 from moert.models.spec import TensorSpec, io_tensors, spec
 from moert.moe import softmax_topk
 
@@ -61,10 +61,5 @@ def block(m, il: int, x):
     with m.phase("attention", dev):
         h = rms_norm(x, m.w(b + "attn_norm.weight", dev), c.rms_eps, xp)
         x = x + gqa_attention(m, il, h, dev, c.rope_base, neox=ROPE_NEOX)
-    with m.phase("router", dev):
-        h = rms_norm(x, m.w(b + "ffn_norm.weight", dev), c.rms_eps, xp)                       # (T, D)
-        logits = h @ m.w(b + "ffn_gate_inp.weight", dev).T              # (T, E)
-        ids, weights = softmax_topk(logits, c.n_expert_used, xp, renorm=False)               # (T, K)
-    y = m.experts(il, h, ids, weights, (b + "ffn_gate_exps.weight", b + "ffn_up_exps.weight",
-                                        b + "ffn_down_exps.weight"), logits=logits)
+    h, y = routed_experts(m, il, x, dev, lambda logits: softmax_topk(logits, c.n_expert_used, xp, renorm=False))
     return x + y + shared_expert(m, b, h, dev, gated=True)

@@ -19,7 +19,7 @@ import numpy as np
 
 from moert.config import MoEConfig
 from moert.layers import rms_norm
-from moert.models.blocks import decoder, qk_norm_attention, qk_norm_attention_tensors
+from moert.models.blocks import decoder, qk_norm_attention, qk_norm_attention_tensors, routed_experts
 from moert.models.spec import TensorSpec, io_tensors, spec
 from moert.moe import softmax_topk
 
@@ -72,12 +72,6 @@ def block(m, il: int, x):
         h = rms_norm(x, m.w(b + "attn_norm.weight", dev), c.rms_eps, xp)                     # (T, D)
         x = x + qk_norm_attention(m, il, h, dev, c.rope_base, neox=ROPE_NEOX)              # (T, D)
 
-    with m.phase("router", dev):
-        h = rms_norm(x, m.w(b + "ffn_norm.weight", dev), c.rms_eps, xp)                      # (T, D)
-        logits = h @ m.w(b + "ffn_gate_inp.weight", dev).T              # (T, E)
-        ids, weights = route(logits, c.n_expert_used, xp)               # (T, K), (T, K)
-
-    # the routed experts run where their tensors are (CPU: Numba kernels on the quantized bytes)
-    y = m.experts(il, h, ids, weights, (b + "ffn_gate_exps.weight", b + "ffn_up_exps.weight",
-                                        b + "ffn_down_exps.weight"), logits=logits)    # (T, D) on dev
+    # router and routed experts (CPU: Numba kernels on the quantized bytes), wherever the plan put them
+    _, y = routed_experts(m, il, x, dev, lambda logits: route(logits, c.n_expert_used, xp))    # (T, D) on dev
     return x + y
