@@ -105,6 +105,15 @@ def gqa_attention(m, il: int, h, dev, rope_base: float, *, neox: bool, qk_norm: 
 
 # ---------------------------------------------------------------------------------------- routed experts
 
+def routed_expert_tensors(b: str, n_ff: str = "n_ff_exp") -> list[TensorSpec]:
+    """What routed_experts reads: ffn_norm (D), the router ffn_gate_inp (E, D), gate/up (E, n_ff, D) and
+    down (E, D, n_ff) stacked over the experts."""
+    return [spec(b + "ffn_norm.weight", "n_embd"), spec(b + "ffn_gate_inp.weight", "n_expert", "n_embd"),
+            spec(b + "ffn_gate_exps.weight", "n_expert", n_ff, "n_embd"),
+            spec(b + "ffn_up_exps.weight", "n_expert", n_ff, "n_embd"),
+            spec(b + "ffn_down_exps.weight", "n_expert", "n_embd", n_ff)]
+
+
 def routed_experts(m, il: int, x, dev, route):
     """The routed-experts half of a MoE block on dev: h = RMSNorm(x) (ffn_norm), the router's logits (T, E),
     `route(logits) -> ids, weights` (the architecture's semantics, moert/moe.py), then the experts wherever

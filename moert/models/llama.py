@@ -17,7 +17,15 @@ import numpy as np
 from moert.config import Config as BaseConfig
 from moert.config import key
 from moert.layers import rms_norm
-from moert.models.blocks import attention_tensors, decoder, dense_ffn, ffn_tensors, gqa_attention, routed_experts
+from moert.models.blocks import (
+    attention_tensors,
+    decoder,
+    dense_ffn,
+    ffn_tensors,
+    gqa_attention,
+    routed_expert_tensors,
+    routed_experts,
+)
 from moert.models.spec import TensorSpec, io_tensors, spec
 from moert.moe import topk_softmax
 
@@ -47,14 +55,11 @@ def tensors(c: Config) -> list[TensorSpec]:
     out = io_tensors()
     for i in range(c.n_layer):
         b = f"blk.{i}."
-        out += [spec(b + "attn_norm.weight", "n_embd"), *attention_tensors(b), spec(b + "ffn_norm.weight", "n_embd")]
+        out += [spec(b + "attn_norm.weight", "n_embd"), *attention_tensors(b)]
         if c.n_expert:
-            out += [spec(b + "ffn_gate_inp.weight", "n_expert", "n_embd"),
-                    spec(b + "ffn_gate_exps.weight", "n_expert", "n_ff", "n_embd"),
-                    spec(b + "ffn_up_exps.weight", "n_expert", "n_ff", "n_embd"),
-                    spec(b + "ffn_down_exps.weight", "n_expert", "n_embd", "n_ff")]
+            out += routed_expert_tensors(b, "n_ff")
         else:
-            out += ffn_tensors(b, "n_ff", bias=True)
+            out += [spec(b + "ffn_norm.weight", "n_embd"), *ffn_tensors(b, "n_ff", bias=True)]
     return out
 
 

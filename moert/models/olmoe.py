@@ -13,7 +13,7 @@ import numpy as np
 
 from moert.config import MoEConfig, key
 from moert.layers import rms_norm
-from moert.models.blocks import attention_tensors, decoder, gqa_attention, routed_experts
+from moert.models.blocks import attention_tensors, decoder, gqa_attention, routed_expert_tensors, routed_experts
 from moert.models.spec import TensorSpec, io_tensors, spec
 from moert.moe import softmax_topk
 
@@ -33,10 +33,7 @@ def tensors(c: Config) -> list[TensorSpec]:
     for i in range(c.n_layer):
         b = f"blk.{i}."
         out += [spec(b + "attn_norm.weight", "n_embd"), *attention_tensors(b, qk_norm="full"),
-                spec(b + "ffn_norm.weight", "n_embd"), spec(b + "ffn_gate_inp.weight", "n_expert", "n_embd"),
-                spec(b + "ffn_gate_exps.weight", "n_expert", "n_ff_exp", "n_embd"),
-                spec(b + "ffn_up_exps.weight", "n_expert", "n_ff_exp", "n_embd"),
-                spec(b + "ffn_down_exps.weight", "n_expert", "n_embd", "n_ff_exp")]
+                *routed_expert_tensors(b)]
     return out
 
 

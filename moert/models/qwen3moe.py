@@ -19,7 +19,13 @@ import numpy as np
 
 from moert.config import MoEConfig
 from moert.layers import rms_norm
-from moert.models.blocks import decoder, qk_norm_attention, qk_norm_attention_tensors, routed_experts
+from moert.models.blocks import (
+    decoder,
+    qk_norm_attention,
+    qk_norm_attention_tensors,
+    routed_expert_tensors,
+    routed_experts,
+)
 from moert.models.spec import TensorSpec, io_tensors, spec
 from moert.moe import softmax_topk
 
@@ -42,12 +48,7 @@ def tensors(c: Config) -> list[TensorSpec]:
     out = io_tensors()
     for i in range(c.n_layer):
         b = f"blk.{i}."
-        out += [spec(b + "attn_norm.weight", "n_embd"), *qk_norm_attention_tensors(b),
-                spec(b + "ffn_norm.weight", "n_embd"),
-                spec(b + "ffn_gate_inp.weight", "n_expert", "n_embd"),
-                spec(b + "ffn_gate_exps.weight", "n_expert", "n_ff_exp", "n_embd"),
-                spec(b + "ffn_up_exps.weight", "n_expert", "n_ff_exp", "n_embd"),
-                spec(b + "ffn_down_exps.weight", "n_expert", "n_embd", "n_ff_exp")]
+        out += [spec(b + "attn_norm.weight", "n_embd"), *qk_norm_attention_tensors(b), *routed_expert_tensors(b)]
     return out
 
 
