@@ -26,6 +26,17 @@ def _pyplot():
     return plt
 
 
+def _save(fig, path: str | Path, dpi: int = 120) -> Path:
+    """Lay `fig` out, write it as a PNG at `path`, close it; returns the path."""
+    import matplotlib.pyplot as plt
+
+    fig.tight_layout()
+    path = Path(path)
+    fig.savefig(path, dpi=dpi)
+    plt.close(fig)
+    return path
+
+
 def expert_heatmap(counts: np.ndarray, path: str | Path, title: str = "expert selections") -> Path:
     """A (n_layer, n_expert) table of selection counts as a heatmap PNG; returns the path."""
     plt = _pyplot()
@@ -47,11 +58,7 @@ def expert_heatmap(counts: np.ndarray, path: str | Path, title: str = "expert se
     total = int(counts.sum())
     ax.set_title(f"{title}: {total:,} selections over {n_layer} layers x {n_expert} experts")
     fig.colorbar(im, ax=ax, label="share of the layer\n(square-root scale)")
-    fig.tight_layout()
-    path = Path(path)
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    return _save(fig, path)
 
 
 def coverage_plot(trace, path: str | Path) -> Path:
@@ -70,11 +77,7 @@ def coverage_plot(trace, path: str | Path) -> Path:
     ax.grid(alpha=0.3)
     ax.legend(loc="lower right")
     ax.set_title(f"coverage: {len(trace)} tokens, {trace.n_layer} layers, {E} experts, top-{trace.ids.shape[2]}")
-    fig.tight_layout()
-    path = Path(path)
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    return _save(fig, path)
 
 
 def placement_bars(plan, path: str | Path) -> Path:
@@ -94,11 +97,7 @@ def placement_bars(plan, path: str | Path) -> Path:
     ax.set_xlabel("weights (MiB)")
     ax.set_title(f"placement of {Path(str(plan.path)).name}")
     ax.legend(fontsize="small", loc="upper center", bbox_to_anchor=(0.5, -0.25 - 0.1 * len(devices)), ncol=1)
-    fig.tight_layout()
-    path = Path(path)
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    return _save(fig, path)
 
 
 def speed_bars(speeds: dict[str, dict[str, float]], path: str | Path, title: str = "speed",
@@ -124,11 +123,7 @@ def speed_bars(speeds: dict[str, dict[str, float]], path: str | Path, title: str
         ax.set_ylabel("tokens/s")
         ax.margins(y=0.25)
     fig.suptitle(title, fontsize="medium")
-    fig.tight_layout()
-    path = Path(path)
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    return _save(fig, path)
 
 
 def compare_bars(rows: list[dict], path: str | Path, title: str = "placement strategies") -> Path:
@@ -151,11 +146,7 @@ def compare_bars(rows: list[dict], path: str | Path, title: str = "placement str
     axes[0].set_yticks(range(len(rows)), names, fontsize=8)
     axes[0].invert_yaxis()
     fig.suptitle(f"{title} (predicted; green: best that fits)", fontsize=10)
-    fig.tight_layout()
-    path = Path(path)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return _save(fig, path, dpi=110)
 
 
 def explain_plot(trace, path: str | Path) -> Path:
@@ -186,8 +177,4 @@ def explain_plot(trace, path: str | Path) -> Path:
     ax.set_xlabel("|update| / |residual| (log scale)")
     ax.legend()
     fig.suptitle(f"token {trace.position} {trace.token!r}")
-    fig.tight_layout()
-    path = Path(path)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return _save(fig, path, dpi=110)
