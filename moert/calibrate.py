@@ -149,17 +149,11 @@ def model_overheads(steps: int = 40) -> tuple[float, float]:
     return layer * 1e6, max(per[1] - layer, 0.0) * 1e6
 
 
-def cpu_name() -> str:
-    """The CPU model (moert.bench.cpu_model: /proc/cpuinfo, else what platform says)."""
-    from moert.bench import cpu_model
-
-    return cpu_model()
-
-
 def calibrate(long: bool = False, threads: int | None = None):
     """A CPU with this machine's measured rates (see the module docstring); long=True: more samples."""
     import numba
 
+    from moert.bench import cpu_model
     from moert.hardware import CPU
     from moert.model import set_threads
 
@@ -180,7 +174,7 @@ def calibrate(long: bool = False, threads: int | None = None):
     # probe reads below what the int8 kernels stream, so the per-thread cap is the larger of the two
     bw1 = max(bw1, *gbs.values())
     bwn = max(bwn, bw1) if n > 1 else bw1
-    name = f"local ({cpu_name()}, {n} threads)"
+    name = f"local ({cpu_model()}, {n} threads)"
     # the measured all-thread read is the CPU's whole bandwidth here: efficiency 1 of it
     return CPU(name, n, round(bwn, 2), ghz=1.0, flops_per_cycle=1, bw_efficiency=1.0, compute_efficiency=1.0,
                call_us=round(call, 2), layer_us=round(layer, 1), token_us=round(token, 1),
@@ -189,4 +183,4 @@ def calibrate(long: bool = False, threads: int | None = None):
                source=f"moert.hardware.calibrate(long={long}) on {platform.node() or os.uname().nodename}")
 
 
-__all__ = ["calibrate", "call_overhead_us", "cpu_name", "kernel_rates", "model_overheads", "read_bandwidth"]
+__all__ = ["calibrate", "call_overhead_us", "kernel_rates", "model_overheads", "read_bandwidth"]
