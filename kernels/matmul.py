@@ -5,8 +5,8 @@
     matvec_ref, matmul_ref the NumPy reference twins: dequantize with moert/quants/dequant.py, then `@`
 
 w is a QTensor (raw GGUF bytes, type, NumPy shape (R, C)); FAST_TYPES lists the types with kernels:
-F32, F16, BF16, Q8_0, Q4_K, Q5_K, Q6_K. Rows run in parallel (numba.get_num_threads() threads, one
-parallel region per call); small matrices run serially, as a parallel region costs more than they do.
+F32, F16, BF16, Q8_0, Q4_K, Q5_K, Q6_K, MXFP4 (kernels/mxfp4.py). Rows run in parallel (numba.get_num_threads()
+threads, one parallel region per call); small matrices run serially, as a parallel region costs more than they do.
 
 How the kernels read (all float32, summed in a different order from the reference; see the tests):
   - one token: each type has a fused row dot that decodes a block's quants straight into FMAs. The
@@ -41,8 +41,10 @@ from moert.quants.dequant import lookup
 __all__ = ["FAST_TYPES", "TYPE_CODES", "Prepared", "matmul", "matmul_ref", "matvec", "matvec_ref", "weight_bytes"]
 
 # Kernel table: GGML type -> (code used inside Numba, block size). The code picks the row kernel.
-TYPE_CODES = {"F32": 0, "F16": 1, "BF16": 2, "Q8_0": 3, "Q4_K": 4, "Q5_K": 5, "Q6_K": 6}
-BLOCK = {"F32": 1, "F16": 1, "BF16": 1, "Q8_0": 32, "Q4_K": 256, "Q5_K": 256, "Q6_K": 256}
+TYPE_CODES = {"F32": 0, "F16": 1, "BF16": 2, "Q8_0": 3, "Q4_K": 4, "Q5_K": 5, "Q6_K": 6,
+              "MXFP4": 7}  # MXFP4 (issue 15): kernels/mxfp4.py
+BLOCK = {"F32": 1, "F16": 1, "BF16": 1, "Q8_0": 32, "Q4_K": 256, "Q5_K": 256, "Q6_K": 256,
+         "MXFP4": 32}  # MXFP4 (issue 15)
 FAST_TYPES: frozenset[str] = frozenset(TYPE_CODES)
 
 _FM = {"reassoc", "contract"}   # let LLVM reorder float sums (vector lanes) and fuse mul+add; no nnan/ninf
@@ -604,6 +606,11 @@ def rows(code, w, x, xs, out, r0, r1, b0, b1, f16):
             _rows1_q8_0(w, x, xs, out, r0, r1, b0, b1, f16)
         else:
             _rows_q8_0(w, x, out, r0, r1, b0, b1, f16)
+    elif code == 7:                                     # MXFP4 (issue 15): f16 is mxfp4.E8M0_HALF
+        if x.shape[0] == 1:
+            mxfp4.rows1(w, x, out, r0, r1, b0, b1, f16)
+        else:
+            mxfp4.rows(w, x, out, r0, r1, b0, b1, f16)
     elif code == 0:
         _rows_f32(w, x, out, r0, r1, b0, b1, f16)
     elif code == 1:
@@ -635,7 +642,8 @@ def kernels_for(code: int, aq: int = 0) -> tuple:
         from moert.kernels import matmul_q
         aq = aq if code in matmul_q.QUANT_CODES else 0
     if (code, aq) not in _DRIVERS:
-        _DRIVERS[code, aq] = matmul_q.make_drivers(code, aq) if aq else _make_drivers(code)
+        _DRIVERS[code, aq] = matmul_q.make_drivers(code, aq) if aq else \
+            mxfp4.make_drivers() if code == 7 else _make_drivers(code)    # MXFP4 (issue 15)
     return _DRIVERS[code, aq]
 
 
@@ -677,7 +685,9 @@ def raw_rows(w: QTensor) -> np.ndarray:
 
 
 def table(type_name: str) -> np.ndarray:
-    """The fp16 (or bf16) -> float32 table the kernels of this type read."""
+    """The fp16 (or bf16, or MXFP4's E8M0) -> float32 table the kernels of this type read."""
+    if type_name == "MXFP4":                                            # MXFP4 (issue 15)
+        return mxfp4.E8M0_HALF
     return BF16_TO_F32 if type_name == "BF16" else F16_TO_F32
 
 
@@ -735,7 +745,7 @@ class Prepared:
         self.code = _check_weight(w)
         self.shape, self.type, self.raw = tuple(w.shape), w.type, raw_rows(w)
         self.nb = w.shape[1] // BLOCK[w.type]
-        self.f16 = BF16_TO_F32 if self.code == 2 else F16_TO_F32
+        self.f16 = table(w.type)                                        # MXFP4 (issue 15): was fp16/bf16 only
         self.serial, self.parallel = kernels_for(self.code, aq)
 
     def __call__(self, x: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
@@ -786,3 +796,8 @@ def matvec_ref(x: np.ndarray, w: QTensor, out: np.ndarray | None = None) -> np.n
         out[...] = y
         return out
     return y
+
+
+# MXFP4 (issue 15): its row kernels live in kernels/mxfp4.py, which imports the helpers above; imported last so
+# that either module may be imported first
+from moert.kernels import mxfp4  # noqa: E402

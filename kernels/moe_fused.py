@@ -43,7 +43,7 @@ from moert.quants.dequant import lookup, slice_expert
 __all__ = ["PreparedExperts", "layer_kernel", "moe_ffn_fused", "moe_ffn_fused_ref", "parts_for", "supports"]
 
 # what the compiled layer kernels link from other files: part of their cache key (see the docstring)
-_LINKED_FILES = ("matmul.py", "matmul_q.py", "moe.py", "simd.py")
+_LINKED_FILES = ("matmul.py", "matmul_q.py", "moe.py", "simd.py", "mxfp4.py")   # mxfp4.py: issue 15
 _LINKED_SOURCE = int(hashlib.sha1(b"".join((Path(__file__).parent / f).read_bytes()
                                           for f in _LINKED_FILES)).hexdigest()[:15], 16)
 

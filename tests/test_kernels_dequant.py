@@ -19,7 +19,7 @@ FAST = sorted(kernels.FAST_TYPES)
 
 
 def test_fast_types():
-    assert kernels.FAST_TYPES == {"Q4_K", "Q5_K", "Q6_K", "Q8_0", "Q5_0", "Q4_0", "F16", "BF16"}
+    assert kernels.FAST_TYPES == {"Q4_K", "Q5_K", "Q6_K", "Q8_0", "Q5_0", "Q4_0", "F16", "BF16", "MXFP4"}
 
 
 @pytest.mark.parametrize("name", FAST)

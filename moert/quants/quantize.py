@@ -87,6 +87,21 @@ def quant_q5_0(x):
     return np.concatenate([db, qh, _nibbles(q)], axis=1)
 
 
+def quant_mxfp4(x):
+    """| e E8M0 | qs[16] |: e = floor(log2 max|x|) - 2 + 127 (so max|x| / 2^(e-127) is in [4, 8), the top of
+    E2M1's range), each weight the nearest of the 16 values times 2^(e-128), ties to the lower code (ggml's
+    quantize_row_mxfp4_ref and gguf-py)."""
+    from moert.quants.dequant import MXFP4_VALUES, e8m0_half
+
+    amax = np.abs(x).max(axis=1)
+    with np.errstate(divide="ignore"):
+        e = np.where(amax > 0, np.floor(np.log2(amax)) - 2 + 127, 0).astype(np.uint8)      # (n,)
+    d = e8m0_half(np, e)                                                        # (n,) float32
+    grid = d[:, None, None] * np.asarray(MXFP4_VALUES, dtype=np.float32)        # (n, 1, 16)
+    q = np.abs(grid - x[:, :, None]).argmin(axis=-1).astype(np.uint8)           # (n, 32)
+    return np.concatenate([e[:, None], _nibbles(q)], axis=1)
+
+
 # --- k-quants: x is (n, 256) -------------------------------------------------------------------
 
 def _fit_affine(x, nmax: int, rounds: int = 2):
@@ -177,7 +192,7 @@ def quant_q6_k(x):
 
 QUANT: dict[str, Callable[[np.ndarray], np.ndarray]] = {
     "F32": quant_f32, "F16": quant_f16, "BF16": quant_bf16,
-    "Q8_0": quant_q8_0, "Q4_0": quant_q4_0, "Q5_0": quant_q5_0,
+    "Q8_0": quant_q8_0, "Q4_0": quant_q4_0, "Q5_0": quant_q5_0, "MXFP4": quant_mxfp4,
     "Q4_K": quant_q4_k, "Q5_K": quant_q5_k, "Q6_K": quant_q6_k,
 }
 
