@@ -14,7 +14,7 @@ import dataclasses
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 
@@ -78,6 +78,8 @@ def _check_range(f: Any, value: Any, name: str) -> None:
 class Config:
     """Fields every decoder-only transformer in GGUF has; architectures subclass it."""
 
+    ROPE_SCALINGS: ClassVar[tuple[str, ...]] = ("none",)   # rope.scaling.type values the architecture runs
+
     arch: str = key("general.architecture")
     n_layer: int = key("{arch}.block_count", minimum=1)
     n_ctx_train: int = key("{arch}.context_length", minimum=1, maximum=MAX_CONTEXT)
@@ -89,6 +91,14 @@ class Config:
     rms_eps: float = key("{arch}.attention.layer_norm_rms_epsilon", positive=True)
     rope_base: float = key("{arch}.rope.freq_base", 10000.0, positive=True)
     rope_scaling: str = key("{arch}.rope.scaling.type", "none")
+    # YaRN (llama.cpp's keys and defaults; read only when rope_scaling is "yarn", see yarn())
+    rope_scaling_factor: float = key("{arch}.rope.scaling.factor", 0.0, minimum=0.0)     # 0: none (llama.cpp)
+    rope_orig_ctx: int = key("{arch}.rope.scaling.original_context_length", lambda f: f["n_ctx_train"],
+                             minimum=1, maximum=MAX_CONTEXT)
+    yarn_beta_fast: float = key("{arch}.rope.scaling.yarn_beta_fast", 32.0, positive=True)
+    yarn_beta_slow: float = key("{arch}.rope.scaling.yarn_beta_slow", 1.0, positive=True)
+    yarn_attn_factor: float = key("{arch}.rope.scaling.attn_factor", 1.0, positive=True)
+    yarn_log_multiplier: float = key("{arch}.rope.scaling.yarn_log_multiplier", 0.0, minimum=0.0)
     n_vocab: int = key("{arch}.vocab_size", lambda f: f["_n_tokens"], minimum=1, maximum=1 << 24)
 
     @classmethod
@@ -140,9 +150,21 @@ class Config:
         """Cross-field checks; subclasses extend them."""
         self._check(self.n_head % self.n_head_kv == 0, "attention.head_count_kv",
                     f"head_count {self.n_head} is not a multiple of head_count_kv {self.n_head_kv}")
-        self._check(self.rope_scaling == "none", "rope.scaling.type",
-                    f"RoPE scaling {self.rope_scaling!r} is not supported yet (only none); "
-                    f"use a GGUF converted without rope scaling")
+        self._check(self.rope_scaling in self.ROPE_SCALINGS, "rope.scaling.type",
+                    f"RoPE scaling {self.rope_scaling!r} is not supported for {self.arch} (only "
+                    f"{', '.join(self.ROPE_SCALINGS)}); use a GGUF converted without rope scaling")
+
+    def yarn(self):
+        """The file's YaRN scaling as a layers.Yarn (None unless rope.scaling.type is "yarn"), with ggml's
+        magnitude: cos and sin times attn_factor * (1 + 0.1 ln factor). An architecture that scales
+        differently (deepseek2 moves it into the attention scale) builds its own from these fields."""
+        from moert.layers import Yarn
+
+        if self.rope_scaling != "yarn" or self.rope_scaling_factor in (0.0, 1.0):
+            return None
+        f = self.rope_scaling_factor
+        return Yarn(f, self.rope_orig_ctx, self.yarn_beta_fast, self.yarn_beta_slow,
+                    self.yarn_attn_factor * (1.0 + 0.1 * math.log(f)))
 
     def _check(self, ok: bool, key_suffix: str, why: str) -> None:
         if not ok:

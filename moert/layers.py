@@ -13,6 +13,9 @@ Hk key/value heads, G = H / Hk heads per KV group, Dh head dim, F feed-forward h
 
 from __future__ import annotations
 
+import math
+from dataclasses import dataclass
+
 import numpy as np
 
 _fast = None    # moert.kernels.layers, imported on first use (it imports Numba)
@@ -46,12 +49,54 @@ def rms_norm(x, w, eps: float, xp=np, fast: bool = True):
     return x * (1.0 / xp.sqrt(ms + np.float32(eps))) * w
 
 
-def rope_angles(pos0: int, n: int, head_dim: int, base: float, xp=np):
-    """cos, sin of RoPE for positions pos0 .. pos0+n-1: each (n, head_dim // 2) float32."""
+@dataclass(frozen=True)
+class Yarn:
+    """YaRN RoPE scaling (arXiv:2309.00071), as ggml's rope_yarn and transformers' _compute_yarn_parameters.
+
+    Dimension pair i rotates at base^(-2i/Dh) (extrapolation) for the high-frequency pairs, at that
+    divided by `factor` (interpolation) for the low-frequency ones, and a linear ramp in between: the
+    ramp runs over the pairs whose wavelength makes beta_fast .. beta_slow turns within `orig_ctx`.
+    cos and sin are multiplied by `mscale` (ggml: attn_factor * (1 + 0.1 ln factor); HF: attention_factor).
+    truncate floors/ceils the ramp's ends to whole pairs: ggml always does (ggml_rope_yarn_corr_dims), HF
+    does unless the config says `truncate: false` (gpt-oss does)."""
+
+    factor: float            # rope.scaling.factor: context extension, 1 / ggml's freq_scale
+    orig_ctx: int            # rope.scaling.original_context_length: the context trained before extension
+    beta_fast: float = 32.0
+    beta_slow: float = 1.0
+    mscale: float = 1.0
+    truncate: bool = True
+
+    def ramp_range(self, head_dim: int, base: float) -> tuple[float, float]:
+        """The pair indices (low, high) between which interpolation ramps in (ggml's corr_dims)."""
+        def dim(turns: float) -> float:
+            return head_dim * math.log(self.orig_ctx / (turns * 2 * math.pi)) / (2 * math.log(base))
+        lo, hi = dim(self.beta_fast), dim(self.beta_slow)
+        if self.truncate:
+            lo, hi = math.floor(lo), math.ceil(hi)
+        return max(lo, 0.0), min(hi, head_dim - 1.0)
+
+    def inv_freq(self, head_dim: int, base: float) -> np.ndarray:
+        """Per-pair angular frequencies (Dh/2,) float64."""
+        half = head_dim // 2
+        extra = 1.0 / (base ** (np.arange(half, dtype=np.float64) * 2.0 / head_dim))   # (Dh/2,)
+        lo, hi = self.ramp_range(head_dim, base)
+        keep = 1.0 - np.clip((np.arange(half) - lo) / max(hi - lo, 0.001), 0.0, 1.0)   # 1: extrapolate
+        return extra / self.factor * (1.0 - keep) + extra * keep
+
+
+def rope_angles(pos0: int, n: int, head_dim: int, base: float, xp=np, yarn: Yarn | None = None):
+    """cos, sin of RoPE for positions pos0 .. pos0+n-1: each (n, head_dim // 2) float32. With `yarn`, the
+    YaRN frequencies, and cos and sin scaled by yarn.mscale."""
     half = head_dim // 2
-    inv_freq = 1.0 / (base ** (xp.arange(0, half, dtype=xp.float64) * 2.0 / head_dim))   # (Dh/2,)
+    if yarn is None:
+        inv_freq = 1.0 / (base ** (xp.arange(0, half, dtype=xp.float64) * 2.0 / head_dim))   # (Dh/2,)
+    else:
+        inv_freq = xp.asarray(yarn.inv_freq(head_dim, base))
     ang = xp.arange(pos0, pos0 + n, dtype=xp.float64)[:, None] * inv_freq[None, :]    # (T, Dh/2)
-    return xp.cos(ang).astype(xp.float32), xp.sin(ang).astype(xp.float32)
+    if yarn is None or yarn.mscale == 1.0:
+        return xp.cos(ang).astype(xp.float32), xp.sin(ang).astype(xp.float32)
+    return (xp.cos(ang) * yarn.mscale).astype(xp.float32), (xp.sin(ang) * yarn.mscale).astype(xp.float32)
 
 
 def rope(x, cos, sin, neox: bool, xp=np, fast: bool = True):

@@ -389,11 +389,12 @@ class Model(TextAPI, Tracing):
     def _dense_bytes(self) -> int:
         return sum(a.nbytes for a in self._dense.values())
 
-    def rope(self, dev: Device, head_dim: int, base: float):
-        """cos, sin (T, Dh/2) for this chunk's positions, computed once per device, head dim and base."""
-        k = (id(dev), head_dim, base)
+    def rope(self, dev: Device, head_dim: int, base: float, yarn=None):
+        """cos, sin (T, Dh/2) for this chunk's positions, computed once per device, head dim, base and
+        scaling (a layers.Yarn, or None)."""
+        k = (id(dev), head_dim, base, yarn)
         if k not in self._rope:
-            self._rope[k] = rope_angles(self.position, self._n, head_dim, base, dev.xp)
+            self._rope[k] = rope_angles(self.position, self._n, head_dim, base, dev.xp, yarn)
         return self._rope[k]
 
     def embed(self, name: str, tokens: np.ndarray):

@@ -45,8 +45,8 @@ class Runtime(Protocol):
     def linear(self, x: Any, name: str, dev: Device | None = None) -> Any:
         """x (T, in) @ W.T for the 2-D weight `name` (out, in), from its quantized bytes: (T, out)."""
 
-    def rope(self, dev: Device, head_dim: int, base: float) -> tuple[Any, Any]:
-        """cos, sin (T, head_dim / 2) for this chunk's positions."""
+    def rope(self, dev: Device, head_dim: int, base: float, yarn: Any = None) -> tuple[Any, Any]:
+        """cos, sin (T, head_dim / 2) for this chunk's positions; yarn: a layers.Yarn scaling, or None."""
 
     def kv_cache(self, il: int) -> tuple[Any, Any]:
         """Layer il's K and V caches, (n_ctx, Hkv, Dh) each, on its attention device."""

@@ -252,3 +252,46 @@ def test_unknown_architecture():
 
     with pytest.raises(models.UnsupportedArchitectureError, match="qwen3moe"):
         models.get("mamba9")
+
+
+YARN = np.load(__import__("pathlib").Path(__file__).parent / "fixtures" / "yarn" / "yarn.npz")
+
+
+@pytest.mark.parametrize("name,head_dim,base,factor,truncate", [("gptoss", 64, 150000.0, 32.0, False),
+                                                               ("deepseek", 64, 10000.0, 40.0, True)])
+def test_yarn_frequencies_match_transformers(name, head_dim, base, factor, truncate):
+    # transformers' _compute_yarn_parameters (tests/reference/make_yarn_refs.py), gpt-oss's untruncated
+    # ramp and DeepSeek's truncated one; its attention factor is ggml's 1 + 0.1 ln(factor)
+    y = layers.Yarn(factor, 4096, truncate=truncate, mscale=1.0 + 0.1 * math.log(factor))
+    np.testing.assert_allclose(y.inv_freq(head_dim, base), YARN[f"{name}_inv_freq"], rtol=2e-6)
+    assert y.mscale == pytest.approx(float(YARN[f"{name}_attention_factor"]), rel=1e-6)
+    cos, sin = layers.rope_angles(5, 3, head_dim, base, yarn=y)
+    ang = np.arange(5, 8)[:, None] * YARN[f"{name}_inv_freq"].astype(np.float64)[None, :]
+    np.testing.assert_allclose(cos, np.cos(ang) * y.mscale, atol=2e-5)
+    np.testing.assert_allclose(sin, np.sin(ang) * y.mscale, atol=2e-5)
+
+
+def test_yarn_truncation_moves_the_ramp_ends_to_whole_pairs():
+    # ggml floors/ceils the ramp (ggml_rope_yarn_corr_dims); HF does not when the config says truncate: false
+    lo, hi = layers.Yarn(32.0, 4096, truncate=False).ramp_range(64, 150000.0)
+    tlo, thi = layers.Yarn(32.0, 4096).ramp_range(64, 150000.0)
+    assert (tlo, thi) == (math.floor(lo), math.ceil(hi)) and lo != tlo and hi != thi
+
+
+def test_config_yarn_reads_llama_cpp_keys_and_refuses_it_where_unsupported():
+    md = {"general.architecture": "qwen3moe", "qwen3moe.block_count": 1, "qwen3moe.context_length": 8,
+          "qwen3moe.embedding_length": 8, "qwen3moe.attention.head_count": 2, "qwen3moe.expert_count": 2,
+          "qwen3moe.expert_used_count": 1, "qwen3moe.expert_feed_forward_length": 4,
+          "qwen3moe.attention.layer_norm_rms_epsilon": 1e-6, "qwen3moe.vocab_size": 16}
+    assert MoEConfig.from_gguf(md).yarn() is None
+    yarn = {"qwen3moe.rope.scaling.type": "yarn", "qwen3moe.rope.scaling.factor": 4.0,
+            "qwen3moe.rope.scaling.original_context_length": 2}
+    with pytest.raises(ConfigError, match="rope.scaling.type.*'yarn' is not supported for qwen3moe"):
+        MoEConfig.from_gguf({**md, **yarn})
+
+    class YarnConfig(MoEConfig):
+        ROPE_SCALINGS = ("none", "yarn")
+
+    y = YarnConfig.from_gguf({**md, **yarn}).yarn()
+    assert (y.factor, y.orig_ctx, y.beta_fast, y.beta_slow) == (4.0, 2, 32.0, 1.0)
+    assert y.mscale == pytest.approx(1 + 0.1 * math.log(4.0))
