@@ -2,7 +2,7 @@
 
     rms_norm(x, w, eps)                               (N, D) rows, float64 sum of squares
     rope(x, cos, sin, neox)                           (T, heads, Dh), new array
-    attention_decode(q, k, v, k_cache, v_cache, pos0, scale, window)   one query token, GQA
+    attention_decode(q, k, v, k_cache, v_cache, pos0, scale, window, sinks)   one query token, GQA
     qk_norm_rope_attention(q, k, v, q_norm, k_norm, eps, cos, sin, neox, k_cache, v_cache, pos0, scale,
                            window)            the three above in one for one token (Qwen3, Gemma 3)
     softmax_topk(logits, k, renorm)                   (T, E) -> ids (T, K) int32, weights (T, K) float32
@@ -93,10 +93,11 @@ def rope(x: np.ndarray, cos: np.ndarray, sin: np.ndarray, neox: bool) -> np.ndar
 
 
 @njit(cache=True, fastmath=_FM, inline="always")
-def _head(q, k_cache, v_cache, s0, S, kh, scale, p, out):
-    """out = softmax(scale * K q) V over cache positions [s0, S) of KV head kh; p is (S,) scratch."""
+def _head(q, k_cache, v_cache, s0, S, kh, scale, sink, p, out):
+    """out = softmax(scale * K q) V over cache positions [s0, S) of KV head kh, the logit `sink` joining the
+    denominator (-inf: none, gpt-oss's attention sinks otherwise); p is (S,) scratch."""
     Dh, Dv = q.shape[0], out.shape[0]
-    m = -np.inf
+    m = sink
     for s in range(s0, S):
         a = np.float32(0.0)
         for d in range(Dh):
@@ -104,7 +105,7 @@ def _head(q, k_cache, v_cache, s0, S, kh, scale, p, out):
         a *= scale
         p[s] = a
         m = max(m, a)
-    tot = np.float32(0.0)
+    tot = np.float32(np.exp(sink - m))                                  # 0 without a sink
     for s in range(s0, S):
         e = np.exp(p[s] - m)
         p[s] = e
@@ -118,21 +119,21 @@ def _head(q, k_cache, v_cache, s0, S, kh, scale, p, out):
 
 
 @njit(cache=True, fastmath=_FM)
-def _attention1(q, k_cache, v_cache, s0, S, scale, out):
+def _attention1(q, k_cache, v_cache, s0, S, scale, sinks, out):
     H, Hk = q.shape[0], k_cache.shape[1]
     G = H // Hk
     p = np.empty(S, dtype=np.float32)
     for h in range(H):
-        _head(q[h], k_cache, v_cache, s0, S, h // G, scale, p, out[h])
+        _head(q[h], k_cache, v_cache, s0, S, h // G, scale, sinks[h], p, out[h])
 
 
 @njit(cache=True, fastmath=_FM, parallel=True)
-def _attention1_parallel(q, k_cache, v_cache, s0, S, scale, out):
+def _attention1_parallel(q, k_cache, v_cache, s0, S, scale, sinks, out):
     H, Hk = q.shape[0], k_cache.shape[1]
     G = H // Hk
     for h in prange(H):
         p = np.empty(S, dtype=np.float32)
-        _head(q[h], k_cache, v_cache, s0, S, h // G, scale, p, out[h])
+        _head(q[h], k_cache, v_cache, s0, S, h // G, scale, sinks[h], p, out[h])
 
 
 @njit(cache=True, fastmath=_FM)
@@ -165,13 +166,13 @@ def _qk_into_cache(q, k, v, qn, kn, eps, cos, sin, neox, k_cache, v_cache, pos0)
 @njit(cache=True, fastmath=_FM)
 def _qk_attention1(q, k, v, qn, kn, eps, cos, sin, neox, k_cache, v_cache, pos0, s0, scale, out):
     qr = _qk_into_cache(q, k, v, qn, kn, eps, cos, sin, neox, k_cache, v_cache, pos0)
-    _attention1(qr, k_cache, v_cache, s0, pos0 + 1, scale, out)
+    _attention1(qr, k_cache, v_cache, s0, pos0 + 1, scale, _no_sinks(q.shape[0]), out)
 
 
 @njit(cache=True, fastmath=_FM)
 def _qk_attention1_parallel(q, k, v, qn, kn, eps, cos, sin, neox, k_cache, v_cache, pos0, s0, scale, out):
     qr = _qk_into_cache(q, k, v, qn, kn, eps, cos, sin, neox, k_cache, v_cache, pos0)
-    _attention1_parallel(qr, k_cache, v_cache, s0, pos0 + 1, scale, out)
+    _attention1_parallel(qr, k_cache, v_cache, s0, pos0 + 1, scale, _no_sinks(q.shape[0]), out)
 
 
 def qk_norm_rope_attention(q, k, v, q_norm, k_norm, eps: float, cos, sin, neox: bool, k_cache, v_cache,
@@ -207,23 +208,36 @@ def _check_attention1(fn: str, q, k, v, k_cache, v_cache, pos0: int) -> None:
     checks.position(fn, pos0, n_ctx)
 
 
-def _attend1(q1, k_cache, v_cache, pos0, scale, window):
+@njit(cache=True)
+def _no_sinks(H):
+    """(H,) -inf: no sink logit for any head."""
+    return np.full(H, -np.inf, dtype=np.float32)
+
+
+def _attend1(q1, k_cache, v_cache, pos0, scale, window, sinks=None):
     H, Dv = q1.shape[0], v_cache.shape[2]
+    if sinks is None:
+        sinks = np.full(H, -np.inf, dtype=np.float32)
+    else:
+        checks.expect("attention_decode", "sinks", sinks, (H,))
+        sinks = np.ascontiguousarray(sinks, dtype=np.float32)
     S = pos0 + 1
     s0 = 0 if window is None else max(0, pos0 - window + 1)
     out = np.empty((H, Dv), dtype=np.float32)
     work = (S - s0) * k_cache.shape[1] * (k_cache.shape[2] + Dv)
     fn = _attention1_parallel if work >= _PARALLEL_MIN_WORK else _attention1
-    fn(q1, k_cache, v_cache, s0, S, np.float32(scale), out)
+    fn(q1, k_cache, v_cache, s0, S, np.float32(scale), sinks, out)
     return out.reshape(1, H * Dv)
 
 
-def attention_decode(q, k, v, k_cache, v_cache, pos0: int, scale: float, window: int | None) -> np.ndarray:
-    """moert.layers.attention for ONE query token (T = 1): writes k, v at pos0, returns (1, H * Dv)."""
+def attention_decode(q, k, v, k_cache, v_cache, pos0: int, scale: float, window: int | None,
+                     sinks: np.ndarray | None = None) -> np.ndarray:
+    """moert.layers.attention for ONE query token (T = 1): writes k, v at pos0, returns (1, H * Dv). sinks: None
+    or (H,) float32 logits joining each head's softmax denominator (gpt-oss)."""
     _check_attention1("attention_decode", q, k, v, k_cache, v_cache, pos0)
     k_cache[pos0] = k[0]
     v_cache[pos0] = v[0]
-    return _attend1(np.ascontiguousarray(q[0], dtype=np.float32), k_cache, v_cache, pos0, scale, window)
+    return _attend1(np.ascontiguousarray(q[0], dtype=np.float32), k_cache, v_cache, pos0, scale, window, sinks)
 
 
 @njit(cache=True)

@@ -114,19 +114,20 @@ def rope(x, cos, sin, neox: bool, xp=np, fast: bool = True):
 
 
 def attention(q, k, v, k_cache, v_cache, pos0: int, xp=np, *, scale: float | None = None,
-              window: int | None = None, fast: bool = True):
+              window: int | None = None, sinks=None, fast: bool = True):
     """Causal GQA attention continuing at position pos0: writes k, v into the caches, attends over
     positions [0, pos0 + T). q (T, H, Dh), k (T, Hk, Dh), v (T, Hk, Dv); caches (n_ctx, Hk, D*).
     scale: of the scores (default 1/sqrt(Dh)). window: sliding-window attention, the query at position
     p sees keys at p - window < s <= p (llama.cpp's LLAMA_SWA_TYPE_STANDARD, HF's sliding_window).
-    Returns (T, H * Dv)."""
+    sinks: (H,) float32 logits, one per head, that join each softmax's denominator and add no value
+    (gpt-oss's attention sinks: llama.cpp's soft_max_ext sinks, HF's GptOssAttention). Returns (T, H * Dv)."""
     T, H, Dh = q.shape
     Hk, Dv = k.shape[1], v.shape[2]
     G, S = H // Hk, pos0 + T
     scale = 1.0 / np.sqrt(Dh) if scale is None else scale
     if fast and T == 1 and cpu_arrays(xp, q, k, v, k_cache, v_cache):
         # decode; a prompt's batched matmuls below are BLAS-fast
-        return _kernels().attention_decode(q, k, v, k_cache, v_cache, pos0, scale, window)
+        return _kernels().attention_decode(q, k, v, k_cache, v_cache, pos0, scale, window, sinks)
     k_cache[pos0:S] = k
     v_cache[pos0:S] = v
     s0 = 0 if window is None else max(0, pos0 - window + 1)            # no query here sees keys before s0
@@ -139,7 +140,7 @@ def attention(q, k, v, k_cache, v_cache, pos0: int, xp=np, *, scale: float | Non
     scores = (qg @ K).reshape(Hk, G, T, S - s0)                         # (Hk, G, T, S')
     scores *= np.float32(scale)
     scores += xp.where(attention_mask(pos0, T, s0, window, xp), np.float32(-np.inf), np.float32(0))  # (T, S')
-    p = softmax_(scores, xp)
+    p = softmax_(scores, xp) if sinks is None else softmax_sinks_(scores, sinks.reshape(Hk, G, 1, 1), xp)
     out = p.reshape(Hk, G * T, S - s0) @ V                               # (Hk, G*T, Dv)
     return out.reshape(Hk, G, T, Dv).transpose(2, 0, 1, 3).reshape(T, H * Dv)
 
@@ -158,6 +159,16 @@ def softmax_(x, xp=np):
     x -= x.max(axis=-1, keepdims=True)
     xp.exp(x, out=x)
     x /= x.sum(axis=-1, keepdims=True)
+    return x
+
+
+def softmax_sinks_(x, sinks, xp=np):
+    """softmax_ with one more logit per row, `sinks` (broadcast to x[..., :1]), in the denominator only: the
+    probabilities of x's entries, summing to less than 1. In place."""
+    m = xp.maximum(x.max(axis=-1, keepdims=True), sinks)
+    x -= m
+    xp.exp(x, out=x)
+    x /= x.sum(axis=-1, keepdims=True) + xp.exp(sinks - m)
     return x
 
 

@@ -35,16 +35,19 @@ def test_rope(neox, T, h, Dh):
     np.testing.assert_allclose(kl.rope(x, cos, sin, neox), want, rtol=1e-6, atol=1e-6)
 
 
+@pytest.mark.parametrize("sinks", [False, True])
 @pytest.mark.parametrize("window", [None, 5])
 @pytest.mark.parametrize("H,Hk,Dh,pos0", [(4, 2, 16, 0), (6, 3, 24, 40), (8, 1, 64, 9000)])
-def test_attention_decode(window, H, Hk, Dh, pos0):
-    """One query token against a cache of pos0 earlier positions; big caches take the parallel kernel."""
+def test_attention_decode(window, H, Hk, Dh, pos0, sinks):
+    """One query token against a cache of pos0 earlier positions; big caches take the parallel kernel;
+    with sinks, gpt-oss's per-head logit in the denominator."""
     n_ctx = pos0 + 3
     kc, vc = rand(n_ctx, Hk, Dh), rand(n_ctx, Hk, Dh)
     q, k, v = rand(1, H, Dh, scale=2.0), rand(1, Hk, Dh), rand(1, Hk, Dh)
+    s = rand(H, scale=3.0) if sinks else None
     kc2, vc2 = kc.copy(), vc.copy()
-    want = layers.attention(q, k, v, kc, vc, pos0, window=window, fast=False)
-    got = kl.attention_decode(q, k, v, kc2, vc2, pos0, 1 / np.sqrt(Dh), window)
+    want = layers.attention(q, k, v, kc, vc, pos0, window=window, sinks=s, fast=False)
+    got = kl.attention_decode(q, k, v, kc2, vc2, pos0, 1 / np.sqrt(Dh), window, s)
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
     assert np.array_equal(kc2, kc) and np.array_equal(vc2, vc)          # both wrote k, v at pos0 and only there
 

@@ -51,9 +51,10 @@ def test_rope_styles():
     assert np.allclose(y[..., 0], x[..., 0] * np.cos(p) - x[..., 8] * np.sin(p), atol=1e-5)
 
 
-def naive_attention(q, k, v, scale=None, window=None):
+def naive_attention(q, k, v, scale=None, window=None, sinks=None):
     """Loop over heads and queries: q (T, H, Dh), k/v (S, Hk, D) with query t at position S - T + t;
-    with a window, query position p sees keys p - window < s <= p."""
+    with a window, query position p sees keys p - window < s <= p; sinks (H,): one more logit per head in
+    the softmax, with no value (HF's GptOssAttention: concatenated, softmaxed, dropped)."""
     T, H, Dh = q.shape
     S, Hk = k.shape[:2]
     scale = 1 / np.sqrt(Dh) if scale is None else scale
@@ -64,8 +65,11 @@ def naive_attention(q, k, v, scale=None, window=None):
             n = S - T + t + 1
             lo = 0 if window is None else max(0, n - window)
             s = (k[lo:n, kh] @ q[t, h]) * scale
+            if sinks is not None:
+                s = np.append(s, sinks[h])
             p = np.exp(s - s.max())
-            out[t, h] = (p / p.sum()) @ v[lo:n, kh]
+            p = p / p.sum()
+            out[t, h] = (p if sinks is None else p[:-1]) @ v[lo:n, kh]
     return out.reshape(T, -1)
 
 
@@ -93,6 +97,25 @@ def test_attention_sliding_window_and_scale(window, past, T):
     out = layers.attention(q, k_all[past:], v_all[past:], k_cache, v_cache, past, scale=0.3, window=window)
     assert rel(out, naive_attention(q, k_all, v_all, scale=0.3, window=window)) < 1e-5
     assert np.array_equal(k_cache[:past + T], k_all)        # the cache keeps every position all the same
+
+
+@pytest.mark.parametrize("window", [None, 3])
+@pytest.mark.parametrize("past,T", [(0, 9), (6, 4), (8, 1)])
+def test_attention_sinks(window, past, T):
+    """gpt-oss's sinks: a per-head logit in each softmax's denominator; large ones take weight from every key."""
+    H, Hk, Dh, n_ctx = 4, 2, 8, 32
+    sinks = np.array([-1.0, 0.5, 3.0, 8.0], np.float32)
+    k_cache, v_cache = np.zeros((n_ctx, Hk, Dh), np.float32), np.zeros((n_ctx, Hk, Dh), np.float32)
+    k_all, v_all = randn(past + T, Hk, Dh), randn(past + T, Hk, Dh)
+    if past:
+        layers.attention(randn(past, H, Dh), k_all[:past], v_all[:past], k_cache, v_cache, 0, window=window,
+                         sinks=sinks)
+    q = randn(T, H, Dh)
+    out = layers.attention(q, k_all[past:], v_all[past:], k_cache, v_cache, past, window=window, sinks=sinks,
+                           fast=False)
+    want = naive_attention(q, k_all, v_all, window=window, sinks=sinks)
+    assert rel(out, want) < 1e-5
+    assert rel(out, naive_attention(q, k_all, v_all, window=window)) > 1e-2      # the sinks change the result
 
 
 def test_attention_mask():
