@@ -309,6 +309,11 @@ TINY: dict[str, dict] = {
                      optional=[r"attn_[qkv]\.bias$"]),
     "olmoe": dict(hparams={**_COMMON, "attention.head_count_kv": 4, "feed_forward_length": 32, "expert_count": 8,
                            "expert_used_count": 2}),
+    "gpt-oss": dict(hparams={**_COMMON, "block_count": 3, "attention.key_length": 16, "attention.value_length": 16,
+                             "expert_feed_forward_length": 64, "expert_count": 4, "expert_used_count": 2,
+                             "attention.sliding_window": 4, "rope.scaling.type": "yarn", "rope.scaling.factor": 8.0,
+                             "rope.scaling.original_context_length": 32},
+                    types={r"_exps\.weight$": "MXFP4"}, optional=[r"attn_[qkv]\.bias$"]),
 }
 
 

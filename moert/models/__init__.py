@@ -17,6 +17,7 @@ from moert.errors import GGUFError
 
 ARCHITECTURES: dict[str, str] = {
     "gemma3": "moert.models.gemma3",
+    "gpt-oss": "moert.models.gptoss",
     "llama": "moert.models.llama",
     "olmoe": "moert.models.olmoe",
     "qwen2moe": "moert.models.qwen2moe",

@@ -82,9 +82,10 @@ def _biased(m, x, name: str, dev):
 
 
 def gqa_attention(m, il: int, h, dev, rope_base: float, *, neox: bool, qk_norm: str | None = None,
-                  scale: float | None = None, window: int | None = None):
-    """GQA attention with optional q/k/v/output biases (Qwen2-MoE) and optional RMSNorm over the whole q and
-    k projections (qk_norm="full": OLMoE), on dev: h (T, D), already normed -> (T, D)."""
+                  scale: float | None = None, window: int | None = None, sinks=None, yarn=None):
+    """GQA attention with optional q/k/v/output biases (Qwen2-MoE, gpt-oss) and optional RMSNorm over the whole q
+    and k projections (qk_norm="full": OLMoE), on dev: h (T, D), already normed -> (T, D). sinks: (H,) logits on
+    dev joining each softmax (gpt-oss); yarn: a layers.Yarn RoPE scaling, or None."""
     c, b, xp = m.config, f"blk.{il}.", dev.xp
     T = h.shape[0]
     q = _biased(m, m.linear(h, b + "attn_q.weight", dev), b + "attn_q.bias", dev)      # (T, H*Dh)
@@ -96,10 +97,10 @@ def gqa_attention(m, il: int, h, dev, rope_base: float, *, neox: bool, qk_norm: 
     q = q.reshape(T, c.n_head, c.head_dim)
     k = k.reshape(T, c.n_head_kv, c.head_dim)
     v = v.reshape(T, c.n_head_kv, c.head_dim_v)
-    cos, sin = m.rope(dev, c.head_dim, rope_base)                                        # (T, Dh/2) each
+    cos, sin = m.rope(dev, c.head_dim, rope_base, yarn)                                  # (T, Dh/2) each
     q, k = rope(q, cos, sin, neox, xp), rope(k, cos, sin, neox, xp)
     k_cache, v_cache = m.kv_cache(il)
-    a = attention(q, k, v, k_cache, v_cache, m.position, xp, scale=scale, window=window)  # (T, H*Dv)
+    a = attention(q, k, v, k_cache, v_cache, m.position, xp, scale=scale, window=window, sinks=sinks)  # (T, H*Dv)
     return _biased(m, m.linear(a, b + "attn_output.weight", dev), b + "attn_output.bias", dev)
 
 
