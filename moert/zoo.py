@@ -198,6 +198,10 @@ def _metadata(tw: Twin) -> dict:
         md[f"{a}.nextn_predict_layers"] = h["nextn"]
     if h.get("swa"):
         md[f"{a}.attention.sliding_window"] = h["swa"]
+    if h.get("yarn"):                           # (factor, original context): convert_hf_to_gguf's rope_scaling keys
+        md.update({f"{a}.rope.scaling.type": "yarn", f"{a}.rope.scaling.factor": float(h["yarn"][0]),
+                   f"{a}.rope.scaling.original_context_length": h["yarn"][1],
+                   f"{a}.rope.scaling.yarn_beta_fast": 32.0, f"{a}.rope.scaling.yarn_beta_slow": 1.0})
     return md
 
 
@@ -216,18 +220,19 @@ TWINS: dict[str, Twin] = {t.name: t for t in (
          dict(D=4096, L=94, H=64, Hkv=4, Dh=128, X=128, K=8, F=1536, V=151936, ctx=40960, rope_base=1e6,
               qk_norm="head", ff=12288)),
     # huggingface.co/openai/gpt-oss-20b config.json: hidden 2880, 24 layers, 64 q / 8 kv heads of 64,
-    # 32 experts (4 used) of 2880, vocab 201088, sliding_window 128, rope_theta 150000, attention sinks, biases
+    # 32 experts (4 used) of 2880, vocab 201088, sliding_window 128, rope_theta 150000, attention sinks, biases,
+    # rope_scaling yarn (factor 32, original_max_position_embeddings 4096, beta_fast 32, beta_slow 1)
     Twin("gpt-oss-20b", "gpt-oss", "huggingface.co/openai/gpt-oss-20b config.json", "MXFP4_MOE", 12.1,
          "ggml-org/gpt-oss-20b-GGUF gpt-oss-20b-mxfp4.gguf",
          dict(D=2880, L=24, H=64, Hkv=8, Dh=64, X=32, K=4, F=2880, V=201088, ctx=131072, rope_base=150000.0,
               eps=1e-5, qkv_bias=True, o_bias=True, sinks=True, post_norm=True, router_bias=True, exp_bias=True,
-              swa=128)),
+              swa=128, yarn=(32.0, 4096))),
     # huggingface.co/openai/gpt-oss-120b config.json: as 20b with 36 layers and 128 experts
     Twin("gpt-oss-120b", "gpt-oss", "huggingface.co/openai/gpt-oss-120b config.json", "MXFP4_MOE", 63.4,
          "ggml-org/gpt-oss-120b-GGUF mxfp4 (3 parts)",
          dict(D=2880, L=36, H=64, Hkv=8, Dh=64, X=128, K=4, F=2880, V=201088, ctx=131072, rope_base=150000.0,
               eps=1e-5, qkv_bias=True, o_bias=True, sinks=True, post_norm=True, router_bias=True, exp_bias=True,
-              swa=128)),
+              swa=128, yarn=(32.0, 4096))),
     # huggingface.co/zai-org/GLM-4.7-Flash config.json (Glm4MoeLiteForCausalLM, converted as deepseek2):
     # hidden 2048, 47 layers, 20 heads, q_lora 768, kv_lora 512, qk_nope 192 + rope 64, v 256, 64 experts
     # (4 used) of 1536 + 1 shared, first_k_dense_replace 1 (dense 10240), vocab 154880, 202752 positions

@@ -108,9 +108,9 @@ def test_registry_refuses_what_it_does_not_know(tmp_path):
 
 # ------------------------------------------------------------------------- the float oracle: transformers
 
-@pytest.mark.parametrize("name", ["llama", "llama-dense", "qwen2moe", "olmoe"])
+@pytest.mark.parametrize("name", ["llama", "llama-dense", "qwen2moe", "olmoe", "gpt-oss"])
 def test_matches_transformers_float32(name, one_numba_thread):
-    """MixtralForCausalLM, LlamaForCausalLM, Qwen2MoeForCausalLM, OlmoeForCausalLM in float32 on the
+    """MixtralForCausalLM, LlamaForCausalLM, Qwen2MoeForCausalLM, OlmoeForCausalLM, GptOssForCausalLM in float32 on the
     gguf-py-dequantized weights of the same file: prefill and decode at about 1e-6, the same top-1."""
     f = np.load(FIX / f"{name}.npz")
     want = f["hf_logits"]
@@ -142,13 +142,14 @@ def test_cli_inspect_fit_run_on_every_architecture(tiny, capsys):
     assert len(toks.split()) == 4
 
 
-@pytest.mark.parametrize("name", ["llama", "llama-dense", "qwen2moe", "olmoe"])
+@pytest.mark.parametrize("name", ["llama_q4km", "llama-dense_q4km", "qwen2moe_q4km", "olmoe_q4km", "gpt-oss_mxfp4"])
 def test_at_least_as_close_as_llama_cpp(name, one_numba_thread):
-    """On a Q4_K_M file llama.cpp quantized itself: moert is at least as close to the float oracle (on the
-    same dequantized weights) as llama.cpp's logits are, and picks the oracle's top-1 at least as often."""
-    f = np.load(FIX / f"{name}_q4km.npz")
+    """On a Q4_K_M file (gpt-oss: MXFP4_MOE) llama.cpp quantized itself: moert is at least as close to the float
+    oracle (on the same dequantized weights) as llama.cpp's logits are, and picks the oracle's top-1 at least as
+    often."""
+    f = np.load(FIX / f"{name}.npz")
     hf, ll = f["hf_logits"], f["llama_logits"]
-    ours = load(FIX / f"{name}_q4km.gguf", gpu_layers=0, context_size=64).forward(f["tokens"])
+    ours = load(FIX / f"{name}.gguf", gpu_layers=0, context_size=64).forward(f["tokens"])
     assert rel(ours, hf) < 1e-5 and rel(ours, hf) <= rel(ll, hf)
     assert (ll.argmax(1) == hf.argmax(1)).mean() > 0.5                      # the fixture means something
     assert (ours.argmax(1) == hf.argmax(1)).mean() >= (ll.argmax(1) == hf.argmax(1)).mean()

@@ -14,12 +14,14 @@ post_attention_layernorm): gpt-oss has no ffn_norm.
 
 YaRN: the published definition (transformers, rope_parameters with "truncate": false) keeps the ramp's
 ends where the formula puts them; ggml floors the low end and ceils the high end to whole dimension pairs
-(ggml_rope_yarn_corr_dims). moert follows transformers (Config.yarn: truncate=False). For gpt-oss's shapes
-(head_dim 64, base 150000, factor 32, original context 4096, beta 32 / 1) the ramp runs over pairs
-8.09 .. 17.40 in transformers and 8 .. 18 in llama.cpp: the frequencies of pairs 8 to 17 differ by up to
-about 10% (pair 17: interpolation weight 1 against 0.94), so llama.cpp's angles at position p differ from
-the published model's by up to ~0.08 p radians for those pairs (p = 1000: the rotation of pair 17 is off by
-1.2 turns); tests/test_gptoss.py computes these figures.
+(ggml_rope_yarn_corr_dims), and llama.cpp has no key to say otherwise. moert follows transformers
+(Config.yarn: truncate=False). For gpt-oss's shapes (head_dim 64, base 150000, factor 32, original context
+4096, beta 32 / 1) the ramp runs over pairs 8.09 .. 17.40 in transformers and 8 .. 18 in llama.cpp: pairs
+9 to 17 keep 0.90 .. 0.04 of their original frequency against ggml's 0.9 .. 0.1 (pair 17's frequency
+differs by 76%), so llama.cpp's rotations differ from the published model's by up to 0.22 rad at position
+1000, 0.90 rad at 4096 and 29 rad (4.6 turns) at 131072 (pair 12). On the committed tiny MXFP4 fixture
+this rounding is most of llama.cpp's distance from transformers (5.9e-2 of its 6.6e-2; moert 9e-7).
+tests/test_gptoss.py checks these figures.
 
 Dimension legend: T tokens, D hidden, H query heads, Hk KV heads, Dh head dim, E experts, K used, F expert hidden.
 """

@@ -1,17 +1,21 @@
 """Float oracles for the architecture family: transformers in float32 on the same weights, per architecture.
 
-    python tests/reference/make_arch_refs.py        # writes tests/fixtures/arch/<name>.gguf and .npz
+    python tests/reference/make_arch_refs.py [NAME ...]          # tests/fixtures/arch/<name>.gguf and .npz
+    python tests/reference/make_arch_refs.py --llama [NAME ...]  # <name>_q4km (gpt-oss: _mxfp4) .gguf and .npz
 
 Needs torch + transformers; the test suite reads the committed fixtures only (tests/test_architectures.py).
-For each TINY model of moert.testing (llama with experts = Mixtral's layout, dense llama, qwen2moe, olmoe)
-a small random GGUF is written (Q8_0 matrices, committed), every tensor is dequantized by gguf-py (not by
-moert) and mapped to the Hugging Face class of that family (MixtralForCausalLM, LlamaForCausalLM,
-Qwen2MoeForCausalLM, OlmoeForCausalLM; eager attention, float32); its logits for a fixed prompt are the
-oracle. llama.cpp stores llama q/k rows permuted for its RoPE mode: they are un-permuted here for HF.
+For each TINY model of moert.testing (llama with experts = Mixtral's layout, dense llama, qwen2moe, olmoe,
+gpt-oss with MXFP4 experts) a small random GGUF is written (Q8_0 matrices, committed), every tensor is
+dequantized by gguf-py (not by moert) and mapped to the Hugging Face class of that family (MixtralForCausalLM,
+LlamaForCausalLM, Qwen2MoeForCausalLM, OlmoeForCausalLM, GptOssForCausalLM; eager attention, float32); its
+logits for a fixed prompt are the oracle. llama.cpp stores llama q/k rows permuted for its RoPE mode: they are
+un-permuted here for HF.
 
 With llama-cpp-python importable (`--llama`), each family also gets <name>_q4km.gguf: an F32 model written
 here with rows of 256, quantized to Q4_K_M by llama.cpp itself (llama_model_quantize), the oracle run on
-its gguf-py-dequantized weights, and llama.cpp's own logits on the file (`llama_logits`).
+its gguf-py-dequantized weights, and llama.cpp's own logits on the file (`llama_logits`). gpt-oss gets
+<name>_mxfp4.gguf instead: the F32 model quantized to MXFP4_MOE by llama.cpp (experts MXFP4, other matrices
+Q8_0), as ggml-org's gpt-oss GGUFs are.
 """
 
 from __future__ import annotations
@@ -26,7 +30,7 @@ from make_qwen3moe_refs import gguf_tensors
 ROOT = Path(__file__).resolve().parents[2]
 OUT = ROOT / "tests" / "fixtures" / "arch"
 N_TOKENS = 24
-MODELS = {"llama": 11, "llama-dense": 12, "qwen2moe": 13, "olmoe": 14}     # TINY name -> seed
+MODELS = {"llama": 11, "llama-dense": 12, "qwen2moe": 13, "olmoe": 14, "gpt-oss": 15}     # TINY name -> seed
 # for llama.cpp's Q4_K_M every row must be a multiple of 256 (else it falls back to other types)
 WIDE = {"embedding_length": 256, "attention.key_length": 64, "attention.value_length": 64,
         "feed_forward_length": 256, "expert_feed_forward_length": 256, "expert_shared_feed_forward_length": 256}
@@ -63,6 +67,16 @@ def hf_model(name: str, md: dict, w: dict[str, np.ndarray]):
                                 num_experts=g("expert_count"), num_experts_per_tok=g("expert_used_count"),
                                 norm_topk_prob=False, decoder_sparse_step=1, mlp_only_layers=[])
         cls, moe = tf.Qwen2MoeForCausalLM, "mlp"
+    elif name == "gpt-oss":
+        # YaRN as gpt-oss's published config has it (truncate False); the rest from the GGUF keys
+        rope = {"rope_type": "yarn", "rope_theta": g("rope.freq_base"), "factor": g("rope.scaling.factor"),
+                "beta_fast": g("rope.scaling.yarn_beta_fast", 32.0), "beta_slow": g("rope.scaling.yarn_beta_slow", 1.0),
+                "original_max_position_embeddings": g("rope.scaling.original_context_length"), "truncate": False}
+        cfg = tf.GptOssConfig(**{**common, "rope_parameters": rope}, head_dim=g("attention.key_length"),
+                              intermediate_size=g("expert_feed_forward_length"), num_local_experts=g("expert_count"),
+                              num_experts_per_tok=g("expert_used_count"), sliding_window=g("attention.sliding_window"),
+                              attention_bias=True)
+        cls, moe = tf.GptOssForCausalLM, "gpt-oss"
     else:
         cfg = tf.OlmoeConfig(**common, intermediate_size=g("feed_forward_length"), num_experts=g("expert_count"),
                              num_experts_per_tok=g("expert_used_count"), norm_topk_prob=False)
@@ -79,13 +93,29 @@ def hf_model(name: str, md: dict, w: dict[str, np.ndarray]):
         if a == "llama":
             q, k = unpermute(q, H), unpermute(k, Hk)
         sd.update({f"{h}input_layernorm.weight": w[f"{b}attn_norm.weight"],
-                   f"{h}post_attention_layernorm.weight": w[f"{b}ffn_norm.weight"],
+                   f"{h}post_attention_layernorm.weight": w.get(f"{b}ffn_norm.weight",
+                                                               w.get(f"{b}post_attention_norm.weight")),
                    f"{h}self_attn.q_proj.weight": q, f"{h}self_attn.k_proj.weight": k,
                    f"{h}self_attn.v_proj.weight": w[f"{b}attn_v.weight"],
                    f"{h}self_attn.o_proj.weight": w[f"{b}attn_output.weight"]})
-        for p in ("q", "k", "v"):
+        for p, hp in (("q", "q"), ("k", "k"), ("v", "v"), ("output", "o")):
             if f"{b}attn_{p}.bias" in w:
-                sd[f"{h}self_attn.{p}_proj.bias"] = w[f"{b}attn_{p}.bias"]
+                sd[f"{h}self_attn.{hp}_proj.bias"] = w[f"{b}attn_{p}.bias"]
+        if moe == "gpt-oss":
+            sd[f"{h}self_attn.sinks"] = w[f"{b}attn_sinks.weight"]
+            sd[f"{h}mlp.router.weight"] = w[f"{b}ffn_gate_inp.weight"]
+            sd[f"{h}mlp.router.bias"] = w[f"{b}ffn_gate_inp.bias"]
+            gate, up, down = (w[f"{b}ffn_{p}_exps.weight"] for p in ("gate", "up", "down"))  # (E,F,D), (E,D,F)
+            gb, ub = w[f"{b}ffn_gate_exps.bias"], w[f"{b}ffn_up_exps.bias"]                   # (E, F)
+            E, F, D = gate.shape
+            gu = np.empty((E, D, 2 * F), np.float32)                   # HF: (E, D, 2F), gate and up interleaved
+            gu[..., 0::2], gu[..., 1::2] = gate.transpose(0, 2, 1), up.transpose(0, 2, 1)
+            gub = np.empty((E, 2 * F), np.float32)
+            gub[:, 0::2], gub[:, 1::2] = gb, ub
+            sd.update({f"{h}mlp.experts.gate_up_proj": gu, f"{h}mlp.experts.gate_up_proj_bias": gub,
+                       f"{h}mlp.experts.down_proj": down.transpose(0, 2, 1),
+                       f"{h}mlp.experts.down_proj_bias": w[f"{b}ffn_down_exps.bias"]})
+            continue
         if a == "olmoe":
             sd[f"{h}self_attn.q_norm.weight"] = w[f"{b}attn_q_norm.weight"]
             sd[f"{h}self_attn.k_norm.weight"] = w[f"{b}attn_k_norm.weight"]
@@ -125,7 +155,7 @@ def hf_logits(name: str, path: Path, tokens: np.ndarray) -> np.ndarray:
 
 
 def llama_refs(name: str, seed: int) -> None:
-    """<name>_q4km.gguf quantized by llama.cpp, with the oracle's and llama.cpp's logits on it."""
+    """<name>_q4km.gguf (gpt-oss: _mxfp4) quantized by llama.cpp, with the oracle's and llama.cpp's logits on it."""
     import shutil
     import tempfile
 
@@ -135,17 +165,20 @@ def llama_refs(name: str, seed: int) -> None:
 
     hp = {**TINY[name]["hparams"], **{k: v for k, v in WIDE.items() if k in TINY[name]["hparams"]
                                       or k in ("embedding_length", "attention.key_length")}}
+    quant, ftype = "q4km", "LLAMA_FTYPE_MOSTLY_Q4_K_M"
+    if name == "gpt-oss":        # MXFP4 blocks are 32 wide: no need to widen; twice TINY's width, as a real one
+        hp, quant, ftype = {**TINY[name]["hparams"], "embedding_length": 128}, "mxfp4", "LLAMA_FTYPE_MOSTLY_MXFP4_MOE"
     tokens = np.random.default_rng(3000 + seed).integers(0, 256, N_TOKENS).astype(np.int64)
     with tempfile.TemporaryDirectory() as tmp:
-        src = write_tiny(Path(tmp) / "f32.gguf", name, seed=seed, qtype="F32", hparams=hp)
+        src = write_tiny(Path(tmp) / "f32.gguf", name, seed=seed, qtype="F32", types={}, hparams=hp)
         q = Path(tmp) / "q.gguf"
-        llama_quantize(src, q)
-        path = OUT / f"{name}_q4km.gguf"
+        llama_quantize(src, q, ftype)
+        path = OUT / f"{name}_{quant}.gguf"
         shutil.copyfile(q, path)
     hf = hf_logits(name, path, tokens).astype(np.float32)
     ll = llama_logits(path, tokens)
-    np.savez(OUT / f"{name}_q4km.npz", tokens=tokens, hf_logits=hf, llama_logits=ll, **versions())
-    print(f"{name}_q4km: {path.stat().st_size:,} bytes; llama.cpp top-1 agreement "
+    np.savez(OUT / f"{name}_{quant}.npz", tokens=tokens, hf_logits=hf, llama_logits=ll, **versions())
+    print(f"{name}_{quant}: {path.stat().st_size:,} bytes; llama.cpp top-1 agreement "
           f"{float(np.mean(ll.argmax(-1) == hf.argmax(-1))):.2f}", file=sys.stderr)
 
 
@@ -155,11 +188,13 @@ def main() -> int:
     from moert.testing import write_tiny
 
     OUT.mkdir(parents=True, exist_ok=True)
+    only = [a for a in sys.argv[1:] if not a.startswith("--")] or list(MODELS)
+    models = {name: seed for name, seed in MODELS.items() if name in only}
     if "--llama" in sys.argv:
-        for name, seed in MODELS.items():
+        for name, seed in models.items():
             llama_refs(name, seed)
         return 0
-    for name, seed in MODELS.items():
+    for name, seed in models.items():
         path = write_tiny(OUT / f"{name}.gguf", name, seed=seed)
         md, w = gguf_tensors(path)
         tokens = np.random.default_rng(2000 + seed).integers(0, 256, N_TOKENS).astype(np.int64)
