@@ -33,7 +33,7 @@ from pathlib import Path
 import numpy as np
 from numba import njit, prange
 
-from moert.kernels import matmul_q
+from moert.kernels import matmul_q, mxfp4
 from moert.kernels.matmul import BLOCK, TYPE_CODES, matmul_ref, no_sums, rows, sums32, table, threads, variant
 from moert.kernels.matmul_q import quantize_rows, quantized, rows_q
 from moert.kernels.moe import QTensor, check_biases, check_experts, check_inputs, group_by_expert
@@ -125,7 +125,7 @@ def layer_kernel(g_code: int, d_code: int, aq: int = 0):
     n_threads) -> (T, D). n_threads = matmul.threads(), passed in: called inside, it makes the
     function uncacheable. parts = 0 picks them with parts_for. aq != 0 (kernels/matmul_q.py): an expert
     reads x quantized (matmul_q.quantized: int8 always, int16 when T == 1), for the types with quantized
-    kernels; 0 compiles the float kernel."""
+    kernels (MXFP4: int8 per 32, mxfp4.rows_q8, in int8 mode only); 0 compiles the float kernel."""
     key = (g_code, d_code, aq)
     if key not in _LAYERS:
         _LAYERS[key] = _make_layer(g_code, d_code, _LINKED_SOURCE, aq)
@@ -135,6 +135,7 @@ def layer_kernel(g_code: int, d_code: int, aq: int = 0):
 def _make_layer(g_code: int, d_code: int, linked_source: int, aq: int = 0):
     gq = matmul_q.QMAX[aq] if aq and g_code in matmul_q.QUANT_CODES else 0    # 0: float kernels
     dq = matmul_q.QMAX[aq] if aq and d_code in matmul_q.QUANT_CODES else 0
+    gm, dm = aq == 2 and g_code == 7, aq == 2 and d_code == 7    # MXFP4 (issue 15): int8 x per 32, mxfp4.rows_q8
 
     def moe_layer(x, ids, wts, g_raw, g_f16, u_raw, u_f16, d_raw, d_f16, nb_in, nb_down, block_down, parts,
                   act, gb, ub, db, n_threads):
@@ -161,7 +162,11 @@ def _make_layer(g_code: int, d_code: int, linked_source: int, aq: int = 0):
                 f0, f1 = p * Fp, (p + 1) * Fp
                 g = np.zeros((n, F), dtype=np.float32)                  # (n, F), columns [f0, f1) used
                 u = np.zeros((n, F), dtype=np.float32)
-                if quantized(gq, T):                                    # opt-in: x quantized (matmul_q)
+                if gm:                                                  # MXFP4 (issue 15), int8 mode
+                    x8, xd = mxfp4.quantize_q8(xe)
+                    mxfp4.rows_q8(g_raw[e], x8, xd, g, f0, f1, 0, nb_in, g_f16)
+                    mxfp4.rows_q8(u_raw[e], x8, xd, u, f0, f1, 0, nb_in, u_f16)
+                elif quantized(gq, T):                                  # opt-in: x quantized (matmul_q)
                     xq, x8, xd, xb = quantize_rows(xe, gq)
                     rows_q(g_code, gq, g_raw[e], xq, x8, xd, xb, g, f0, f1, 0, nb_in, g_f16)
                     rows_q(g_code, gq, u_raw[e], xq, x8, xd, xb, u, f0, f1, 0, nb_in, u_f16)
@@ -171,7 +176,10 @@ def _make_layer(g_code: int, d_code: int, linked_source: int, aq: int = 0):
                     rows(g_code, u_raw[e], xe, xs, u, f0, f1, 0, nb_in, u_f16)
                 _act_mul(g, u, f0, f1, act, gb, ub, e)                  # h = act(g + bg, u + bu)
                 b0, b1 = f0 // block_down, f1 // block_down
-                if quantized(dq, T):
+                if dm:                                                  # MXFP4 (issue 15), int8 mode
+                    h8, hd = mxfp4.quantize_q8(g)                       # columns outside [f0, f1) are 0
+                    mxfp4.rows_q8(d_raw[e], h8, hd, Y[p, o0:o0 + n], 0, D, b0, b1, d_f16)
+                elif quantized(dq, T):
                     hq, h8, hd, hb = quantize_rows(g, dq)               # columns outside [f0, f1) are 0
                     rows_q(d_code, dq, d_raw[e], hq, h8, hd, hb, Y[p, o0:o0 + n], 0, D, b0, b1, d_f16)
                 else:

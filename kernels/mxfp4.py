@@ -3,9 +3,13 @@
     dequant(blocks, y, e8m0)                   (n, 17) uint8 blocks -> (n, 32) float32, bit-exact with ggml
     rows1(w, x, out, r0, r1, b0, b1, e8m0)     out[0, r] = row r . x for ONE token (decode)
     rows(w, x, out, r0, r1, b0, b1, e8m0)      out[t, r] for a batch (prefill, an expert's tokens)
-    rows_q8(w, x8, xd, out, r0, r1, b0, b1, e8m0)   the same with x rounded to int8 per 32 (llama.cpp's Q8_0)
+    rows_q8(w, x8, xd, out, r0, r1, b0, b1, e8m0)   the same with x rounded to int8 per 32 (llama.cpp's Q8_0;
+                                               act_quant="int8" in the fused MoE layer)
     quantize_q8(x)                             x (T, C) -> x8 (T, C) int8, xd (T, C/32) float32 steps
     dequant_ref, rows_ref, rows_q8_ref, quantize_q8_ref   the NumPy twins (moert/quants/dequant.py underneath)
+
+rows1, rows and rows_q8 are the AVX2 variants (`*_avx2`: pshufb decode, LLVM IR as kernels/simd.py) on a CPU
+with AVX2, else the portable Numba ones (`*_table`); tests compare both with the twins.
 
 Block layout (moert/quants/dequant.py draws it too):
 
@@ -14,9 +18,10 @@ Block layout (moert/quants/dequant.py draws it too):
     w = 2^(e-128) * v(code), v = 2 * E2M1: (0, 1, 2, 3, 4, 6, 8, 12, then the same negated)
 
 The scale is a table lookup (`E8M0_HALF`, 256 entries filled by the NumPy reference, as the fp16 table of
-kernels/dequant.py), the value one in a 16-entry table on the stack (`_table`). Measured on a 4096 x 4096
-matvec, one thread: the stack table 1.18 GB/s, the value computed with shifts and selects 0.70, a block
-dequantized to the stack first 0.85 (Q4_K's float kernel: 2.6).
+kernels/dequant.py). In the portable kernels the value is one in a 16-entry table on the stack (`_table`):
+LLVM does not vectorize that lookup. Measured on a 4096 x 4096 matvec, one thread: the stack table 0.6-1.2
+GB/s, the value computed with shifts and selects 0.70, a block dequantized to the stack first 0.85, the
+AVX2 pshufb decode 4.9 (Q4_K's float kernel: 2.2-2.6 in the same runs).
 
 The row kernels take the same arguments as kernels/matmul.py's, with the E8M0 table where those take the
 fp16 table, so matmul.rows and the fused MoE layer (kernels/moe_fused.py) call them as one more type code.
@@ -31,8 +36,12 @@ import hashlib
 from pathlib import Path
 
 import numpy as np
-from numba import njit, prange
+from llvmlite import ir
+from numba import njit, prange, types
+from numba.core import cgutils
+from numba.extending import intrinsic
 
+from moert.kernels import simd
 from moert.kernels.matmul import I32, _block_dot2, _stack_f32
 from moert.quants.dequant import MXFP4_VALUES, e8m0_half
 
@@ -116,7 +125,7 @@ def _deq8(w, b, n, buf, e8m0):
 
 
 @njit(cache=True, fastmath=_FM)
-def rows1(w, x, out, r0, r1, b0, b1, e8m0):
+def rows1_table(w, x, out, r0, r1, b0, b1, e8m0):
     """out[0, r] = sum over blocks [b0, b1) of row r of w times x[0] (same columns), r in [r0, r1). w (R, B*17)
     uint8 raw rows, x (1, C) float32, out (1, >= r1)."""
     xv = x[0, 32 * b0:32 * b1]
@@ -125,8 +134,8 @@ def rows1(w, x, out, r0, r1, b0, b1, e8m0):
 
 
 @njit(cache=True, fastmath=_FM)
-def rows(w, x, out, r0, r1, b0, b1, e8m0):
-    """out[t, r] for every token t of x (T, C), as rows1: two rows at a time, each 8-block (256-weight) run
+def rows_table(w, x, out, r0, r1, b0, b1, e8m0):
+    """out[t, r] for every token t of x (T, C), as rows1_table: two rows at a time, each 8-block (256-weight) run
     dequantized into a stack buffer and multiplied with every token (matmul._block_dot2: each load of x feeds
     both rows)."""
     acc0 = np.empty(x.shape[0], dtype=np.float32)
@@ -148,7 +157,7 @@ def rows(w, x, out, r0, r1, b0, b1, e8m0):
 
 
 def rows_ref(w: np.ndarray, x: np.ndarray, out: np.ndarray, r0: int, r1: int, b0: int, b1: int) -> None:
-    """Twin of rows and rows1: rows [r0, r1), blocks [b0, b1) dequantized by NumPy, then x @ W.T."""
+    """Twin of rows and rows1 (either variant): rows [r0, r1), blocks [b0, b1) dequantized by NumPy, then x @ W.T."""
     W = dequant_ref(w[r0:r1, 17 * b0:17 * b1].reshape(-1, 17)).reshape(r1 - r0, -1)
     out[:, r0:r1] = x[:, 32 * b0:32 * b1] @ W.T
 
@@ -202,7 +211,7 @@ def _dot1_q8(w, x8, xd, nb, e8m0):
 
 
 @njit(cache=True, fastmath=_FM)
-def rows_q8(w, x8, xd, out, r0, r1, b0, b1, e8m0):
+def rows_q8_table(w, x8, xd, out, r0, r1, b0, b1, e8m0):
     """out[t, r] for r in [r0, r1), blocks [b0, b1), x given as quantize_q8's (x8 (T, C), xd (T, B))."""
     for t in range(x8.shape[0]):
         xv, dv = x8[t, 32 * b0:32 * b1], xd[t, b0:b1]
@@ -212,18 +221,194 @@ def rows_q8(w, x8, xd, out, r0, r1, b0, b1, e8m0):
 
 def rows_q8_ref(w: np.ndarray, x8: np.ndarray, xd: np.ndarray, out: np.ndarray, r0: int, r1: int, b0: int,
                 b1: int) -> None:
-    """Twin of rows_q8: the values x8 * step exactly (float64) times the NumPy-dequantized rows."""
+    """Twin of rows_q8 (either variant): the values x8 * step exactly (float64) times the NumPy-dequantized rows."""
     xf = x8[:, 32 * b0:32 * b1].astype(np.float64) * np.repeat(xd[:, b0:b1].astype(np.float64), 32, axis=1)
     W = dequant_ref(w[r0:r1, 17 * b0:17 * b1].reshape(-1, 17)).reshape(r1 - r0, -1).astype(np.float64)
     out[:, r0:r1] = (xf @ W.T).astype(np.float32)
 
 
 
+# ------------------------------------------------------------------------------------ AVX2 rows
+# The loops above decode a weight with a table lookup per weight, which LLVM does not vectorize. ggml's AVX2
+# MXFP4 kernel decodes 16 nibbles per instruction with `pshufb` on a 16-byte table of the values (as int8),
+# which is what these intrinsics emit (simd.py's way: LLVM IR from Numba, x86 only, used when
+# simd.available()). Per 32-weight block: one 16-byte load, two pshufb, then
+#   row_f32: the values widened to float, times x (8 lanes at a time), the block's sum times its scale;
+#   row_q8:  the int8 values times int8 x (vpmaddubsw with the sign moved onto x, vpmaddwd), exact in int32,
+#            then times scale * x's step (ggml_vec_dot_mxfp4_q8_0, with float32 steps where ggml keeps fp16).
+# n tokens (a literal 1 to 4) share each block's decode.
+
+_I8, _I16, _I32 = ir.IntType(8), ir.IntType(16), ir.IntType(32)
+_F32 = ir.FloatType()
+_V16x8, _V32x8 = ir.VectorType(_I8, 16), ir.VectorType(_I8, 32)
+_F32x8, _F32x32 = ir.VectorType(_F32, 8), ir.VectorType(_F32, 32)
+
+
+def _values32(context, builder, aty, wa, ob):
+    """The 32 weights' values (int8, not yet scaled) of the block at w[ob]: <32 x i8>, weights 0..31 in order."""
+    q = simd._vload(context, builder, aty, wa, simd._at(builder, ob, 1), _V16x8)
+    m4 = ir.Constant(_V16x8, [15] * 16)
+    lo = builder.and_(q, m4)
+    hi = builder.and_(builder.lshr(q, ir.Constant(_V16x8, [4] * 16)), m4)
+    tab = ir.Constant(_V16x8, list(MXFP4_VALUES))
+    shuf = simd._fn(builder, "llvm.x86.ssse3.pshuf.b.128", _V16x8, [_V16x8, _V16x8])
+    vlo, vhi = builder.call(shuf, [tab, lo]), builder.call(shuf, [tab, hi])
+    return builder.shuffle_vector(vlo, vhi, ir.Constant(ir.VectorType(_I32, 32), list(range(32))))
+
+
+def _scale(context, builder, aty, wa, ob, tty, ta):
+    """E8M0_HALF[w[ob]]: the block's scale, a float."""
+    e = builder.zext(simd._vload(context, builder, aty, wa, ob, _I8), ir.IntType(64))
+    return simd._f32_at(context, builder, tty, ta, e)
+
+
+def _fold8(builder, v):
+    """<32 x float> -> <8 x float>: the four quarters added."""
+    q = [simd._lanes(builder, v, list(range(8 * i, 8 * i + 8))) for i in range(4)]
+    return builder.fadd(builder.fadd(q[0], q[1]), builder.fadd(q[2], q[3]))
+
+
+def _loop(builder, nb, n, body):
+    """sum over blocks b < nb of body(b) -> n <8 x float> terms, accumulated; the n float totals."""
+    accs = [cgutils.alloca_once_value(builder, ir.Constant(_F32x8, [0.0] * 8)) for _ in range(n)]
+    with cgutils.for_range(builder, nb) as loop:
+        for acc, term in zip(accs, body(loop.index)):
+            builder.store(builder.fadd(builder.load(acc), term), acc)
+    return [simd._fhsum(builder, builder.load(acc)) for acc in accs]
+
+
+def _result(context, builder, sig, tot):
+    return tot[0] if len(tot) == 1 else context.make_tuple(builder, sig.return_type, tot)
+
+
+@intrinsic
+def row_f32(typingctx, w, o, nb, x, c, ld, e8m0, n):
+    """sum over the nb blocks from w[o] of scale_b * sum_l value_l x_l for n (a literal 1 to 4) float32 tokens
+    at x[c + t ld]: a float32 for n = 1, else an n-tuple."""
+    if not (isinstance(w, types.Array) and w.dtype == types.uint8 and isinstance(x, types.Array)
+            and x.dtype == types.float32 and isinstance(n, types.IntegerLiteral) and 1 <= n.literal_value <= 4):
+        return None
+    N = n.literal_value
+
+    def codegen(context, builder, sig, args):
+        o_, nb_, c_, ld_ = simd._intp(context, builder, sig, args, 1, 2, 4, 5)
+
+        def body(b):
+            ob = builder.add(o_, builder.mul(b, ir.Constant(b.type, 17)))
+            v = builder.sitofp(_values32(context, builder, sig.args[0], args[0], ob), _F32x32)
+            d = _scale(context, builder, sig.args[0], args[0], ob, sig.args[6], args[6])
+            out = []
+            for ct in simd._offsets(builder, c_, ld_, N):
+                xv = simd._vload(context, builder, sig.args[3], args[3],
+                                 builder.add(ct, builder.mul(b, ir.Constant(b.type, 32))), _F32x32)
+                out.append(builder.fmul(_fold8(builder, builder.fmul(v, xv)), simd._fsplat(builder, d)))
+            return out
+        return _result(context, builder, sig, _loop(builder, nb_, N, body))
+    ret = types.float32 if N == 1 else types.UniTuple(types.float32, N)
+    return ret(w, o, nb, x, c, ld, e8m0, n), codegen
+
+
+@intrinsic
+def row_q8(typingctx, w, o, nb, x8, c, ld, xd, cd, ldd, e8m0, n):
+    """sum over the nb blocks from w[o] of scale_b xd_b isum_b, isum_b the exact int32 dot of the block's values
+    with int8 x, for n (a literal 1 to 4) tokens at x8[c + t ld] with steps at xd[cd + t ldd]."""
+    if not (simd._row_check(w, x8, xd) and isinstance(n, types.IntegerLiteral) and 1 <= n.literal_value <= 4):
+        return None
+    N = n.literal_value
+
+    def codegen(context, builder, sig, args):
+        o_, nb_, c_, ld_, cd_, ldd_ = simd._intp(context, builder, sig, args, 1, 2, 4, 5, 7, 8)
+        zero = ir.Constant(_V32x8, [0] * 32)
+        ones = ir.Constant(ir.VectorType(_I16, 16), [1] * 16)
+
+        def body(b):
+            ob = builder.add(o_, builder.mul(b, ir.Constant(b.type, 17)))
+            v = _values32(context, builder, sig.args[0], args[0], ob)
+            neg = builder.icmp_signed("<", v, zero)
+            av = builder.select(neg, builder.sub(zero, v), v)               # |v| as u8 for vpmaddubsw
+            d = _scale(context, builder, sig.args[0], args[0], ob, sig.args[9], args[9])
+            out = []
+            for ct, cdt in zip(simd._offsets(builder, c_, ld_, N), simd._offsets(builder, cd_, ldd_, N)):
+                xv = simd._vload(context, builder, sig.args[3], args[3],
+                                 builder.add(ct, builder.mul(b, ir.Constant(b.type, 32))), _V32x8)
+                sx = builder.select(neg, builder.sub(zero, xv), xv)        # sign(v) moved onto x
+                isum = simd._madd(builder, simd._maddubs(builder, av, sx), ones)      # <8 x i32>
+                f = builder.fmul(d, simd._f32_at(context, builder, sig.args[6], args[6], builder.add(cdt, b)))
+                out.append(builder.fmul(builder.sitofp(isum, _F32x8), simd._fsplat(builder, f)))
+            return out
+        return _result(context, builder, sig, _loop(builder, nb_, N, body))
+    ret = types.float32 if N == 1 else types.UniTuple(types.float32, N)
+    return ret(w, o, nb, x8, c, ld, xd, cd, ldd, e8m0, n), codegen
+
+
+@njit(cache=True, fastmath=_FM)
+def rows1_avx2(w, x, out, r0, r1, b0, b1, e8m0):
+    """rows1_table's result with row_f32 (AVX2)."""
+    for r in range(r0, r1):
+        out[0, r] = row_f32(w[r], 17 * b0, b1 - b0, x, 32 * b0, 0, e8m0, 1)
+
+
+@njit(cache=True, fastmath=_FM)
+def rows_avx2(w, x, out, r0, r1, b0, b1, e8m0):
+    """rows_table's result with row_f32 (AVX2): tokens four at a time share each block's decode, the last 1-3
+    in one call."""
+    T, C = x.shape
+    T4 = T - T % 4
+    xf = x.reshape(T * C)
+    for r in range(r0, r1):
+        wr = w[r]
+        for t in range(0, T4, 4):
+            s0, s1, s2, s3 = row_f32(wr, 17 * b0, b1 - b0, xf, t * C + 32 * b0, C, e8m0, 4)
+            out[t, r], out[t + 1, r], out[t + 2, r], out[t + 3, r] = s0, s1, s2, s3
+        t, n = T4, T - T4
+        if n == 3:
+            s0, s1, s2 = row_f32(wr, 17 * b0, b1 - b0, xf, t * C + 32 * b0, C, e8m0, 3)
+            out[t, r], out[t + 1, r], out[t + 2, r] = s0, s1, s2
+        elif n == 2:
+            s0, s1 = row_f32(wr, 17 * b0, b1 - b0, xf, t * C + 32 * b0, C, e8m0, 2)
+            out[t, r], out[t + 1, r] = s0, s1
+        elif n == 1:
+            out[t, r] = row_f32(wr, 17 * b0, b1 - b0, xf, t * C + 32 * b0, C, e8m0, 1)
+
+
+@njit(cache=True, fastmath=_FM)
+def rows_q8_avx2(w, x8, xd, out, r0, r1, b0, b1, e8m0):
+    """rows_q8_table's result with row_q8 (AVX2), tokens four at a time."""
+    T, C = x8.shape
+    B = xd.shape[1]
+    T4 = T - T % 4
+    xf, df = x8.reshape(T * C), xd.reshape(T * B)
+    for r in range(r0, r1):
+        wr = w[r]
+        for t in range(0, T4, 4):
+            s0, s1, s2, s3 = row_q8(wr, 17 * b0, b1 - b0, xf, t * C + 32 * b0, C, df, t * B + b0, B, e8m0, 4)
+            out[t, r], out[t + 1, r], out[t + 2, r], out[t + 3, r] = s0, s1, s2, s3
+        t, n = T4, T - T4
+        if n == 3:
+            s0, s1, s2 = row_q8(wr, 17 * b0, b1 - b0, xf, t * C + 32 * b0, C, df, t * B + b0, B, e8m0, 3)
+            out[t, r], out[t + 1, r], out[t + 2, r] = s0, s1, s2
+        elif n == 2:
+            s0, s1 = row_q8(wr, 17 * b0, b1 - b0, xf, t * C + 32 * b0, C, df, t * B + b0, B, e8m0, 2)
+            out[t, r], out[t + 1, r] = s0, s1
+        elif n == 1:
+            out[t, r] = row_q8(wr, 17 * b0, b1 - b0, xf, t * C + 32 * b0, C, df, t * B + b0, B, e8m0, 1)
+
+
+# What matmul.rows, the drivers below and the fused MoE layer call: the AVX2 rows where the CPU has AVX2, else
+# the portable ones (measured on a 4096 x 4096 matvec, one thread: 4.9 GB/s against 0.6-1.2; bench/RESULTS.md).
+if simd.available():
+    rows1, rows, rows_q8 = rows1_avx2, rows_avx2, rows_q8_avx2
+else:
+    rows1, rows, rows_q8 = rows1_table, rows_table, rows_q8_table
+
+
 # ------------------------------------------------------------------------------------ drivers
 # matmul.kernels_for's (serial, parallel) pair for MXFP4, made here so that their Numba cache is keyed by this
-# file; they link matmul.py's _block_dot2, so that file's source is in the key too (as moe_fused.py does).
+# file; they link matmul.py's _block_dot2 and simd.py's helpers, so those files' source is in the key too (as
+# moe_fused.py does).
 
-_LINKED_SOURCE = int(hashlib.sha1((Path(__file__).parent / "matmul.py").read_bytes()).hexdigest()[:15], 16)
+_LINKED_SOURCE = int(hashlib.sha1(b"".join((Path(__file__).parent / f).read_bytes()
+                                          for f in ("matmul.py", "simd.py"))).hexdigest()[:15], 16)
 
 
 def make_drivers() -> tuple:
@@ -251,3 +436,5 @@ def make_drivers() -> tuple:
                 rows(w, x, out, i * chunk, min(R, (i + 1) * chunk), 0, nb, e8m0)
 
     return variant(serial, "serial_mxfp4"), variant(parallel, "parallel_mxfp4", parallel=True)
+
+
