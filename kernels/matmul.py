@@ -640,10 +640,10 @@ def kernels_for(code: int, aq: int = 0) -> tuple:
     have them; aq = 0 (default) compiles exactly the float drivers."""
     if aq:
         from moert.kernels import matmul_q
-        aq = aq if code in matmul_q.QUANT_CODES else 0
+        aq = aq if code in matmul_q.QUANT_CODES or (code, aq) == (7, 2) else 0    # (7, 2): MXFP4 int8, issue 15
     if (code, aq) not in _DRIVERS:
-        _DRIVERS[code, aq] = matmul_q.make_drivers(code, aq) if aq else \
-            mxfp4.make_drivers() if code == 7 else _make_drivers(code)    # MXFP4 (issue 15)
+        _DRIVERS[code, aq] = mxfp4.make_drivers(aq) if code == 7 else \
+            matmul_q.make_drivers(code, aq) if aq else _make_drivers(code)      # MXFP4 (issue 15)
     return _DRIVERS[code, aq]
 
 

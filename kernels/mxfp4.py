@@ -411,16 +411,20 @@ _LINKED_SOURCE = int(hashlib.sha1(b"".join((Path(__file__).parent / f).read_byte
                                           for f in ("matmul.py", "simd.py"))).hexdigest()[:15], 16)
 
 
-def make_drivers() -> tuple:
+def make_drivers(aq: int = 0) -> tuple:
     """(serial, parallel) as kernels/matmul.py's drivers: serial(w, x, out, r0, r1, b0, b1, e8m0) and
-    parallel(w, x, out, nb, e8m0, chunk), one parallel region over chunks of rows."""
+    parallel(w, x, out, nb, e8m0, chunk), one parallel region over chunks of rows. aq = 2 (act_quant="int8"): x
+    rounded to int8 per 32 first (quantize_q8, rows_q8); otherwise float (MXFP4 has no int16 kernels)."""
     from moert.kernels.matmul import variant
 
-    linked = _LINKED_SOURCE
+    linked, q8 = _LINKED_SOURCE, aq == 2
 
     def serial(w, x, out, r0, r1, b0, b1, e8m0):
         assert linked != 0                                              # in the cache key; see above
-        if x.shape[0] == 1:
+        if q8:
+            x8, xd = quantize_q8(x)
+            rows_q8(w, x8, xd, out, r0, r1, b0, b1, e8m0)
+        elif x.shape[0] == 1:
             rows1(w, x, out, r0, r1, b0, b1, e8m0)
         else:
             rows(w, x, out, r0, r1, b0, b1, e8m0)
@@ -429,12 +433,18 @@ def make_drivers() -> tuple:
         assert linked != 0
         R = w.shape[0]
         n = (R + chunk - 1) // chunk
-        for i in prange(n):
-            if x.shape[0] == 1:
-                rows1(w, x, out, i * chunk, min(R, (i + 1) * chunk), 0, nb, e8m0)
-            else:
-                rows(w, x, out, i * chunk, min(R, (i + 1) * chunk), 0, nb, e8m0)
+        if q8:
+            x8, xd = quantize_q8(x)
+            for i in prange(n):
+                rows_q8(w, x8, xd, out, i * chunk, min(R, (i + 1) * chunk), 0, nb, e8m0)
+        else:
+            for i in prange(n):
+                if x.shape[0] == 1:
+                    rows1(w, x, out, i * chunk, min(R, (i + 1) * chunk), 0, nb, e8m0)
+                else:
+                    rows(w, x, out, i * chunk, min(R, (i + 1) * chunk), 0, nb, e8m0)
 
-    return variant(serial, "serial_mxfp4"), variant(parallel, "parallel_mxfp4", parallel=True)
+    return (variant(serial, f"serial_mxfp4_aq{int(q8) * 2}"),
+            variant(parallel, f"parallel_mxfp4_aq{int(q8) * 2}", parallel=True))
 
 

@@ -92,18 +92,27 @@ def test_int8_activations(T, kind):
     assert np.all(np.abs(got - mm.matmul_ref(x, w)) <= bound * 1.001 + 1e-6 * (np.abs(x) @ W.T))
 
 
-def test_parallel_equals_serial():
-    w = weight(700, 512)
-    x = np.random.default_rng(1).standard_normal(512, dtype=np.float32)
+@pytest.mark.parametrize("act_quant", [None, "int8"] if simd.available() else [None])
+def test_parallel_equals_serial(act_quant):
+    """matmul.Prepared on an MXFP4 weight (float, and int8 x per 32), one thread and two: the same bits."""
+    w = weight(1000, 1024)                                              # 544 kB: the parallel driver
+    assert w.raw.nbytes >= mm._PARALLEL_MIN_BYTES
+    x = np.random.default_rng(1).standard_normal((1, 1024), dtype=np.float32)
     before = numba.get_num_threads()
     try:
         numba.set_num_threads(1)
-        serial = mm.matvec(x, w)
+        serial = mm.Prepared(w, act_quant)(x)
         numba.set_num_threads(min(2, numba.config.NUMBA_NUM_THREADS))
-        parallel = mm.matvec(x, w)
+        parallel = mm.Prepared(w, act_quant)(x)
     finally:
         numba.set_num_threads(before)
     np.testing.assert_array_equal(serial, parallel)
+    want = np.empty_like(serial)
+    if act_quant:
+        mx.rows_q8_ref(w.raw, *mx.quantize_q8_ref(x), want, 0, 1000, 0, 32)
+    else:
+        mx.rows_ref(w.raw, x, want, 0, 1000, 0, 32)
+    assert_close(serial, want, x, w)
 
 
 @pytest.mark.parametrize("T", [1, 6])
