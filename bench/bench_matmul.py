@@ -6,7 +6,7 @@
 
 Rows "int16" and "int8" are the opt-in quantized-activation kernels (kernels/matmul_q.py, act_quant="int16"
 (one token) / "int8" (any batch; needs AVX2)) for the types that have them, measured in the same run as
-the float rows.
+the float rows. MXFP4 (gpt-oss's experts, kernels/mxfp4.py) has float and int8 rows (x per 32, as llama.cpp).
 
 GB/s counts the weight bytes the kernel streams (quantized, as stored); a matrix of 16384 x 8192 is larger
 than any last-level cache here (Q4_K: 75 MB), so matvec figures are from memory, as in decode. The
@@ -38,7 +38,7 @@ from moert.kernels.moe import QTensor  # noqa: E402
 from moert.quants import quantize  # noqa: E402
 
 QUANT_MODES = ["int16", "int8"] if simd.available() else ["int16"]
-TYPES = ["Q4_K", "Q5_K", "Q6_K", "Q8_0", "F16", "BF16", "F32"]
+TYPES = ["Q4_K", "MXFP4", "Q5_K", "Q6_K", "Q8_0", "F16", "BF16", "F32"]
 SHAPE = (16384, 8192)
 
 
@@ -75,7 +75,7 @@ _weights: dict[str, QTensor] = {}
 @pytest.mark.parametrize("impl", ["numba", "int8", "reference", "gguf-py"])
 @pytest.mark.parametrize("name", TYPES)
 def test_matmul_throughput(benchmark, name, impl, T):
-    if impl == "int8" and ("int8" not in QUANT_MODES or mm.TYPE_CODES[name] not in mq.QUANT_CODES):
+    if impl == "int8" and ("int8" not in QUANT_MODES or mm.TYPE_CODES[name] not in mq.QUANT_CODES | {7}):
         pytest.skip(f"no int8 kernels for {name} on this CPU" if "int8" in QUANT_MODES else "no AVX2")
     w = _weights.setdefault(name, make_weight(name))
     x = np.random.default_rng(1).standard_normal((T, w.shape[1]), dtype=np.float32)
@@ -96,8 +96,9 @@ def measure(types, shape, rounds: int, threads: int, baselines: bool) -> list[di
     for name in types:
         w = make_weight(name, shape)
         quant = mm.TYPE_CODES[name] in mq.QUANT_CODES
-        batch = [("int8", 16)] if quant and "int8" in QUANT_MODES else []
-        for mode, T in [("numba", 1), *[(m, 1) for m in QUANT_MODES if quant], ("numba", 16), *batch]:
+        modes = [m for m in QUANT_MODES if quant or (name == "MXFP4" and m == "int8")]   # MXFP4: int8 only
+        batch = [("int8", 16)] if "int8" in modes else []
+        for mode, T in [("numba", 1), *[(m, 1) for m in modes], ("numba", 16), *batch]:
             x = np.random.default_rng(1).standard_normal((T, shape[1]), dtype=np.float32)
             r = dict(type=name, T=T, mode=mode, bytes=int(w.raw.nbytes), weights=shape[0] * shape[1])
             for n in sorted({1, threads}):

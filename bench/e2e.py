@@ -4,12 +4,17 @@
     python bench/e2e.py --act-quant none,int8        # float and int8-activation moert, both vs llama.cpp
     python bench/e2e.py ... --plot e2e.png           # and a bar chart of the table
     python bench/e2e.py --model any.gguf ...         # measure another GGUF instead of the built one
+    python bench/e2e.py --shapes gpt-oss-20b ...     # a gpt-oss-20b-shaped MXFP4_MOE file instead (built once)
     python bench/e2e.py --overhead                   # Python overhead per decoded token per layer (tiny models)
 
 The benchmark model has Qwen3-30B-A3B's layer shapes (hidden 2048, 128 experts, 8 used, expert FFN 768,
 32 query heads, 4 KV heads, head dim 128) but few layers and a 4096-token vocabulary without a
 tokenizer (token ids in, logits out), quantized like llama.cpp's Q4_K_M (Q4_K; Q6_K for attn_v and
 ffn_down) by moert's own quantizer. It is built once into moert's cache dir (`moert.demo.cache_dir()`).
+`--shapes gpt-oss-20b`: gpt-oss-20b's layer shapes instead (hidden 2880, 32 experts, 4 used, expert FFN 2880,
+64 query heads, 8 KV heads, head dim 64, sliding window 128, YaRN, attention sinks, biases), as llama.cpp's
+MXFP4_MOE lays it out (experts MXFP4, every other matrix Q8_0): two quantized experts per tensor, tiled to 32
+(the bytes, not the values, set the speed; routing is whatever the random router picks).
 
 Each round runs prompt processing (a `--prompt`-token prompt from an empty context) then `--decode`
 single-token steps, first in moert and then in llama.cpp (llama-cpp-python, when installed), in the same
@@ -39,6 +44,77 @@ import common  # noqa: E402
 SHAPES = dict(n_embd=2048, n_head=32, n_head_kv=4, head_dim=128, n_expert=128, n_expert_used=8, n_ff_exp=768,
               n_vocab=4096, context_length=4096, qtype="Q4_K", types={r"attn_v|ffn_down": "Q6_K"}, seed=30)
 MODEL_VERSION = 1  # bump when SHAPES or the writer changes
+
+
+GPT_OSS = dict(D=2880, H=64, Hkv=8, Dh=64, E=32, K=4, F=2880, V=4096, ctx=4096, window=128, seed=20)
+
+
+def gptoss_model_path(layers: int) -> Path:
+    """The gpt-oss-20b-shaped benchmark model (MXFP4 experts, Q8_0 elsewhere), written on first use (about 450
+    MB per layer)."""
+    from moert.demo import cache_dir
+
+    path = cache_dir() / f"bench-gpt-oss-20b-shapes-L{layers}-v{MODEL_VERSION}.gguf"
+    if not path.exists():
+        print(f"building {path} ({layers} layers) ...", flush=True)
+        write_gptoss_shapes(path, layers)
+    return path
+
+
+def write_gptoss_shapes(path: Path, n_layer: int) -> None:
+    """gpt-oss-20b's layers with random weights, written with gguf-py (raw MXFP4 / Q8_0 bytes by moert's quantizer)."""
+    import gguf
+
+    from moert.quants import quantize
+
+    s, a = GPT_OSS, "gpt-oss"
+    rng = np.random.default_rng(s["seed"])
+    D, H, Hk, Dh, E, F, V = s["D"], s["H"], s["Hkv"], s["Dh"], s["E"], s["F"], s["V"]
+    w = gguf.GGUFWriter(str(path) + ".tmp", a)
+    for k, v in {"block_count": n_layer, "context_length": s["ctx"], "embedding_length": D, "feed_forward_length": F,
+                 "expert_feed_forward_length": F, "expert_count": E, "expert_used_count": s["K"],
+                 "attention.head_count": H, "attention.head_count_kv": Hk, "attention.key_length": Dh,
+                 "attention.value_length": Dh, "attention.sliding_window": s["window"], "vocab_size": V,
+                 "rope.scaling.original_context_length": 4096}.items():
+        w.add_uint32(f"{a}.{k}", v)
+    for k, v in {"attention.layer_norm_rms_epsilon": 1e-5, "rope.freq_base": 150000.0, "rope.scaling.factor": 32.0,
+                 "rope.scaling.yarn_beta_fast": 32.0, "rope.scaling.yarn_beta_slow": 1.0}.items():
+        w.add_float32(f"{a}.{k}", v)
+    w.add_string(f"{a}.rope.scaling.type", "yarn")
+    w.add_string("tokenizer.ggml.model", "none")
+
+    def q8(*shape):
+        x = rng.standard_normal(shape, dtype=np.float32) * np.float32(shape[-1] ** -0.5)
+        return quantize(x, "Q8_0"), gguf.GGMLQuantizationType.Q8_0
+
+    def exps(rows, cols):                               # two experts, tiled to E
+        two = quantize(rng.standard_normal((2, rows, cols), dtype=np.float32) * np.float32(cols ** -0.5), "MXFP4")
+        return np.ascontiguousarray(np.tile(two, (E // 2, 1, 1))), gguf.GGMLQuantizationType.MXFP4
+
+    def f32(*shape, base=0.0):
+        return (base + 0.1 * rng.standard_normal(shape, dtype=np.float32)).astype(np.float32), None
+
+    tensors = [("token_embd.weight", q8(V, D))]
+    for i in range(n_layer):
+        b = f"blk.{i}."
+        tensors += [(b + "attn_norm.weight", f32(D, base=1.0)), (b + "post_attention_norm.weight", f32(D, base=1.0)),
+                    (b + "attn_q.weight", q8(H * Dh, D)), (b + "attn_k.weight", q8(Hk * Dh, D)),
+                    (b + "attn_v.weight", q8(Hk * Dh, D)), (b + "attn_output.weight", q8(D, H * Dh)),
+                    (b + "attn_q.bias", f32(H * Dh)), (b + "attn_k.bias", f32(Hk * Dh)),
+                    (b + "attn_v.bias", f32(Hk * Dh)), (b + "attn_output.bias", f32(D)),
+                    (b + "attn_sinks.weight", f32(H)),
+                    (b + "ffn_gate_inp.weight", f32(E, D)), (b + "ffn_gate_inp.bias", f32(E)),
+                    (b + "ffn_gate_exps.weight", exps(F, D)), (b + "ffn_up_exps.weight", exps(F, D)),
+                    (b + "ffn_down_exps.weight", exps(D, F)), (b + "ffn_gate_exps.bias", f32(E, F)),
+                    (b + "ffn_up_exps.bias", f32(E, F)), (b + "ffn_down_exps.bias", f32(E, D))]
+    tensors += [("output_norm.weight", f32(D, base=1.0)), ("output.weight", q8(V, D))]
+    for name, (data, qtype) in tensors:
+        w.add_tensor(name, data, raw_dtype=qtype) if qtype is not None else w.add_tensor(name, data)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    Path(str(path) + ".tmp").replace(path)
 
 
 def model_path(layers: int) -> Path:
@@ -187,6 +263,8 @@ def python_overhead(threads: int, steps: int = 64) -> dict:
 def main(argv: list[str] | None = None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", type=Path, help="a GGUF to measure instead of the built benchmark model")
+    ap.add_argument("--shapes", choices=["qwen3-30b-a3b", "gpt-oss-20b"], default="qwen3-30b-a3b",
+                    help="the built model's layer shapes (gpt-oss-20b: MXFP4_MOE)")
     ap.add_argument("--layers", type=int, default=3, help="layers of the built model (390 MB each)")
     ap.add_argument("--threads", "-t", type=int, default=2)
     ap.add_argument("--prompt", type=int, default=64, help="prompt tokens")
@@ -205,7 +283,7 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--plot", type=Path, help="write a bar chart of pp and decode tokens/s per engine (PNG)")
     args = ap.parse_args(argv)
 
-    path = args.model or model_path(args.layers)
+    path = args.model or (gptoss_model_path if args.shapes == "gpt-oss-20b" else model_path)(args.layers)
     n_ctx = args.prompt + args.decode + 64                       # + room for the profiled steps
     sizes = bytes_per_token(path)
     mach = common.machine(args.threads)
