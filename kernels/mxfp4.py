@@ -269,11 +269,11 @@ def _fold8(builder, v):
 
 
 def _loop(builder, nb, n, body):
-    """sum over blocks b < nb of body(b) -> n <8 x float> terms, accumulated; the n float totals."""
+    """sum over blocks b < nb of body(b) -> n (<8 x float> a, float f) terms, acc += a * f; the n float totals."""
     accs = [cgutils.alloca_once_value(builder, ir.Constant(_F32x8, [0.0] * 8)) for _ in range(n)]
     with cgutils.for_range(builder, nb) as loop:
-        for acc, term in zip(accs, body(loop.index)):
-            builder.store(builder.fadd(builder.load(acc), term), acc)
+        for acc, (a, f) in zip(accs, body(loop.index)):
+            builder.store(builder.fadd(builder.load(acc), builder.fmul(a, simd._fsplat(builder, f))), acc)
     return [simd._fhsum(builder, builder.load(acc)) for acc in accs]
 
 
@@ -301,7 +301,7 @@ def row_f32(typingctx, w, o, nb, x, c, ld, e8m0, n):
             for ct in simd._offsets(builder, c_, ld_, N):
                 xv = simd._vload(context, builder, sig.args[3], args[3],
                                  builder.add(ct, builder.mul(b, ir.Constant(b.type, 32))), _F32x32)
-                out.append(builder.fmul(_fold8(builder, builder.fmul(v, xv)), simd._fsplat(builder, d)))
+                out.append((_fold8(builder, builder.fmul(v, xv)), d))
             return out
         return _result(context, builder, sig, _loop(builder, nb_, N, body))
     ret = types.float32 if N == 1 else types.UniTuple(types.float32, N)
@@ -318,23 +318,22 @@ def row_q8(typingctx, w, o, nb, x8, c, ld, xd, cd, ldd, e8m0, n):
 
     def codegen(context, builder, sig, args):
         o_, nb_, c_, ld_, cd_, ldd_ = simd._intp(context, builder, sig, args, 1, 2, 4, 5, 7, 8)
-        zero = ir.Constant(_V32x8, [0] * 32)
         ones = ir.Constant(ir.VectorType(_I16, 16), [1] * 16)
+        sign = simd._fn(builder, "llvm.x86.avx2.psign.b", _V32x8, [_V32x8, _V32x8])
 
         def body(b):
             ob = builder.add(o_, builder.mul(b, ir.Constant(b.type, 17)))
             v = _values32(context, builder, sig.args[0], args[0], ob)
-            neg = builder.icmp_signed("<", v, zero)
-            av = builder.select(neg, builder.sub(zero, v), v)               # |v| as u8 for vpmaddubsw
+            av = builder.call(sign, [v, v])                                 # |v| as u8 for vpmaddubsw
             d = _scale(context, builder, sig.args[0], args[0], ob, sig.args[9], args[9])
             out = []
             for ct, cdt in zip(simd._offsets(builder, c_, ld_, N), simd._offsets(builder, cd_, ldd_, N)):
                 xv = simd._vload(context, builder, sig.args[3], args[3],
                                  builder.add(ct, builder.mul(b, ir.Constant(b.type, 32))), _V32x8)
-                sx = builder.select(neg, builder.sub(zero, xv), xv)        # sign(v) moved onto x
+                sx = builder.call(sign, [xv, v])                            # sign(v) moved onto x (vpsignb)
                 isum = simd._madd(builder, simd._maddubs(builder, av, sx), ones)      # <8 x i32>
                 f = builder.fmul(d, simd._f32_at(context, builder, sig.args[6], args[6], builder.add(cdt, b)))
-                out.append(builder.fmul(builder.sitofp(isum, _F32x8), simd._fsplat(builder, f)))
+                out.append((builder.sitofp(isum, _F32x8), f))
             return out
         return _result(context, builder, sig, _loop(builder, nb_, N, body))
     ret = types.float32 if N == 1 else types.UniTuple(types.float32, N)

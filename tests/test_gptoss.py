@@ -46,3 +46,28 @@ def test_zoo_twins_plan_with_the_architecture(name, tmp_path):
     with gguf.open(path) as g:
         arch, c = models.read(g)
     assert arch is gptoss and c.n_expert in (32, 128) and c.sliding_window == 128 and c.yarn().factor == 32.0
+
+
+@pytest.mark.parametrize("rules", [
+    [(r"_exps", 0, range(2)), (r"_exps", None, None)],                  # half the experts (and their biases) on sim
+    [(r"ffn_(gate|up)_exps", 0, None), (r"_exps", None, None)],         # gate/up on sim, down on the CPU
+    [(r"_exps\.weight", 0, [1, 3]), (r"_exps", None, None)],            # weights of 1, 3 on sim, their biases not
+])
+def test_expert_granular_placement(rules, tmp_path, one_numba_thread):
+    """gpt-oss's experts with their bias rows, wherever the rules put them: the CPU-only logits."""
+    import warnings
+
+    import moert
+    from moert import TensorOverride as T
+    from moert.testing import write_tiny
+
+    path = write_tiny(tmp_path / "g.gguf", "gpt-oss", seed=5)
+    overrides = [T.cpu(p) if dev is None else T.gpu(p, dev, experts=ex) for p, dev, ex in rules]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        ref = moert.load(path, gpu_layers=0, context_size=32, warmup=False, progress=False)
+        m = moert.load(path, gpu_backend="sim", overrides=overrides, context_size=32, warmup=False, progress=False)
+    tokens = [3, 14, 15, 92, 65, 35]
+    want, got = ref.forward(tokens), m.forward(tokens)
+    assert np.abs(got - want).max() <= 1e-4 * np.abs(want).max()
+    assert np.abs(m.forward([7]) - ref.forward([7])).max() <= 1e-4 * np.abs(want).max()
