@@ -9,7 +9,8 @@
     dequant_ref, rows_ref, rows_q8_ref, quantize_q8_ref   the NumPy twins (moert/quants/dequant.py underneath)
 
 rows1, rows and rows_q8 are the AVX2 variants (`*_avx2`: pshufb decode, LLVM IR as kernels/simd.py) on a CPU
-with AVX2, else the portable Numba ones (`*_table`); tests compare both with the twins.
+with AVX2, else the portable Numba ones (`*_table`); tests compare both with the twins. x (and x8, xd) must be
+C-contiguous, as every caller's is: the AVX2 variants read them at flat offsets (and refuse other layouts).
 
 Block layout (moert/quants/dequant.py draws it too):
 
@@ -285,9 +286,9 @@ def _result(context, builder, sig, tot):
 def row_f32(typingctx, w, o, nb, x, c, ld, e8m0, n):
     """sum over the nb blocks from w[o] of scale_b * sum_l value_l x_l for n (a literal 1 to 4) float32 tokens
     at x[c + t ld]: a float32 for n = 1, else an n-tuple."""
-    if not (isinstance(w, types.Array) and w.dtype == types.uint8 and isinstance(x, types.Array)
+    if not (isinstance(w, types.Array) and w.dtype == types.uint8 and isinstance(x, types.Array) and x.layout == "C"
             and x.dtype == types.float32 and isinstance(n, types.IntegerLiteral) and 1 <= n.literal_value <= 4):
-        return None
+        return None                                                     # x is read at flat offsets: C order only
     N = n.literal_value
 
     def codegen(context, builder, sig, args):
@@ -312,7 +313,8 @@ def row_f32(typingctx, w, o, nb, x, c, ld, e8m0, n):
 def row_q8(typingctx, w, o, nb, x8, c, ld, xd, cd, ldd, e8m0, n):
     """sum over the nb blocks from w[o] of scale_b xd_b isum_b, isum_b the exact int32 dot of the block's values
     with int8 x, for n (a literal 1 to 4) tokens at x8[c + t ld] with steps at xd[cd + t ldd]."""
-    if not (simd._row_check(w, x8, xd) and isinstance(n, types.IntegerLiteral) and 1 <= n.literal_value <= 4):
+    if not (simd._row_check(w, x8, xd) and x8.layout == "C" and xd.layout == "C"
+            and isinstance(n, types.IntegerLiteral) and 1 <= n.literal_value <= 4):
         return None
     N = n.literal_value
 
