@@ -107,9 +107,11 @@ def _stream_to_stdout(model, prompt, args, *, add_bos=None, echo: str = "") -> t
     return "".join(out), s.stats
 
 
-def print_stats(model, gen_stats, file=sys.stderr) -> None:
+def print_stats(model, gen_stats, file=None) -> None:
     """llama.cpp's three timing lines, moert's per-phase/per-device time and transfer table, and the
-    memory each device used beside the estimate (as llama.cpp prints its memory breakdown)."""
+    memory each device used beside the estimate (as llama.cpp prints its memory breakdown); to `file`,
+    standard error by default (looked up at the call: a default bound at import outlives a redirection)."""
+    file = sys.stderr if file is None else file
     print("\n" + gen_stats.report(), file=file)
     print("\n" + str(model.stats.total), file=file)
     print("\n" + memory_breakdown(model), file=file)
