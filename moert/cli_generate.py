@@ -86,7 +86,9 @@ def load_from_args(model: str, args: argparse.Namespace, **load_options):
     n_batch = min(args.batch_size, getattr(args, "ubatch_size", None) or args.batch_size)
     return load(model, context_size=ctx or 4096, threads=args.threads or physical_cores(), n_batch=n_batch,
                 warmup=getattr(args, "warmup", True), act_quant=getattr(args, "act_quant", "none"),
-                mmap=getattr(args, "mmap", True), **kw, **load_options)
+                mmap=getattr(args, "mmap", True), cache_type_k=getattr(args, "cache_type_k", "f32"),
+                cache_type_v=getattr(args, "cache_type_v", "f32"), flash_attn=getattr(args, "flash_attn", "auto"),
+                **kw, **load_options)
 
 
 def _stream_to_stdout(model, prompt, args, *, add_bos=None, echo: str = "") -> tuple[str, object]:

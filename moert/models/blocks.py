@@ -54,7 +54,8 @@ def qk_norm_attention(m, il: int, h, dev, rope_base: float, *, neox: bool = True
     q = rms_norm(q, qn, c.rms_eps, xp)                                                   # per head, over Dh
     k = rms_norm(k, kn, c.rms_eps, xp)
     q, k = rope(q, cos, sin, neox, xp), rope(k, cos, sin, neox, xp)
-    a = attention(q, k, v, k_cache, v_cache, m.position, xp, scale=scale, window=window)  # (T, H*Dv)
+    a = attention(q, k, v, k_cache, v_cache, m.position, xp, scale=scale, window=window,
+                  flash=m.flash_attn)                                                    # (T, H*Dv)
     return m.linear(a, b + "attn_output.weight", dev)                                     # (T, D)
 
 
@@ -99,7 +100,8 @@ def gqa_attention(m, il: int, h, dev, rope_base: float, *, neox: bool, qk_norm: 
     cos, sin = m.rope(dev, c.head_dim, rope_base)                                        # (T, Dh/2) each
     q, k = rope(q, cos, sin, neox, xp), rope(k, cos, sin, neox, xp)
     k_cache, v_cache = m.kv_cache(il)
-    a = attention(q, k, v, k_cache, v_cache, m.position, xp, scale=scale, window=window)  # (T, H*Dv)
+    a = attention(q, k, v, k_cache, v_cache, m.position, xp, scale=scale, window=window,
+                  flash=m.flash_attn)                                                    # (T, H*Dv)
     return _biased(m, m.linear(a, b + "attn_output.weight", dev), b + "attn_output.bias", dev)
 
 
