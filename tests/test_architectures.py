@@ -102,7 +102,7 @@ def test_registry_refuses_what_it_does_not_know(tmp_path):
     p = write_gguf(tmp_path / "x.gguf", "mamba", {"mamba.block_count": 1},
                    [("a.weight", np.zeros(32, np.float32), "F32")])
     with pytest.raises(GGUFError, match="general.architecture is 'mamba', which moert does not implement; supported: "
-                                        "gemma3, llama, olmoe, qwen2moe, qwen3moe"):
+                                        "deepseek2, gemma3, llama, olmoe, qwen2moe, qwen3moe"):
         load(p)
 
 
