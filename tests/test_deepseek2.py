@@ -46,8 +46,8 @@ def test_glm_4_7_flash_latent_cache_per_token():
     md = _metadata(TWINS["glm-4.7-flash"])
     c = deepseek2.Config.from_gguf(md)
     s = KVSpec.from_metadata(md)
-    assert s.layer_bytes(1, np.float16) * s.n_layer == 47 * 576 * 2 == 54_144
-    assert c.n_layer * c.n_head * (c.k_head + c.v_head) * 2 == 962_560
+    assert s.layer_bytes(1) * s.n_layer == 47 * 576 * 4 == 108_288                    # float32, per token
+    assert c.n_layer * c.n_head * (c.k_head + c.v_head) * 4 == 1_925_120
 
 
 def reference_route(probs, k, bias, renorm, scale, n_group, topk_group):

@@ -6,7 +6,8 @@ used, F expert hidden (expert_feed_forward_length, else feed_forward_length), Ff
 shared expert, V vocabulary, s = bytes per KV element, f32 = 4 bytes):
 
     weights(d) = sum of the GGUF bytes of the tensors placed on d (quantized bytes: no dequantization at load)
-    kv(d)      = sum over layers whose attention runs on d of  n_ctx * Hkv * (Dk + Dv) * s
+    kv(d)      = sum over layers whose attention runs on d of  n_ctx * Hkv * (Dk + Dv) * s  (the architecture's
+                 Config.kv_spec() when it has one: deepseek2 caches Hkv = 1, Dk = kv_lora_rank + rope dims, Dv = 0)
     scratch(d) = temporaries of one chunk, an upper bound over the layers on d:
                  4 * T * E * f32                           hidden, residual, normed, attention/FFN output
                + T * (2 * H * max(Dk, Dv) + 2 * Hkv * Dk) * f32      q, attention output, new k and v
