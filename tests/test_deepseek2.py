@@ -95,3 +95,20 @@ def test_experts_split_over_devices_give_the_same_logits(glm, one_numba_thread):
     assert m.plan.device_of("blk.1.ffn_up_exps.weight", expert=5) == "cpu"
     got = m.forward(TOKENS)
     assert np.linalg.norm(got - want) / np.linalg.norm(want) < 1e-5
+
+
+def test_an_mtp_block_is_loaded_and_not_run(tmp_path):
+    """GLM-4.7-Flash files of current converters append a multi-token-prediction block (nextn_predict_layers,
+    blk.N.nextn.*): the logits are those of the file without it, and it gets no KV cache."""
+    from semantic_fuzz import read_recipe, write_recipe
+
+    hp = {**TINY["deepseek2"]["hparams"], "block_count": 3, "nextn_predict_layers": 1}
+    path = write_tiny(tmp_path / "mtp.gguf", "deepseek2", seed=3, hparams=hp, optional=[r"exp_probs_b", r"^blk\.2\."])
+    r = read_recipe(path)
+    assert any(t[0] == "blk.2.nextn.eh_proj.weight" for t in r.tensors)
+    md = {k: v for k, v in r.metadata.items() if k != "deepseek2.nextn_predict_layers"}
+    md["deepseek2.block_count"] = (md["deepseek2.block_count"][0], 2)
+    trunk = write_recipe(type(r)(r.arch, md, [t for t in r.tensors if not t[0].startswith("blk.2.")]),
+                         tmp_path / "trunk.gguf")
+    a, b = load(path, context_size=16, gpu_layers=0), load(trunk, context_size=16, gpu_layers=0)
+    assert (a.forward(TOKENS) == b.forward(TOKENS)).all() and a.kv.nbytes == b.kv.nbytes

@@ -14,7 +14,8 @@ latent space (llama.cpp's absorption): score = (k_b^T q_nope) . c + q_pe . k_pe,
 the cache holds per token only [c, k_pe]: kv_lora_rank + n_rot floats for all heads (GLM-4.7-Flash: 576,
 against 20 * (256 + 256) = 10240 for the full keys and values). attn_k_b / attn_v_b are the split halves
 of the older attn_kv_b; files of the old converters (no key_length_mla) hold attn_kv_b only, and run the
-same way.
+same way. A multi-token-prediction block (nextn_predict_layers, GLM-4.7-Flash files of current converters)
+is declared, loaded when present and never run, as llama.cpp does without speculative decoding.
 
 YaRN (DeepSeek's rope scaling): llama.cpp cancels the (1 + 0.1 ln factor) magnitude that ggml puts on
 cos/sin and scales q.k by mscale^2 instead, mscale = 1 + 0.1 * mscale_all_dim * ln factor (the GGUF key
@@ -76,6 +77,17 @@ class Config(MoEConfig):
     expert_gating_func: int = key("{arch}.expert_gating_func", _gating, minimum=1, maximum=2)
     n_group: int = key("{arch}.expert_group_count", 0, minimum=0)               # 0, 1: no groups
     n_group_used: int = key("{arch}.expert_group_used_count", 0, minimum=0)
+    # GLM-4.7-Flash's multi-token-prediction block, appended after the trunk's layers: kept in the file, not run
+    n_nextn: int = key("{arch}.nextn_predict_layers", 0, minimum=0)
+
+    @property
+    def n_trunk(self) -> int:
+        """The layers a token runs through: block_count less the nextn (MTP) layers, as llama.cpp's n_layer()."""
+        return self.n_layer - self.n_nextn
+
+    @property
+    def n_embd_x2(self) -> int:
+        return 2 * self.n_embd
 
     @property
     def is_mla(self) -> bool:
@@ -119,6 +131,8 @@ class Config(MoEConfig):
             self._check(self.head_dim == self.kv_a_rows and self.head_dim_v == self.kv_lora_rank,
                         "attention.key_length", f"key_length {self.head_dim} / value_length {self.head_dim_v} "
                         f"should be kv_lora_rank + rope dims {self.kv_a_rows} / kv_lora_rank {self.kv_lora_rank}")
+        self._check(self.n_nextn < self.n_layer, "nextn_predict_layers",
+                    f"{self.n_nextn} of block_count {self.n_layer} layers leaves no trunk")
         self._check(self.n_layer_dense_lead <= self.n_layer, "leading_dense_block_count",
                     f"{self.n_layer_dense_lead} dense layers but block_count {self.n_layer}")
         self._check(self.n_ff >= 1 or self.n_layer_dense_lead == 0, "feed_forward_length",
@@ -132,8 +146,8 @@ class Config(MoEConfig):
                         f"experts cannot supply expert_used_count {self.n_expert_used}")
 
     def kv_spec(self) -> KVSpec:
-        """The latent cache: per layer and token one 'head' of kv_lora_rank + n_rot, no separate V."""
-        return KVSpec(self.n_layer, 1, self.kv_a_rows, 0)
+        """The latent cache: per trunk layer and token one 'head' of kv_lora_rank + n_rot, no separate V."""
+        return KVSpec(self.n_trunk, 1, self.kv_a_rows, 0)
 
     def rope_and_scale(self):
         """(the rope's layers.Yarn or None, the q.k scale), as llama.cpp's deepseek2 graph: with YaRN the rope
@@ -152,34 +166,44 @@ def tensors(c: Config) -> list[TensorSpec]:
     """Every tensor a deepseek2 file holds (llama.cpp's deepseek2 load_arch_tensors), NumPy order."""
     out = io_tensors()
     for i in range(c.n_layer):
-        b = f"blk.{i}."
-        out.append(spec(b + "attn_norm.weight", "n_embd"))
-        if c.q_lora_rank:
-            out += [spec(b + "attn_q_a.weight", "q_lora_rank", "n_embd"),
-                    spec(b + "attn_q_a_norm.weight", "q_lora_rank"),
-                    spec(b + "attn_q_b.weight", ("n_head", "k_head"), "q_lora_rank")]
-        else:
-            out.append(spec(b + "attn_q.weight", ("n_head", "k_head"), "n_embd"))
-        out += [spec(b + "attn_kv_a_mqa.weight", "kv_a_rows", "n_embd"),
-                spec(b + "attn_kv_a_norm.weight", "kv_lora_rank"),
-                # split files may keep the unsplit tensor too (some converters did); llama.cpp ignores it then
-                spec(b + "attn_kv_b.weight", "kv_b_rows", "kv_lora_rank", optional=c.is_mla)]
-        if c.is_mla:
-            out += [spec(b + "attn_k_b.weight", "n_head", "kv_lora_rank", "qk_nope"),
-                    spec(b + "attn_v_b.weight", "n_head", "v_head", "kv_lora_rank")]
-        out.append(spec(b + "attn_output.weight", "n_embd", ("n_head", "v_head")))
-        if i < c.n_layer_dense_lead:
-            out += [spec(b + "ffn_norm.weight", "n_embd"), *ffn_tensors(b, "n_ff")]
-            continue
-        out += [*routed_expert_tensors(b), spec(b + "exp_probs_b.bias", "n_expert", optional=True)]
-        if c.n_expert_shared:
-            out += ffn_tensors(b, "n_ff_shexp", "_shexp")
+        layer = layer_tensors(c, i)
+        if i >= c.n_trunk:          # an MTP block: llama.cpp loads it when present, and never needs it
+            b = f"blk.{i}.nextn."
+            layer = [replace(s, optional=True) for s in layer] + [
+                spec(b + "eh_proj.weight", "n_embd", "n_embd_x2", optional=True),
+                *(spec(b + n, "n_embd", optional=True) for n in ("enorm.weight", "hnorm.weight",
+                                                                 "shared_head_norm.weight")),
+                spec(b + "embed_tokens.weight", "n_vocab", "n_embd", optional=True),
+                spec(b + "shared_head_head.weight", "n_vocab", "n_embd", optional=True)]
+        out += layer
     return out
+
+
+def layer_tensors(c: Config, i: int) -> list[TensorSpec]:
+    """The tensors of layer i (llama.cpp's deepseek2 load_arch_tensors, one layer), NumPy order."""
+    b = f"blk.{i}."
+    out = [spec(b + "attn_norm.weight", "n_embd")]
+    if c.q_lora_rank:
+        out += [spec(b + "attn_q_a.weight", "q_lora_rank", "n_embd"), spec(b + "attn_q_a_norm.weight", "q_lora_rank"),
+                spec(b + "attn_q_b.weight", ("n_head", "k_head"), "q_lora_rank")]
+    else:
+        out.append(spec(b + "attn_q.weight", ("n_head", "k_head"), "n_embd"))
+    out += [spec(b + "attn_kv_a_mqa.weight", "kv_a_rows", "n_embd"), spec(b + "attn_kv_a_norm.weight", "kv_lora_rank"),
+            # split files may keep the unsplit tensor too (some converters did); llama.cpp ignores it then
+            spec(b + "attn_kv_b.weight", "kv_b_rows", "kv_lora_rank", optional=c.is_mla)]
+    if c.is_mla:
+        out += [spec(b + "attn_k_b.weight", "n_head", "kv_lora_rank", "qk_nope"),
+                spec(b + "attn_v_b.weight", "n_head", "v_head", "kv_lora_rank")]
+    out.append(spec(b + "attn_output.weight", "n_embd", ("n_head", "v_head")))
+    if i < c.n_layer_dense_lead:
+        return out + [spec(b + "ffn_norm.weight", "n_embd"), *ffn_tensors(b, "n_ff")]
+    out += [*routed_expert_tensors(b), spec(b + "exp_probs_b.bias", "n_expert", optional=True)]
+    return out + (ffn_tensors(b, "n_ff_shexp", "_shexp") if c.n_expert_shared else [])
 
 
 def forward(m, tokens: np.ndarray):
     """Logits (T, n_vocab) for `tokens` (T,) continuing at position m.position; on the host."""
-    return decoder(m, tokens, block)
+    return decoder(m, tokens, block, n_layer=m.config.n_trunk)
 
 
 def block(m, il: int, x):
