@@ -34,10 +34,10 @@ MODELS = {"deepseek2": 15, "deepseek2-lite": 16}          # TINY name -> seed
 # for llama.cpp's Q4_K_M: rows of 256 (the embedding, q_lora, kv_lora); the rest falls back to 32-blocks
 WIDE = {"deepseek2": {"embedding_length": 256, "attention.q_lora_rank": 256, "attention.kv_lora_rank": 256,
                       "rope.dimension_count": 16, "attention.key_length": 272, "attention.value_length": 256,
-                      "attention.key_length_mla": 48, "attention.value_length_mla": 32, "feed_forward_length": 256,
+                      "attention.key_length_mla": 48, "attention.value_length_mla": 32, "feed_forward_length": 64,
                       "expert_feed_forward_length": 64},
         "deepseek2-lite": {"embedding_length": 256, "attention.kv_lora_rank": 256, "rope.dimension_count": 16,
-                           "attention.key_length": 48, "attention.value_length": 32, "feed_forward_length": 256,
+                           "attention.key_length": 48, "attention.value_length": 32, "feed_forward_length": 64,
                            "expert_feed_forward_length": 64}}
 
 
