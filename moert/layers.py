@@ -155,8 +155,7 @@ def latent_attention(q_lat, q_pe, c_kv, k_pe, cache, pos0: int, scale: float, xp
     cache[pos0:S, 0, :R] = c_kv
     cache[pos0:S, 0, R:] = k_pe
     kv = cache[:S, 0]                                                    # (S, R + P)
-    q = xp.concatenate([q_lat, q_pe], axis=-1)                           # (H, T, R + P)
-    scores = q @ kv.T                                                    # (H, T, S)
+    scores = xp.concatenate([q_lat, q_pe], axis=-1) @ kv.T              # (H, T, S)
     scores *= np.float32(scale)
     scores += xp.where(attention_mask(pos0, T, xp=xp), np.float32(-np.inf), np.float32(0))   # (T, S)
     p = softmax_(scores, xp)

@@ -257,20 +257,20 @@ def mla_attention(m, il: int, h, dev):
     cos, sin = m.rope(dev, c.n_rot, c.rope_base, yarn)                                   # (T, P/2) each
     q_pe = rope(xp.ascontiguousarray(q[:, :, Dn:]), cos, sin, ROPE_NEOX, xp)              # (T, H, P)
     k_pe = rope(xp.ascontiguousarray(kv[:, None, R:]), cos, sin, ROPE_NEOX, xp)[:, 0]    # (T, P)
-    wk, wv = absorbed(m, b, dev)                                                         # (H, Dn, R), (H, Dv, R)
-    q_lat = q[:, :, :Dn].transpose(1, 0, 2) @ wk                                         # (H, T, R)
+    q_lat = q[:, :, :Dn].transpose(1, 0, 2) @ absorbed(m, b, dev, "k")                   # (H, T, R)
+    q = kv = None                           # the temporaries memory.py's estimate counts are the ones alive
     k_cache, _ = m.kv_cache(il)                                                          # (n_ctx, 1, R + P)
     lat = latent_attention(q_lat, q_pe.transpose(1, 0, 2), c_kv, k_pe, k_cache, m.position, scale, xp)  # (H, T, R)
-    o = lat @ wv.transpose(0, 2, 1)                                                      # (H, T, Dv)
+    o = lat @ absorbed(m, b, dev, "v").transpose(0, 2, 1)                                # (H, T, Dv)
     o = xp.ascontiguousarray(o.transpose(1, 0, 2)).reshape(T, H * c.v_head)              # (T, H*Dv)
     return m.linear(o, b + "attn_output.weight", dev)                                    # (T, D)
 
 
-def absorbed(m, b: str, dev):
-    """The per-head latent-to-key (H, Dn, R) and latent-to-value (H, Dv, R) maps on dev: attn_k_b (stored
-    transposed, (H, R, Dn)) and attn_v_b, or the two halves of each head's rows of the older attn_kv_b."""
+def absorbed(m, b: str, dev, which: str):
+    """One per-head map of the latent on dev: "k" latent-to-key (H, Dn, R), from attn_k_b (stored transposed,
+    (H, R, Dn)); "v" latent-to-value (H, Dv, R), attn_v_b; or the halves of each head's rows of attn_kv_b."""
     c = m.config
     if c.is_mla:
-        return m.w(b + "attn_k_b.weight", dev).transpose(0, 2, 1), m.w(b + "attn_v_b.weight", dev)
+        return m.w(b + "attn_k_b.weight", dev).transpose(0, 2, 1) if which == "k" else m.w(b + "attn_v_b.weight", dev)
     kv_b = m.w(b + "attn_kv_b.weight", dev).reshape(c.n_head, c.qk_nope + c.v_head, c.kv_lora_rank)
-    return kv_b[:, :c.qk_nope], kv_b[:, c.qk_nope:]
+    return kv_b[:, :c.qk_nope] if which == "k" else kv_b[:, c.qk_nope:]
