@@ -1,7 +1,8 @@
 """Mixture-of-experts routing functions and the shared expert dispatch.
 
 Routing *semantics* belong to an architecture, which picks one of the functions below (softmax ->
-top-k -> renormalize for Qwen3-MoE; top-k -> softmax for Mixtral; sigmoid + bias for DeepSeek-V3).
+top-k -> renormalize for Qwen3-MoE; top-k -> softmax for Mixtral; softmax or sigmoid, then a selection
+bias and expert groups (grouped_topk) for DeepSeek-V2/V3 and GLM-4.7-Flash).
 Dispatch *mechanics* are shared: group the (token, slot) pairs by expert so each selected expert's
 weights are read once per batch, run each expert on its tokens, scatter-add the weighted results.
 
