@@ -118,6 +118,9 @@ class KVSpec:
         arch = md.get("general.architecture")
         if not isinstance(arch, str):
             raise PlacementError("metadata 'general.architecture' is missing; cannot size the KV cache")
+        own = _own_cache(arch)
+        if own is not None:        # the architecture says what it caches (deepseek2: MLA's latent)
+            return own.from_gguf(md).kv_spec()
 
         def key(k: str, default: Any = None) -> int:
             v = md.get(f"{arch}.{k}", default)
@@ -136,6 +139,16 @@ class KVSpec:
         """Bytes of one layer's K and V for n_ctx tokens; dtype: a cache type, or a (K type, V type) pair."""
         tk, tv = dtype if isinstance(dtype, tuple) else (dtype, dtype)
         return n_ctx * self.n_head_kv * (kv_bytes(tk, self.head_dim_k) + kv_bytes(tv, self.head_dim_v))
+
+
+def _own_cache(arch: str) -> Any:
+    """The Config class of a registered architecture that sizes its own cache (a `kv_spec()` method), or None."""
+    from moert import models
+
+    if arch not in models.ARCHITECTURES:
+        return None
+    cls = models.get(arch).Config
+    return cls if callable(getattr(cls, "kv_spec", None)) else None
 
 
 def kv_spec(config: Any) -> KVSpec:

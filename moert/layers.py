@@ -183,6 +183,26 @@ def flash_attention(qg, k_cache, v_cache, pos0: int, T: int, s0: int, scale: flo
     return acc / l
 
 
+def latent_attention(q_lat, q_pe, c_kv, k_pe, cache, pos0: int, scale: float, xp=np):
+    """Multi-head latent attention (DeepSeek-V2's MLA) over a compressed cache, continuing at position pos0:
+    every head attends with one shared key, [latent, rotated key], whose first R dims are also the value
+    (llama.cpp's MQA view of MLA, its K-only cache). Writes this chunk's c_kv (T, R) and k_pe (T, P) into
+    cache (n_ctx, 1, R + P), an f32 array or a kvcache.TypedKV (-ctk). q_lat (H, T, R): the queries already
+    multiplied into latent space (attn_k_b absorbed); q_pe (H, T, P) their rotated part. Returns the
+    attention-weighted latents (H, T, R)."""
+    from moert.kvcache import load, store
+
+    T, R = c_kv.shape
+    S = pos0 + T
+    store(cache, pos0, xp.concatenate([c_kv, k_pe], axis=-1)[:, None, :])
+    kv = load(cache, 0, S)[:, 0]                                         # (S, R + P)
+    scores = xp.concatenate([q_lat, q_pe], axis=-1) @ kv.T              # (H, T, S)
+    scores *= np.float32(scale)
+    scores += xp.where(attention_mask(pos0, T, xp=xp), np.float32(-np.inf), np.float32(0))   # (T, S)
+    p = softmax_(scores, xp)
+    return p @ kv[:, :R]                                                 # (H, T, R)
+
+
 def attention_mask(pos0: int, T: int, s0: int = 0, window: int | None = None, xp=np):
     """True where query t (at position pos0 + t) must not see key position s0 + j: (T, S - s0) bool.
     Causal, and with a window also everything `window` or more positions back."""

@@ -365,12 +365,21 @@ class Model(TextAPI, Tracing):
 
     def w(self, name: str, dev: Device | None = None):
         """Weight `name` as float32 on dev (default: where it lives), dequantized on its own device. 1-D
-        weights (norms, biases: kilobytes) are kept as float32 on the device that asked, not redone per call."""
+        weights (norms, biases: kilobytes) are kept as float32 on the device that asked, not redone per call;
+        quantized CPU weights used on the CPU (MLA's attn_k_b / attn_v_b) share `linear`'s dense cache."""
         key = (name, dev)
         a = self._small.get(key)
         if a is not None:
             return a
-        t = self.weights[self._name(name)]
+        name = self._name(name)
+        t = self.weights[name]
+        if getattr(t, "device", None) is CPU and dev in (None, CPU) and len(t.shape) > 1 and t.type != "F32":
+            a = self._dense.get(name)
+            if a is None:
+                a = t.dequantize()
+                if self._dense_bytes() + a.nbytes <= self.dense_cache_bytes:
+                    self._dense[name] = a
+            return a
         a = t.dequantize()
         a = a if dev is None else self.to(a, dev, name)
         if len(t.shape) == 1:

@@ -102,16 +102,18 @@ def test_registry_refuses_what_it_does_not_know(tmp_path):
     p = write_gguf(tmp_path / "x.gguf", "mamba", {"mamba.block_count": 1},
                    [("a.weight", np.zeros(32, np.float32), "F32")])
     with pytest.raises(GGUFError, match="general.architecture is 'mamba', which moert does not implement; supported: "
-                                        "gemma3, llama, olmoe, qwen2moe, qwen3moe"):
+                                        "deepseek2, gemma3, llama, olmoe, qwen2moe, qwen3moe"):
         load(p)
 
 
 # ------------------------------------------------------------------------- the float oracle: transformers
 
-@pytest.mark.parametrize("name", ["llama", "llama-dense", "qwen2moe", "olmoe"])
+@pytest.mark.parametrize("name", ["llama", "llama-dense", "qwen2moe", "olmoe", "deepseek2", "deepseek2-lite"])
 def test_matches_transformers_float32(name, one_numba_thread):
-    """MixtralForCausalLM, LlamaForCausalLM, Qwen2MoeForCausalLM, OlmoeForCausalLM in float32 on the
-    gguf-py-dequantized weights of the same file: prefill and decode at about 1e-6, the same top-1."""
+    """MixtralForCausalLM, LlamaForCausalLM, Qwen2MoeForCausalLM, OlmoeForCausalLM, Glm4MoeLiteForCausalLM
+    (deepseek2), DeepseekV2ForCausalLM (deepseek2-lite) in float32 on the gguf-py-dequantized weights of the
+    same file (tests/reference/make_arch_refs.py, make_deepseek2_refs.py): prefill and decode at about 1e-6,
+    the same top-1."""
     f = np.load(FIX / f"{name}.npz")
     want = f["hf_logits"]
     m = load(FIX / f"{name}.gguf", gpu_layers=0, context_size=64)
@@ -142,7 +144,7 @@ def test_cli_inspect_fit_run_on_every_architecture(tiny, capsys):
     assert len(toks.split()) == 4
 
 
-@pytest.mark.parametrize("name", ["llama", "llama-dense", "qwen2moe", "olmoe"])
+@pytest.mark.parametrize("name", ["llama", "llama-dense", "qwen2moe", "olmoe", "deepseek2", "deepseek2-lite"])
 def test_at_least_as_close_as_llama_cpp(name, one_numba_thread):
     """On a Q4_K_M file llama.cpp quantized itself: moert is at least as close to the float oracle (on the
     same dequantized weights) as llama.cpp's logits are, and picks the oracle's top-1 at least as often."""

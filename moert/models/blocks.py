@@ -12,13 +12,14 @@ from moert.layers import attention, cpu_arrays, glu, rms_norm, rope
 from moert.models.spec import TensorSpec, spec
 
 
-def decoder(m, tokens, block, embed_scale: float | None = None):
-    """The forward every decoder here shares: embedding (times embed_scale), block(m, il, x) for each
-    layer, final norm and output projection. Logits (T, V) on the host, continuing at m.position."""
+def decoder(m, tokens, block, embed_scale: float | None = None, n_layer: int | None = None):
+    """The forward every decoder here shares: embedding (times embed_scale), block(m, il, x) for each of the
+    first n_layer layers (default all), final norm and output projection. Logits (T, V) on the host,
+    continuing at m.position."""
     x = m.embed("token_embd.weight", tokens)                            # (T, D)
     if embed_scale is not None:
         x = x * np.float32(embed_scale)
-    for il in range(m.config.n_layer):
+    for il in range(m.config.n_layer if n_layer is None else n_layer):
         x = block(m, il, x)
     return m.output("output_norm.weight", "output.weight", x)           # (T, V)
 

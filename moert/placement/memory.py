@@ -6,7 +6,8 @@ used, F expert hidden (expert_feed_forward_length, else feed_forward_length), Ff
 shared expert, V vocabulary, s = bytes per KV element, f32 = 4 bytes):
 
     weights(d) = sum of the GGUF bytes of the tensors placed on d (quantized bytes: no dequantization at load)
-    kv(d)      = sum over layers whose attention runs on d of  n_ctx * Hkv * (Dk + Dv) * s
+    kv(d)      = sum over layers whose attention runs on d of  n_ctx * Hkv * (Dk + Dv) * s  (the architecture's
+                 Config.kv_spec() when it has one: deepseek2 caches Hkv = 1, Dk = kv_lora_rank + rope dims, Dv = 0)
                  (s: bytes per value of the cache type: f32 4, f16 and bf16 2, q8_0 34/32)
     scratch(d) = temporaries of one chunk, an upper bound over the layers on d:
                  4 * T * E * f32                           hidden, residual, normed, attention/FFN output
@@ -18,7 +19,8 @@ shared expert, V vocabulary, s = bytes per KV element, f32 = 4 bytes):
                + T * K * (3 * F + E) * f32                 gate, up, activation, expert output (if experts on d)
                + 2 * T * E * f32 + T * (3 * Ff + E) * f32  the same for a dense FFN / shared expert on d
                + T * V * f32                               logits (if the output layer is on d)
-               + 3 * largest dequantized matrix on d * f32 (one expert of an *_exps tensor; three copies:
+               + 3 * largest dequantized matrix on d * f32 (one expert of an *_exps tensor, any other tensor
+                                                           whole (deepseek2's 3-D attn_k_b / attn_v_b); three copies:
                                                            a dequantized output.weight is alive three times)
     total(d)   = weights + kv + scratch;  on a GPU it must be <= capacity (fit also keeps `margin` free)
 
@@ -148,7 +150,8 @@ def estimate(plan: Plan, context_size: int, n_batch: int = 512, kv_dtype: Any = 
     for e in plan:
         if e.type in ("F32", "?") or len(e.shape) < 2:
             continue
-        n = int(np.prod(e.shape[-2:] if len(e.shape) >= 3 else e.shape, dtype=np.int64)) * F32
+        one = len(e.shape) >= 3 and EXPERT_TENSORS.search(e.name)      # experts: dequantized one at a time
+        n = int(np.prod(e.shape[-2:] if one else e.shape, dtype=np.int64)) * F32   # else whole (MLA's attn_k_b)
         biggest[e.device] = max(biggest.get(e.device, 0), n)
     for name, d in devs.items():
         if d.weights == 0 and d.kv == 0:
