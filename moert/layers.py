@@ -121,7 +121,8 @@ def attention(q, k, v, k_cache, v_cache, pos0: int, xp=np, *, scale: float | Non
     arrays or kvcache.TypedKV (-ctk/-ctv f16, bf16, q8_0: rounded when written, float32 when read).
     scale: of the scores (default 1/sqrt(Dh)). window: sliding-window attention, the query at position
     p sees keys at p - window < s <= p (llama.cpp's LLAMA_SWA_TYPE_STANDARD, HF's sliding_window).
-    flash: never hold the (T, S) scores, only (T, chunk) of them at a time (`flash_attention`).
+    flash: never hold the (T, S) scores: on the CPU with f32 caches kernels/flash.py (a row at a time),
+    elsewhere `flash_attention` below (its twin: (T, chunk) scores at a time).
     Returns (T, H * Dv)."""
     from moert.kvcache import TypedKV, load, store
 
@@ -137,6 +138,10 @@ def attention(q, k, v, k_cache, v_cache, pos0: int, xp=np, *, scale: float | Non
     store(v_cache, pos0, v)
     s0 = 0 if window is None else max(0, pos0 - window + 1)            # no query here sees keys before s0
     # head h uses KV head h // G (HF's repeat_kv, llama.cpp's broadcast)
+    if flash and fast and not typed and cpu_arrays(xp, q, k_cache, v_cache):    # a prompt on the CPU: Numba
+        from moert.kernels.flash import flash_attention as flash_cpu
+
+        return flash_cpu(q, k_cache, v_cache, pos0, scale, window)      # (T, H*Dv)
     qg = q.reshape(T, Hk, G, Dh).transpose(1, 2, 0, 3).reshape(Hk, G * T, Dh)
     if flash:
         out = flash_attention(qg, k_cache, v_cache, pos0, T, s0, scale, window, chunk, xp)   # (Hk, G*T, Dv)

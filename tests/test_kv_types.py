@@ -15,7 +15,8 @@ from gguf import GGMLQuantizationType, quants
 import moert
 from moert import layers
 from moert.devices import CPU
-from moert.errors import ArgumentError, PlacementError
+from moert.errors import ArgumentError, PlacementError, ShapeError
+from moert.kernels.flash import flash_attention as flash_cpu
 from moert.kvcache import TypedKV, kv_bytes
 from moert.testing import TINY, write_tiny
 
@@ -60,10 +61,22 @@ def test_flash_attention_equals_the_standard_one(pos0, T, window):
     q, k, v = (RNG.standard_normal((T, h, Dh)).astype(np.float32) for h in (H, Hk, Hk))
     kc, vc = (RNG.standard_normal((n, Hk, Dh)).astype(np.float32) for _ in range(2))
     want = layers.attention(q, k, v, kc.copy(), vc.copy(), pos0, window=window, fast=False)
-    for chunk in (3, 8, 256):
+    for chunk in (3, 8, 256):                                          # the xp path (NumPy, CuPy, sim)
         got = layers.attention(q, k, v, kc.copy(), vc.copy(), pos0, window=window, fast=False, flash=True,
                                chunk=chunk)
         np.testing.assert_allclose(got, want, atol=1e-5, rtol=1e-5)
+    kc[pos0:pos0 + T], vc[pos0:pos0 + T] = k, v                         # the CPU kernel reads them there
+    np.testing.assert_allclose(flash_cpu(q, kc, vc, pos0, 1 / np.sqrt(Dh), window), want, atol=1e-5, rtol=1e-5)
+
+
+def test_the_cpu_flash_kernel_over_more_keys_than_a_block_and_its_checks():
+    T, H, Hk, Dh, pos0 = 9, 8, 2, 64, 150                               # 159 keys: blocks of 64, 64, 31
+    q = RNG.standard_normal((T, H, Dh)).astype(np.float32)
+    kc, vc = (RNG.standard_normal((200, Hk, Dh)).astype(np.float32) for _ in range(2))
+    want = layers.attention(q, kc[pos0:pos0 + T], vc[pos0:pos0 + T], kc.copy(), vc.copy(), pos0, fast=False)
+    np.testing.assert_allclose(flash_cpu(q, kc, vc, pos0, 1 / 8, None), want, atol=1e-5, rtol=1e-5)
+    with pytest.raises(ShapeError):
+        flash_cpu(q, kc, vc, 195, 1 / 8, None)                         # past the cache's end
 
 
 @pytest.fixture(scope="module")
