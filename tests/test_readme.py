@@ -4,6 +4,7 @@ and the `moert` / `python -c` lines of a bash block), in the suite, on the shipp
 A block the suite cannot run carries an HTML comment on the line before its fence, invisible when rendered:
 
     <!-- test: skip: needs a running server (tests/test_serve.py drives these routes) -->
+    <!-- test: synopsis: every command with its flags, placeholders in capitals -->   (not run, by design)
     <!-- test: model.gguf=zoo:qwen3-30b-a3b -->          the file names a block uses, mapped to a zoo twin
 
 Unmapped, "model.gguf" and "Qwen3-30B-A3B-Q4_K_M.gguf" are the demo model (a real qwen3moe). A line of a
@@ -94,7 +95,7 @@ def check(value, expected, line: int, expr: str) -> None:
 
 
 BLOCKS = blocks()
-RUNNABLE = [b for b in BLOCKS if not b[3].startswith("skip")]
+RUNNABLE = [b for b in BLOCKS if not b[3].startswith(("skip", "synopsis"))]
 PYTHON = [b for b in RUNNABLE if b[1] == "python"]
 COMMANDS = [(b[0], c, b[3]) for b in RUNNABLE for c in commands(b[1], b[2])]
 
@@ -102,8 +103,17 @@ COMMANDS = [(b[0], c, b[3]) for b in RUNNABLE for c in commands(b[1], b[2])]
 def test_the_readme_has_snippets_and_every_skipped_one_says_why():
     assert len(PYTHON) >= 5 and len(COMMANDS) >= 5
     for line, _, _, directive in BLOCKS:
-        if directive.startswith("skip"):
+        if directive.startswith(("skip", "synopsis")):
             assert len(directive.split(":", 1)[-1].strip()) > 10, f"README line {line}: a skip says why"
+
+
+def test_a_block_of_command_lines_that_is_not_run_is_marked():
+    # a block in no language that lists moert commands without `$ ` is a synopsis or output: it must say so
+    command = re.compile(r"^moert (demo|run|chat|serve|bench|inspect|fit|trace|explain|compare|hardware|-)")
+    for line, lang, text, directive in BLOCKS:
+        lines = text.split("\n")
+        if lang == "" and any(command.match(x) for x in lines) and not any(x.startswith("$ ") for x in lines):
+            assert directive.startswith(("skip", "synopsis")), f"README line {line}: run it (`$ `) or mark it"
 
 
 def test_checked_lines_compare_the_expression_with_the_comment():
