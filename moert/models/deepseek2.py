@@ -229,6 +229,18 @@ def block(m, il: int, x):
     return x + y
 
 
+def router_scores(c: Config, logits: np.ndarray) -> tuple[np.ndarray, str]:
+    """What `moert explain` shows of one token's router: every expert's gating score (E,), and how it is made."""
+    how = (f"{GATING[c.expert_gating_func]}(ffn_gate_inp . ffn_norm(x)); selection adds exp_probs_b"
+           + (f", best {c.n_group_used} of {c.n_group} groups" if c.n_group > 1 else "")
+           + (", weights renormalized" if c.expert_weights_norm else "")
+           + (f", x {c.expert_weights_scale:g}" if c.expert_weights_scale not in (0, 1) else ""))
+    if GATING[c.expert_gating_func] == "sigmoid":
+        return 1.0 / (1.0 + np.exp(-logits)), how
+    e = np.exp(logits - logits.max())
+    return e / e.sum(), how
+
+
 def route(c: Config, logits, bias, xp=np):
     """llama.cpp's build_moe_ffn for deepseek2: softmax or sigmoid scores, selection bias, group-limited top-k,
     weights from the unbiased scores, normalized (expert_weights_norm), times expert_weights_scale."""
