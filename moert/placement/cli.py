@@ -15,7 +15,8 @@ import warnings
 from moert.errors import PlacementWarning
 
 
-def _gpu_layers(value: str) -> int | str:
+def gpu_layers_arg(value: str) -> int | str:
+    """-ngl's value: a layer count, "all" or "auto" (moert bench sweeps a comma list of them)."""
     v = value.strip().lower()
     if v in ("all", "auto"):
         return v
@@ -87,7 +88,8 @@ def add_placement_args(parser: argparse.ArgumentParser, sweep=None) -> argparse.
     g.add_argument("-ot", "--override-tensor", action="append", default=[], metavar="PATTERN=DEVICE,...",
                    help="put tensors whose name matches PATTERN (regex, re.search) on DEVICE: CPU, CUDA<N>, GPU<N>, "
                         "sim:N; comma-separated, repeatable; the first matching rule wins")
-    g.add_argument("-ngl", "--gpu-layers", "--n-gpu-layers", dest="gpu_layers", type=sweep[0] if sweep else _gpu_layers,
+    g.add_argument("-ngl", "--gpu-layers", "--n-gpu-layers", dest="gpu_layers",
+                   type=sweep[0] if sweep else gpu_layers_arg,
                    default=None if sweep else "all", metavar="N|all|auto" + (",..." if sweep else ""),
                    help="the last N of the n_layer+1 layers (output included) default to the GPU; 'auto' fits "
                         "(default: all)" + ("; a comma list sweeps" if sweep else ""))
