@@ -32,9 +32,9 @@ def _positives(value: str) -> list[int]:
 
 
 def _layer_list(value: str) -> list:
-    from moert.placement.cli import _gpu_layers
+    from moert.placement.cli import gpu_layers_arg
 
-    return [_gpu_layers(x) for x in value.split(",") if x.strip()]
+    return [gpu_layers_arg(x) for x in value.split(",") if x.strip()]
 
 
 def _positive(value: str) -> int:

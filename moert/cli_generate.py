@@ -86,7 +86,9 @@ def load_from_args(model: str, args: argparse.Namespace, **load_options):
     n_batch = min(args.batch_size, getattr(args, "ubatch_size", None) or args.batch_size)
     return load(model, context_size=ctx or 4096, threads=args.threads or physical_cores(), n_batch=n_batch,
                 warmup=getattr(args, "warmup", True), act_quant=getattr(args, "act_quant", "none"),
-                mmap=getattr(args, "mmap", True), **kw, **load_options)
+                mmap=getattr(args, "mmap", True), cache_type_k=getattr(args, "cache_type_k", "f32"),
+                cache_type_v=getattr(args, "cache_type_v", "f32"), flash_attn=getattr(args, "flash_attn", "auto"),
+                **kw, **load_options)
 
 
 def _stream_to_stdout(model, prompt, args, *, add_bos=None, echo: str = "") -> tuple[str, object]:
@@ -107,9 +109,11 @@ def _stream_to_stdout(model, prompt, args, *, add_bos=None, echo: str = "") -> t
     return "".join(out), s.stats
 
 
-def print_stats(model, gen_stats, file=sys.stderr) -> None:
+def print_stats(model, gen_stats, file=None) -> None:
     """llama.cpp's three timing lines, moert's per-phase/per-device time and transfer table, and the
-    memory each device used beside the estimate (as llama.cpp prints its memory breakdown)."""
+    memory each device used beside the estimate (as llama.cpp prints its memory breakdown); to `file`,
+    standard error by default (looked up at the call: a default bound at import outlives a redirection)."""
+    file = sys.stderr if file is None else file
     print("\n" + gen_stats.report(), file=file)
     print("\n" + str(model.stats.total), file=file)
     print("\n" + memory_breakdown(model), file=file)

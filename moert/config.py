@@ -97,7 +97,9 @@ class Config:
                              minimum=1, maximum=MAX_CONTEXT)
     yarn_beta_fast: float = key("{arch}.rope.scaling.yarn_beta_fast", 32.0, positive=True)
     yarn_beta_slow: float = key("{arch}.rope.scaling.yarn_beta_slow", 1.0, positive=True)
-    yarn_attn_factor: float = key("{arch}.rope.scaling.attn_factor", 1.0, positive=True)
+    rope_attn_factor: float = key("{arch}.rope.scaling.attn_factor", 1.0, positive=True)
+    yarn_attn_factor: float = key("{arch}.rope.scaling.yarn_attn_factor", lambda f: f["rope_attn_factor"],
+                                  positive=True)     # llama.cpp's newer key; else the older attn_factor
     yarn_log_multiplier: float = key("{arch}.rope.scaling.yarn_log_multiplier", 0.0, minimum=0.0)
     n_vocab: int = key("{arch}.vocab_size", lambda f: f["_n_tokens"], minimum=1, maximum=1 << 24)
 

@@ -37,7 +37,8 @@ class LayerTrace:
     attention_update: float = 0.0         # |attention's addition to x| / |x|
     ffn_update: float = 0.0               # |the FFN's (experts') addition| / |x|
     ffn: str = "dense"                    # "moe" or "dense"
-    probs: list[float] | None = None      # (E,) softmax of the router logits
+    probs: list[float] | None = None      # (E,) softmax of the router logits (the architecture's router_scores)
+    router: str = ""                      # how probs are made, when not qwen3moe's softmax
     experts: list[int] = field(default_factory=list)      # (K,) the experts the runtime ran
     weights: list[float] = field(default_factory=list)    # (K,) their weights
     expert_device: str | None = None
@@ -193,7 +194,9 @@ def _layer_trace(m, r: dict) -> LayerTrace:
     if names is not None:
         h = _host(m, r["h"])[0]                                                    # (D,) ffn_norm(x)
         w_router = m.gguf.dequantize(f"blk.{il}.ffn_gate_inp.weight").astype(np.float64)   # (E, D)
-        lt.ffn, lt.probs = "moe", _softmax(w_router @ h).tolist()                  # (E,)
+        scores = getattr(m.arch, "router_scores", None)        # an architecture whose router is not a softmax
+        p, lt.router = scores(m.config, w_router @ h) if scores else (_softmax(w_router @ h), "")   # (E,)
+        lt.ffn, lt.probs = "moe", np.asarray(p).tolist()
         lt.experts = [int(e) for e in _host(m, r["ids"])[0]]
         lt.weights = [float(w) for w in _host(m, r["w"])[0]]
         lt.expert_device = m.plan.device(names[0]).name
@@ -234,8 +237,9 @@ def format_layer(lt: LayerTrace) -> list[str]:
              f"{'the experts' if lt.ffn == 'moe' else 'the FFN'} one of "
              f"{lt.ffn_update * lt.residual_norm:.2f} ({lt.ffn_update:.2f} |x|)"]
     if lt.ffn == "moe":
-        lines.append(f"  router: softmax(ffn_gate_inp . ffn_norm(x)) over {len(lt.probs)} experts, "
-                     f"top {len(lt.experts)} renormalized")
+        how = lt.router or "softmax(ffn_gate_inp . ffn_norm(x))"
+        lines.append(f"  router: {how} over {len(lt.probs)} experts, top {len(lt.experts)}"
+                     + ("" if lt.router else " renormalized"))
         lines += _bars(lt)
         lines.append("  chosen: " + ", ".join(f"e{e} x {w:.3f}" for e, w in zip(lt.experts, lt.weights))
                      + f"   (their gate/up/down slices live on {lt.expert_device})")

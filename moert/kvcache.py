@@ -3,6 +3,10 @@
     spec  = kv_spec(config)                 per layer K (n_ctx, Hkv, Dk) and V (n_ctx, Hkv, Dv)
     cache = allocate_kv_cache(plan, n_ctx)  zeroed, each layer on its attention device, checked whole first
 
+K and V are stored as llama.cpp's -ctk / -ctv say: f32 (moert's default, exact), f16, bf16 or q8_0
+(blocks of 32 with an f16 scale, ggml's quantize_row_q8_0). f32 caches are plain arrays; the others are
+`TypedKV`s, which round what is written and give float32 back when read (`store` / `load` take either).
+
 An architecture with another cache (MLA's latent cache, per-layer head counts) gives its Config a
 `kv_spec()` method; this module only allocates what it is told.
 """
@@ -16,6 +20,87 @@ import numpy as np
 
 from moert.devices import Device
 from moert.errors import DeviceOutOfMemory, PlacementError
+
+KV_TYPES = ("f32", "f16", "bf16", "q8_0")     # llama.cpp's cache type names that moert runs
+_ROW = {"f32": (4, 1), "f16": (2, 1), "bf16": (2, 1), "q8_0": (34, 32)}    # bytes per `n` values
+
+
+def kv_type(name: Any) -> str:
+    """A cache type's name ("f32", ...; a NumPy float32 / float16 dtype is accepted too), or a PlacementError."""
+    if not isinstance(name, str):
+        try:
+            name = {"float32": "f32", "float16": "f16"}[np.dtype(name).name]
+        except (TypeError, KeyError):
+            raise PlacementError(f"KV cache type {name!r}: use one of {', '.join(KV_TYPES)}") from None
+    if name.lower() not in KV_TYPES:
+        raise PlacementError(f"KV cache type {name!r} is not supported; use one of {', '.join(KV_TYPES)} "
+                             f"(-ctk / -ctv)")
+    return name.lower()
+
+
+def kv_bytes(kind: Any, n_values: int) -> int:
+    """Bytes that `n_values` values (a multiple of 32 for q8_0) take in cache type `kind`."""
+    b, n = _ROW[kv_type(kind)]
+    return n_values * b // n
+
+
+class TypedKV:
+    """One layer's K or V, (n_ctx, Hkv, D), stored in a cache type other than f32 on a device."""
+
+    def __init__(self, dev: Device, kind: str, shape: tuple[int, int, int], what: str):
+        self.kind, self.shape, self.xp = kind, shape, dev.xp
+        n_ctx, h, d = shape
+        if kind == "q8_0":
+            if d % 32:
+                raise PlacementError(f"KV cache type q8_0 needs a head size that is a multiple of 32, not {d} "
+                                     f"(as llama.cpp); use -ctk/-ctv f16 or bf16")
+            self.parts = [dev.zeros((n_ctx, h, d), np.int8, what=what + " q8_0 values"),
+                          dev.zeros((n_ctx, h, d // 32), np.float16, what=what + " q8_0 scales")]
+        else:
+            self.parts = [dev.zeros(shape, np.float16 if kind == "f16" else np.uint16, what=f"{what} {kind}")]
+
+    @property
+    def nbytes(self) -> int:
+        return sum(int(a.nbytes) for a in self.parts)
+
+    def write(self, pos: int, x) -> None:
+        """Rows pos .. pos+T of the cache from x (T, Hkv, D) float32, rounded to the cache type."""
+        xp, T = self.xp, x.shape[0]
+        if self.kind == "f16":
+            self.parts[0][pos:pos + T] = x.astype(np.float16)
+        elif self.kind == "bf16":                                    # round to nearest even, as ggml
+            u = xp.ascontiguousarray(x, dtype=np.float32).view(np.uint32)
+            self.parts[0][pos:pos + T] = ((u + 0x7FFF + ((u >> 16) & 1)) >> 16).astype(np.uint16)
+        else:                                                        # q8_0: ggml's quantize_row_q8_0_ref
+            b = x.reshape(T, x.shape[1], -1, 32)                              # (T, Hkv, D/32, 32)
+            d = (xp.abs(b).max(axis=-1) / np.float32(127)).astype(np.float32)  # (T, Hkv, D/32)
+            inv = xp.where(d > 0, np.float32(1) / xp.where(d > 0, d, np.float32(1)), np.float32(0))
+            q = b * inv[..., None]
+            q = xp.sign(q) * xp.floor(xp.abs(q) + np.float32(0.5))           # roundf: halves away from zero
+            self.parts[0][pos:pos + T] = q.reshape(x.shape).astype(np.int8)
+            self.parts[1][pos:pos + T] = d.astype(np.float16)
+
+    def read(self, a: int, b: int):
+        """Rows a .. b as float32 (b - a, Hkv, D)."""
+        if self.kind == "f16":
+            return self.parts[0][a:b].astype(np.float32)
+        if self.kind == "bf16":
+            return (self.parts[0][a:b].astype(np.uint32) << 16).view(np.float32)
+        q, d = self.parts[0][a:b], self.parts[1][a:b].astype(np.float32)
+        return (q.reshape(b - a, q.shape[1], -1, 32) * d[..., None]).reshape(q.shape).astype(np.float32)
+
+
+def store(cache, pos: int, x) -> None:
+    """Write x (T, Hkv, D) into a cache (an f32 array or a TypedKV) at position pos."""
+    if isinstance(cache, TypedKV):
+        cache.write(pos, x)
+    else:
+        cache[pos:pos + x.shape[0]] = x
+
+
+def load(cache, a: int, b: int):
+    """Positions a .. b of a cache as float32 (a view for an f32 array)."""
+    return cache.read(a, b) if isinstance(cache, TypedKV) else cache[a:b]
 
 
 @dataclass(frozen=True)
@@ -33,6 +118,9 @@ class KVSpec:
         arch = md.get("general.architecture")
         if not isinstance(arch, str):
             raise PlacementError("metadata 'general.architecture' is missing; cannot size the KV cache")
+        own = _own_cache(arch)
+        if own is not None:        # the architecture says what it caches (deepseek2: MLA's latent)
+            return own.from_gguf(md).kv_spec()
 
         def key(k: str, default: Any = None) -> int:
             v = md.get(f"{arch}.{k}", default)
@@ -48,8 +136,19 @@ class KVSpec:
                    key("attention.value_length", dk))
 
     def layer_bytes(self, n_ctx: int, dtype: Any = np.float32) -> int:
-        """Bytes of one layer's K and V for n_ctx tokens."""
-        return n_ctx * self.n_head_kv * (self.head_dim_k + self.head_dim_v) * np.dtype(dtype).itemsize
+        """Bytes of one layer's K and V for n_ctx tokens; dtype: a cache type, or a (K type, V type) pair."""
+        tk, tv = dtype if isinstance(dtype, tuple) else (dtype, dtype)
+        return n_ctx * self.n_head_kv * (kv_bytes(tk, self.head_dim_k) + kv_bytes(tv, self.head_dim_v))
+
+
+def _own_cache(arch: str) -> Any:
+    """The Config class of a registered architecture that sizes its own cache (a `kv_spec()` method), or None."""
+    from moert import models
+
+    if arch not in models.ARCHITECTURES:
+        return None
+    cls = models.get(arch).Config
+    return cls if callable(getattr(cls, "kv_spec", None)) else None
 
 
 def kv_spec(config: Any) -> KVSpec:
@@ -93,6 +192,11 @@ class KVCache:
     def nbytes(self) -> int:
         return sum(int(a.nbytes) for a in self.k + self.v)
 
+    @property
+    def types(self) -> tuple[str, str]:
+        """(K type, V type): "f32", "f16", "bf16" or "q8_0"."""
+        return self.dtype if isinstance(self.dtype, tuple) else (kv_type(self.dtype),) * 2
+
     def bytes_by_device(self) -> dict[str, int]:
         out: dict[str, int] = {}
         for d, k, v in zip(self.devices, self.k, self.v):
@@ -102,15 +206,17 @@ class KVCache:
     def free(self) -> None:
         """Give every layer's K and V back to its device."""
         for d, k, v in zip(self.devices, self.k, self.v):
-            d.free(k)
-            d.free(v)
+            for a in getattr(k, "parts", [k]) + getattr(v, "parts", [v]):
+                d.free(a)
         self.k, self.v, self.devices = [], [], []
 
 
 def allocate_kv_cache(plan: Any, n_ctx: int, dtype: Any = np.float32, config: Any = None) -> KVCache:
-    """Zeroed K and V, float32 (n_ctx, n_head_kv, head_dim) per layer on its attention device (accounted)."""
+    """Zeroed K and V (n_ctx, n_head_kv, head_dim) per layer on its attention device (accounted); dtype: a
+    cache type for both ("f32", "f16", "bf16", "q8_0"), or a (K type, V type) pair (-ctk, -ctv)."""
     s = kv_spec(config if config is not None else plan)
-    cache = KVCache([], [], [], n_ctx, np.dtype(dtype))
+    tk, tv = (kv_type(t) for t in (dtype if isinstance(dtype, tuple) else (dtype, dtype)))
+    cache = KVCache([], [], [], n_ctx, (tk, tv))
     need: dict[Device, int] = {}
     for il in range(s.n_layer):       # all of it checked first: a cache that cannot fit allocates nothing
         dev = plan.attention_device(il)
@@ -121,17 +227,21 @@ def allocate_kv_cache(plan: Any, n_ctx: int, dtype: Any = np.float32, config: An
     try:
         for il in range(s.n_layer):
             dev = plan.attention_device(il)
-            done.append((dev, dev.zeros((n_ctx, s.n_head_kv, s.head_dim_k), dtype, what=f"blk.{il} KV cache (K)")))
-            done.append((dev, dev.zeros((n_ctx, s.n_head_kv, s.head_dim_v), dtype, what=f"blk.{il} KV cache (V)")))
+            for kind, dim, kv in ((tk, s.head_dim_k, "K"), (tv, s.head_dim_v, "V")):
+                shape, what = (n_ctx, s.n_head_kv, dim), f"blk.{il} KV cache ({kv})"
+                done.append((dev, dev.zeros(shape, np.float32, what=what) if kind == "f32"
+                             else TypedKV(dev, kind, shape, what)))
             cache.k.append(done[-2][1])
             cache.v.append(done[-1][1])
             cache.devices.append(dev)
     except DeviceOutOfMemory:
         for dev, a in done:  # leave nothing half-allocated behind
-            dev.free(a)
+            for part in getattr(a, "parts", [a]):
+                dev.free(part)
         raise
     return cache
 
 
 
-__all__ = ["KVCache", "KVSpec", "allocate_kv_cache", "kv_cache_bytes", "kv_spec"]
+__all__ = ["KV_TYPES", "KVCache", "KVSpec", "TypedKV", "allocate_kv_cache", "kv_bytes", "kv_cache_bytes", "kv_spec",
+           "kv_type", "load", "store"]

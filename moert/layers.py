@@ -18,6 +18,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+FLASH_CHUNK = 256    # keys per step of flash_attention (memory.py's scratch term counts on it)
 _fast = None    # moert.kernels.layers, imported on first use (it imports Numba)
 
 
@@ -114,27 +115,42 @@ def rope(x, cos, sin, neox: bool, xp=np, fast: bool = True):
 
 
 def attention(q, k, v, k_cache, v_cache, pos0: int, xp=np, *, scale: float | None = None,
-              window: int | None = None, sinks=None, fast: bool = True):
+              window: int | None = None, sinks=None, fast: bool = True, flash: bool = False,
+              chunk: int = FLASH_CHUNK):
     """Causal GQA attention continuing at position pos0: writes k, v into the caches, attends over
-    positions [0, pos0 + T). q (T, H, Dh), k (T, Hk, Dh), v (T, Hk, Dv); caches (n_ctx, Hk, D*).
+    positions [0, pos0 + T). q (T, H, Dh), k (T, Hk, Dh), v (T, Hk, Dv); caches (n_ctx, Hk, D*), float32
+    arrays or kvcache.TypedKV (-ctk/-ctv f16, bf16, q8_0: rounded when written, float32 when read).
     scale: of the scores (default 1/sqrt(Dh)). window: sliding-window attention, the query at position
     p sees keys at p - window < s <= p (llama.cpp's LLAMA_SWA_TYPE_STANDARD, HF's sliding_window).
     sinks: (H,) float32 logits, one per head, that join each softmax's denominator and add no value
-    (gpt-oss's attention sinks: llama.cpp's soft_max_ext sinks, HF's GptOssAttention). Returns (T, H * Dv)."""
+    (gpt-oss's attention sinks: llama.cpp's soft_max_ext sinks, HF's GptOssAttention).
+    flash: never hold the (T, S) scores: on the CPU with f32 caches kernels/flash.py (a row at a time),
+    elsewhere `flash_attention` below (its twin: (T, chunk) scores at a time).
+    Returns (T, H * Dv)."""
+    from moert.kvcache import TypedKV, load, store
+
     T, H, Dh = q.shape
     Hk, Dv = k.shape[1], v.shape[2]
     G, S = H // Hk, pos0 + T
     scale = 1.0 / np.sqrt(Dh) if scale is None else scale
-    if fast and T == 1 and cpu_arrays(xp, q, k, v, k_cache, v_cache):
+    typed = isinstance(k_cache, TypedKV) or isinstance(v_cache, TypedKV)
+    if fast and T == 1 and not typed and cpu_arrays(xp, q, k, v, k_cache, v_cache):
         # decode; a prompt's batched matmuls below are BLAS-fast
         return _kernels().attention_decode(q, k, v, k_cache, v_cache, pos0, scale, window, sinks)
-    k_cache[pos0:S] = k
-    v_cache[pos0:S] = v
+    store(k_cache, pos0, k)
+    store(v_cache, pos0, v)
     s0 = 0 if window is None else max(0, pos0 - window + 1)            # no query here sees keys before s0
-    K = k_cache[s0:S].transpose(1, 2, 0)                                 # (Hk, Dh, S')  S' = S - s0
-    V = v_cache[s0:S].transpose(1, 0, 2)                                 # (Hk, S', Dv)
     # head h uses KV head h // G (HF's repeat_kv, llama.cpp's broadcast)
+    if flash and fast and not typed and cpu_arrays(xp, q, k_cache, v_cache):    # a prompt on the CPU: Numba
+        from moert.kernels.flash import flash_attention as flash_cpu
+
+        return flash_cpu(q, k_cache, v_cache, pos0, scale, window, sinks)   # (T, H*Dv)
     qg = q.reshape(T, Hk, G, Dh).transpose(1, 2, 0, 3).reshape(Hk, G * T, Dh)
+    if flash:
+        out = flash_attention(qg, k_cache, v_cache, pos0, T, s0, scale, window, chunk, xp, sinks)   # (Hk, G*T, Dv)
+        return out.reshape(Hk, G, T, Dv).transpose(2, 0, 1, 3).reshape(T, H * Dv)
+    K = load(k_cache, s0, S).transpose(1, 2, 0)                          # (Hk, Dh, S')  S' = S - s0
+    V = load(v_cache, s0, S).transpose(1, 0, 2)                          # (Hk, S', Dv)
     # the (Hk, G, T, S') scores are the biggest temporary of a layer: scale, mask and softmax them in place,
     # so one copy is alive at a time (memory.py's estimate counts on it; a sim GPU checks it)
     scores = (qg @ K).reshape(Hk, G, T, S - s0)                         # (Hk, G, T, S')
@@ -143,6 +159,60 @@ def attention(q, k, v, k_cache, v_cache, pos0: int, xp=np, *, scale: float | Non
     p = softmax_(scores, xp) if sinks is None else softmax_sinks_(scores, sinks.reshape(Hk, G, 1, 1), xp)
     out = p.reshape(Hk, G * T, S - s0) @ V                               # (Hk, G*T, Dv)
     return out.reshape(Hk, G, T, Dv).transpose(2, 0, 1, 3).reshape(T, H * Dv)
+
+
+def flash_attention(qg, k_cache, v_cache, pos0: int, T: int, s0: int, scale: float, window: int | None,
+                    chunk: int, xp=np, sinks=None):
+    """Attention over cache positions [s0, pos0 + T) a chunk of keys at a time with an online softmax
+    (FlashAttention's recurrence, as llama.cpp's -fa): per row a running max m, sum l and output acc;
+    each chunk rescales them by exp(m_old - m_new). qg (Hk, G*T, Dh), rows ordered (g, t). The caches are
+    read (dequantized, for a TypedKV) one chunk at a time. sinks (H,): a key of score sinks[h] and value 0
+    seen first (m starts at the sink, l at 1). Returns (Hk, G*T, Dv)."""
+    from moert.kvcache import load
+
+    Hk, R, _ = qg.shape
+    S = pos0 + T
+    m = xp.full((Hk, R, 1), -np.inf, dtype=np.float32)                  # running max per row
+    l = xp.zeros((Hk, R, 1), dtype=np.float32)                          # running sum of exp
+    if sinks is not None:                                               # row g*T + t of KV head kh: head kh*G + g
+        m = xp.repeat(sinks.reshape(Hk, R // T, 1), T, axis=1).astype(xp.float32)
+        l = xp.ones((Hk, R, 1), dtype=np.float32)
+    acc = None                                                           # (Hk, R, Dv) running output
+    for a in range(s0, S, chunk):
+        b = min(a + chunk, S)
+        K, V = load(k_cache, a, b), load(v_cache, a, b)                  # (c, Hk, Dh), (c, Hk, Dv)
+        s = (qg @ K.transpose(1, 2, 0)) * np.float32(scale)              # (Hk, R, c)
+        mask = attention_mask(pos0, T, a, window, xp)[:, : b - a]        # (T, c): key a + j for query t
+        s += xp.where(xp.tile(mask, (R // T, 1)), np.float32(-np.inf), np.float32(0))
+        m_new = xp.maximum(m, s.max(axis=-1, keepdims=True))
+        base = xp.where(xp.isfinite(m_new), m_new, np.float32(0))      # a row with nothing seen yet stays 0
+        alpha = xp.exp(m - base)                                         # rescales what was summed before
+        p = xp.exp(s - base)                                             # (Hk, R, c)
+        l = l * alpha + p.sum(axis=-1, keepdims=True)
+        pv = p @ V.transpose(1, 0, 2)                                    # (Hk, R, Dv)
+        acc = pv if acc is None else acc * alpha + pv
+        m = m_new
+    return acc / l
+
+
+def latent_attention(q_lat, q_pe, c_kv, k_pe, cache, pos0: int, scale: float, xp=np):
+    """Multi-head latent attention (DeepSeek-V2's MLA) over a compressed cache, continuing at position pos0:
+    every head attends with one shared key, [latent, rotated key], whose first R dims are also the value
+    (llama.cpp's MQA view of MLA, its K-only cache). Writes this chunk's c_kv (T, R) and k_pe (T, P) into
+    cache (n_ctx, 1, R + P), an f32 array or a kvcache.TypedKV (-ctk). q_lat (H, T, R): the queries already
+    multiplied into latent space (attn_k_b absorbed); q_pe (H, T, P) their rotated part. Returns the
+    attention-weighted latents (H, T, R)."""
+    from moert.kvcache import load, store
+
+    T, R = c_kv.shape
+    S = pos0 + T
+    store(cache, pos0, xp.concatenate([c_kv, k_pe], axis=-1)[:, None, :])
+    kv = load(cache, 0, S)[:, 0]                                         # (S, R + P)
+    scores = xp.concatenate([q_lat, q_pe], axis=-1) @ kv.T              # (H, T, S)
+    scores *= np.float32(scale)
+    scores += xp.where(attention_mask(pos0, T, xp=xp), np.float32(-np.inf), np.float32(0))   # (T, S)
+    p = softmax_(scores, xp)
+    return p @ kv[:, :R]                                                 # (H, T, R)
 
 
 def attention_mask(pos0: int, T: int, s0: int = 0, window: int | None = None, xp=np):

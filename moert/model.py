@@ -28,11 +28,19 @@ from moert import models
 from moert.config import MAX_CONTEXT
 from moert.device_config import accepts_device_config
 from moert.devices import CPU, Device
-from moert.errors import ContextOverflowError, InvalidTokenError, ModelClosedError, TwinError, check_int
+from moert.errors import (
+    ArgumentError,
+    ContextOverflowError,
+    InvalidTokenError,
+    ModelClosedError,
+    TwinError,
+    check_int,
+)
 from moert.experts import run_experts
 from moert.generate import TextAPI
 from moert.kernels import matmul as kmatmul
 from moert.kernels.moe import QTensor
+from moert.kvcache import kv_type
 from moert.layers import rms_norm, rope_angles
 from moert.stats import PHASES, ModelStats, Phase, Stats  # noqa: F401  (PHASES, Stats: re-exported)
 from moert.trace import Tracing
@@ -49,7 +57,8 @@ def load(model: Any, overrides: Any = None, gpu_layers: int | str = "all", cpu_m
          n_cpu_moe: int | None = None, gpu_backend: str = "auto", gpu_memory: Any = None,
          context_size: int = 4096, threads: int | None = None, progress: Any = None, *,
          n_batch: int = 512, warmup: bool = True, act_quant: str | None = None, mmap: bool = True,
-         trace: bool | str = False, **plan_options: Any) -> Model:
+         trace: bool | str = False, cache_type_k: str = "f32", cache_type_v: str = "f32",
+         flash_attn: str | bool = "auto", **plan_options: Any) -> Model:
     """Open a GGUF model, place its tensors, load them onto their devices, allocate the KV cache, and
     (warmup=True, llama.cpp's default too) run a few tokens through it and forget them, so the first real
     ones do not pay for compiling the kernels (`Model.warmup`). act_quant="int16": CPU one-token matmuls
@@ -57,7 +66,10 @@ def load(model: Any, overrides: Any = None, gpu_layers: int | str = "all", cpu_m
     to int8 (llama.cpp's scheme; needs AVX2); see kernels/matmul_q.py. None (default): float.
     mmap=False (--no-mmap) reads the file into memory instead of mapping it, so a file truncated or
     rewritten while the model is loaded cannot crash it (see README, "Bad input"). trace=True records every
-    token's routing (`Model.trace`, moert/trace.py); trace="full" the router logits too."""
+    token's routing (`Model.trace`, moert/trace.py); trace="full" the router logits too.
+    cache_type_k / cache_type_v (-ctk / -ctv): "f32" (default, exact), "f16", "bf16" or "q8_0", the KV cache's
+    storage. flash_attn (-fa) "on": attention holds the scores of 256 keys at a time, never (T, n_ctx);
+    "auto" (default): on when a cache type is not f32 (those are read back a chunk at a time), else off."""
     from moert import gguf
     from moert.errors import DeviceOutOfMemory
     from moert.kernels import matmul_q
@@ -65,6 +77,8 @@ def load(model: Any, overrides: Any = None, gpu_layers: int | str = "all", cpu_m
     from moert.weights import load_weights
 
     matmul_q.mode(act_quant)                     # a bad or unsupported act_quant fails before any loading
+    kv_types = (kv_type(cache_type_k), kv_type(cache_type_v))
+    flash = flash_mode(flash_attn, kv_types)
     context_size = check_int("context_size", context_size, 0, MAX_CONTEXT)
     n_batch = check_int("n_batch", n_batch, 1, MAX_BATCH)
     if threads is not None:
@@ -87,7 +101,8 @@ def load(model: Any, overrides: Any = None, gpu_layers: int | str = "all", cpu_m
         except DeviceOutOfMemory as err:
             raise with_fit_suggestion(err, plan, n_ctx) from None
         try:
-            m = Model(g, arch, config, plan, weights, n_ctx, n_batch, act_quant=act_quant)
+            m = Model(g, arch, config, plan, weights, n_ctx, n_batch, act_quant=act_quant, kv_types=kv_types,
+                      flash_attn=flash)
         except BaseException:
             weights.free()
             raise
@@ -121,12 +136,20 @@ def set_threads(n: int) -> int:
 
 # --------------------------------------------------------------------------------------------- model
 
+def flash_mode(value: str | bool, kv_types: tuple[str, str]) -> bool:
+    """-fa on|off|auto (or a bool) -> whether attention runs chunked; auto: when the cache is not f32."""
+    v = {True: "on", False: "off"}.get(value, value) if isinstance(value, bool) else str(value).strip().lower()
+    if v not in ("on", "off", "auto"):
+        raise ArgumentError(f"flash_attn {value!r}: give on, off or auto (-fa)")
+    return v == "on" or (v == "auto" and kv_types != ("f32", "f32"))
+
+
 class Model(TextAPI, Tracing):
     """A loaded model: `forward(tokens)` continues from `position`; `reset()` empties the context. The text
     API (tokenize, generate, stream, chat) is in moert/generate.py, tracing in moert/trace.py."""
 
     def __init__(self, gguf_file, arch, config, plan, weights, context_size: int, n_batch: int = 512,
-                 act_quant: str | None = None):
+                 act_quant: str | None = None, kv_types: tuple[str, str] = ("f32", "f32"), flash_attn: bool = False):
         from moert.kvcache import allocate_kv_cache
 
         self.gguf, self.arch, self.config, self.plan, self.weights = gguf_file, arch, config, plan, weights
@@ -136,7 +159,8 @@ class Model(TextAPI, Tracing):
         self._position = 0                       # tokens in the context so far (`position`)
         self._closed = False
         self._ids = np.zeros(self.context_size, dtype=np.int64)   # the token ids in the KV cache, [:position]
-        self.kv = allocate_kv_cache(plan, self.context_size, np.float32, config)
+        self.kv = allocate_kv_cache(plan, self.context_size, kv_types, config)
+        self.flash_attn = bool(flash_attn)       # attention a chunk of keys at a time (layers.flash_attention)
         self.stats = ModelStats(config.n_layer, getattr(config, "n_expert", 0))
         self._call: Stats | None = None
         self._phases: list[list] = []            # the open phase timers, innermost last
@@ -341,12 +365,21 @@ class Model(TextAPI, Tracing):
 
     def w(self, name: str, dev: Device | None = None):
         """Weight `name` as float32 on dev (default: where it lives), dequantized on its own device. 1-D
-        weights (norms, biases: kilobytes) are kept as float32 on the device that asked, not redone per call."""
+        weights (norms, biases: kilobytes) are kept as float32 on the device that asked, not redone per call;
+        quantized CPU weights used on the CPU (MLA's attn_k_b / attn_v_b) share `linear`'s dense cache."""
         key = (name, dev)
         a = self._small.get(key)
         if a is not None:
             return a
-        t = self.weights[self._name(name)]
+        name = self._name(name)
+        t = self.weights[name]
+        if getattr(t, "device", None) is CPU and dev in (None, CPU) and len(t.shape) > 1 and t.type != "F32":
+            a = self._dense.get(name)
+            if a is None:
+                a = t.dequantize()
+                if self._dense_bytes() + a.nbytes <= self.dense_cache_bytes:
+                    self._dense[name] = a
+            return a
         a = t.dequantize()
         a = a if dev is None else self.to(a, dev, name)
         if len(t.shape) == 1:

@@ -1,7 +1,8 @@
 """Mixture-of-experts routing functions and the shared expert dispatch.
 
 Routing *semantics* belong to an architecture, which picks one of the functions below (softmax ->
-top-k -> renormalize for Qwen3-MoE; top-k -> softmax for Mixtral; sigmoid + bias for DeepSeek-V3).
+top-k -> renormalize for Qwen3-MoE; top-k -> softmax for Mixtral; softmax or sigmoid, then a selection
+bias and expert groups (grouped_topk) for DeepSeek-V2/V3 and GLM-4.7-Flash).
 Dispatch *mechanics* are shared: group the (token, slot) pairs by expert so each selected expert's
 weights are read once per batch, run each expert on its tokens, scatter-add the weighted results.
 
@@ -47,11 +48,19 @@ def topk_softmax(logits, k: int, xp=np):
 
 def sigmoid_topk(logits, k: int, bias, xp=np, renorm: bool = True, scale: float = 1.0, n_group: int = 1,
                  topk_group: int = 1):
-    """DeepSeek-V3 / GLM-4.7-Flash: sigmoid scores; select by score + bias (`exp_probs_b`) among the best
-    `topk_group` of `n_group` expert groups (a group's merit: the sum of its two best biased scores), weight
-    by the unbiased scores, renormalized if `renorm`, times `scale` (llama.cpp build_moe_ffn)."""
-    s = 1.0 / (1.0 + xp.exp(-logits))                                   # (T, E)
-    sel = s + (0.0 if bias is None else bias)                           # (T, E) selection scores
+    """DeepSeek-V3 / GLM-4.7-Flash: sigmoid scores, then grouped_topk (selection bias `exp_probs_b`, groups,
+    weights from the unbiased scores, renormalized if `renorm`, times `scale`)."""
+    s = np.float32(0.5) * (np.float32(1.0) + xp.tanh(np.float32(0.5) * logits))   # (T, E) sigmoid, no overflow
+    return grouped_topk(s, k, bias, xp, renorm, scale, n_group, topk_group)
+
+
+def grouped_topk(probs, k: int, bias=None, xp=np, renorm: bool = True, scale: float = 1.0, n_group: int = 1,
+                 topk_group: int = 1):
+    """llama.cpp's build_moe_ffn selection on gating scores `probs` (T, E) (softmax: DeepSeek-V2; sigmoid:
+    V3, GLM-4.7-Flash): select by probs + bias (`exp_probs_b`, None: none) among the best `topk_group` of
+    `n_group` expert groups (a group's merit: the sum of its two best biased scores), weight by the unbiased
+    probs, divided by their sum if `renorm` (clamped at 2^-14, as llama.cpp), times `scale`."""
+    sel = probs if bias is None else probs + bias                       # (T, E) selection scores
     if n_group > 1:
         T, E = sel.shape
         g = sel.reshape(T, n_group, E // n_group)                       # (T, G, E/G)
@@ -61,10 +70,10 @@ def sigmoid_topk(logits, k: int, bias, xp=np, renorm: bool = True, scale: float 
         xp.put_along_axis(mask, keep.astype(xp.int64), True, axis=-1)
         sel = xp.where(xp.repeat(mask, E // n_group, axis=-1), sel, -xp.inf)
     ids, _ = _topk(sel, k, xp)
-    w = xp.take_along_axis(s, ids.astype(xp.int64), axis=-1)            # (T, K)
+    w = xp.take_along_axis(probs, ids.astype(xp.int64), axis=-1)        # (T, K)
     if renorm:
-        w = w / xp.sum(w, axis=-1, keepdims=True)
-    return ids, (w * scale).astype(xp.float32)
+        w = w / xp.maximum(xp.sum(w, axis=-1, keepdims=True), np.float32(6.103515625e-5))
+    return ids, (w * np.float32(scale)).astype(xp.float32)
 
 
 def expert_counts(ids, n_expert: int, xp=np):

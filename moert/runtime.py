@@ -20,6 +20,7 @@ class Runtime(Protocol):
 
     config: Any          # the architecture's Config (moert/config.py): hyperparameters from GGUF keys
     position: int        # the position of this chunk's first token
+    flash_attn: bool     # -fa: pass it to layers.attention(..., flash=) (scores of 256 keys at a time)
 
     def embed(self, name: str, tokens: np.ndarray) -> Any:
         """Rows `tokens` of the embedding `name`: (T, D) float32 on its device."""
@@ -49,7 +50,8 @@ class Runtime(Protocol):
         """cos, sin (T, head_dim / 2) for this chunk's positions; yarn: a layers.Yarn scaling, or None."""
 
     def kv_cache(self, il: int) -> tuple[Any, Any]:
-        """Layer il's K and V caches, (n_ctx, Hkv, Dh) each, on its attention device."""
+        """Layer il's K and V caches, (n_ctx, Hkv, Dh) each, on its attention device: float32 arrays, or
+        kvcache.TypedKV for -ctk/-ctv other than f32 (kvcache.store / load read and write either)."""
 
     def experts(self, il: int, x: Any, ids: Any, weights: Any, names: tuple[str, str, str], logits: Any = None,
                 act: str = "swiglu", biases: tuple[str, str, str] | None = None) -> Any:

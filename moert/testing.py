@@ -293,6 +293,9 @@ def write_arch(path: str | Path, arch: str, hparams: Mapping[str, object], *, op
 _COMMON = {"block_count": 2, "context_length": 256, "embedding_length": 64, "attention.head_count": 4,
            "attention.head_count_kv": 2, "attention.layer_norm_rms_epsilon": 1e-6, "rope.freq_base": 10000.0}
 
+_DS2 = {**_COMMON, "attention.kv_lora_rank": 32, "rope.dimension_count": 8, "leading_dense_block_count": 1,
+        "feed_forward_length": 96, "expert_feed_forward_length": 32, "expert_count": 8, "expert_used_count": 2}
+
 # A tiny model of each registered architecture, for the shared runner (tests/test_architectures.py):
 # hyperparameters as the real family has them, shrunk. Every architecture brings one line here.
 TINY: dict[str, dict] = {
@@ -309,6 +312,21 @@ TINY: dict[str, dict] = {
                      optional=[r"attn_[qkv]\.bias$"]),
     "olmoe": dict(hparams={**_COMMON, "attention.head_count_kv": 4, "feed_forward_length": 32, "expert_count": 8,
                            "expert_used_count": 2}),
+    # GLM-4.7-Flash / DeepSeek-V3 style: q_lora, split attn_k_b / attn_v_b (the MQA view: one KV head of
+    # kv_lora + rope), a dense first layer, sigmoid + exp_probs_b, groups, norm, scale, YaRN
+    "deepseek2": dict(hparams={**_DS2, "attention.head_count_kv": 1, "attention.q_lora_rank": 32,
+                               "attention.key_length": 40, "attention.value_length": 32,
+                               "attention.key_length_mla": 24, "attention.value_length_mla": 16,
+                               "expert_shared_count": 1, "expert_weights_scale": 1.8, "expert_weights_norm": True,
+                               "expert_gating_func": 2, "expert_group_count": 4, "expert_group_used_count": 2,
+                               "rope.scaling.type": "yarn", "rope.scaling.factor": 4.0,
+                               "rope.scaling.original_context_length": 64,
+                               "rope.scaling.yarn_log_multiplier": 0.0707},
+                      optional=[r"exp_probs_b"]),
+    # DeepSeek-V2-Lite style: plain attn_q, the older attn_kv_b, softmax, two shared experts, no norm or scale
+    "deepseek2-lite": dict(arch="deepseek2", hparams={**_DS2, "attention.head_count_kv": 4, "attention.q_lora_rank": 0,
+                                                      "attention.key_length": 24, "attention.value_length": 16,
+                                                      "expert_shared_count": 2, "expert_gating_func": 1}),
     "gpt-oss": dict(hparams={**_COMMON, "block_count": 3, "attention.key_length": 16, "attention.value_length": 16,
                              "expert_feed_forward_length": 64, "expert_count": 4, "expert_used_count": 2,
                              "attention.sliding_window": 4, "rope.scaling.type": "yarn", "rope.scaling.factor": 8.0,

@@ -196,12 +196,16 @@ def _metadata(tw: Twin) -> dict:
         md[f"{a}.leading_dense_block_count"] = h["dense"]
     if h.get("nextn"):
         md[f"{a}.nextn_predict_layers"] = h["nextn"]
+    if h.get("groups"):                     # group-limited routing: n_group, topk_group
+        md[f"{a}.expert_group_count"], md[f"{a}.expert_group_used_count"] = h["groups"]
+    if h.get("yarn"):          # rope_scaling: factor, original_max_position_embeddings, 0.1 * mscale_all_dim
+        factor, orig, log_mul = h["yarn"]
+        md.update({f"{a}.rope.scaling.type": "yarn", f"{a}.rope.scaling.factor": factor,
+                   f"{a}.rope.scaling.original_context_length": orig})
+        if log_mul:                             # gpt-oss's converter writes none
+            md[f"{a}.rope.scaling.yarn_log_multiplier"] = log_mul
     if h.get("swa"):
         md[f"{a}.attention.sliding_window"] = h["swa"]
-    if h.get("yarn"):                           # (factor, original context): convert_hf_to_gguf's rope_scaling keys
-        md.update({f"{a}.rope.scaling.type": "yarn", f"{a}.rope.scaling.factor": float(h["yarn"][0]),
-                   f"{a}.rope.scaling.original_context_length": h["yarn"][1],
-                   f"{a}.rope.scaling.yarn_beta_fast": 32.0, f"{a}.rope.scaling.yarn_beta_slow": 1.0})
     return md
 
 
@@ -226,13 +230,13 @@ TWINS: dict[str, Twin] = {t.name: t for t in (
          "ggml-org/gpt-oss-20b-GGUF gpt-oss-20b-mxfp4.gguf",
          dict(D=2880, L=24, H=64, Hkv=8, Dh=64, X=32, K=4, F=2880, V=201088, ctx=131072, rope_base=150000.0,
               eps=1e-5, qkv_bias=True, o_bias=True, sinks=True, post_norm=True, router_bias=True, exp_bias=True,
-              swa=128, yarn=(32.0, 4096))),
+              swa=128, yarn=(32.0, 4096, 0.0))),
     # huggingface.co/openai/gpt-oss-120b config.json: as 20b with 36 layers and 128 experts
     Twin("gpt-oss-120b", "gpt-oss", "huggingface.co/openai/gpt-oss-120b config.json", "MXFP4_MOE", 63.4,
          "ggml-org/gpt-oss-120b-GGUF mxfp4 (3 parts)",
          dict(D=2880, L=36, H=64, Hkv=8, Dh=64, X=128, K=4, F=2880, V=201088, ctx=131072, rope_base=150000.0,
               eps=1e-5, qkv_bias=True, o_bias=True, sinks=True, post_norm=True, router_bias=True, exp_bias=True,
-              swa=128, yarn=(32.0, 4096))),
+              swa=128, yarn=(32.0, 4096, 0.0))),
     # huggingface.co/zai-org/GLM-4.7-Flash config.json (Glm4MoeLiteForCausalLM, converted as deepseek2):
     # hidden 2048, 47 layers, 20 heads, q_lora 768, kv_lora 512, qk_nope 192 + rope 64, v 256, 64 experts
     # (4 used) of 1536 + 1 shared, first_k_dense_replace 1 (dense 10240), vocab 154880, 202752 positions
@@ -251,12 +255,13 @@ TWINS: dict[str, Twin] = {t.name: t for t in (
               nextn=1)),
     # huggingface.co/deepseek-ai/DeepSeek-V3 config.json: hidden 7168, 61 layers, 128 heads, q_lora 1536,
     # kv_lora 512, qk_nope 128 + rope 64, v 128, 256 experts (8 used) of 2048 + 1 shared, first_k_dense_replace
-    # 3 (dense 18432), vocab 129280, 163840 positions (the MTP layer 61 is not converted)
+    # 3 (dense 18432), vocab 129280, 163840 positions (the MTP layer 61 is not converted); n_group 8,
+    # topk_group 4; rope_scaling yarn, factor 40, original_max_position_embeddings 4096, mscale_all_dim 1
     Twin("deepseek-v3", "deepseek2", "huggingface.co/deepseek-ai/DeepSeek-V3 config.json", "Q4_K_M", 404.4,
          "unsloth/DeepSeek-V3-0324-GGUF Q4_K_M (9 parts)",
          dict(D=7168, L=61, H=128, q_lora=1536, kv_lora=512, nope=128, rope=64, vd=128, X=256, K=8, F=2048,
               F_sh=2048, F_dense=18432, dense=3, V=129280, ctx=163840, rope_base=10000.0, scale=2.5,
-              probs_b=True)),
+              probs_b=True, groups=(8, 4), yarn=(40.0, 4096, 0.1))),
     # huggingface.co/mistralai/Mixtral-8x7B-v0.1 config.json: hidden 4096, 32 layers, 32 q / 8 kv heads of 128,
     # 8 experts (2 used) of 14336, vocab 32000, rope_theta 1e6
     Twin("mixtral-8x7b", "llama", "huggingface.co/mistralai/Mixtral-8x7B-v0.1 config.json", "Q4_K_M", 26.49,
@@ -327,10 +332,15 @@ def cache_dir() -> Path:
 
 
 def path(name: str, quant: str | None = None, folder: str | os.PathLike | None = None) -> Path:
-    """The twin's GGUF path, written on first use (header only; the data region is a sparse hole)."""
+    """The twin's GGUF path, written on first use (header only; the data region is a sparse hole). The name
+    carries a hash of the twin's keys and tensors, so a moert that describes a twin differently never reads
+    an older one from the cache."""
+    import hashlib
+
     tw = _twin(name)
     q = (quant or tw.quant).upper()
-    p = Path(folder or cache_dir()) / f"{tw.name}-{q}.gguf"
+    tag = hashlib.sha256(repr((sorted(_metadata(tw).items()), layout(name, q))).encode()).hexdigest()[:8]
+    p = Path(folder or cache_dir()) / f"{tw.name}-{q}-{tag}.gguf"
     if not p.exists():
         write_twin(p, tw, q)
     return p

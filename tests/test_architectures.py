@@ -108,10 +108,13 @@ def test_registry_refuses_what_it_does_not_know(tmp_path):
 
 # ------------------------------------------------------------------------- the float oracle: transformers
 
-@pytest.mark.parametrize("name", ["llama", "llama-dense", "qwen2moe", "olmoe", "gpt-oss"])
+@pytest.mark.parametrize("name", ["llama", "llama-dense", "qwen2moe", "olmoe", "deepseek2", "deepseek2-lite",
+                                  "gpt-oss"])
 def test_matches_transformers_float32(name, one_numba_thread):
-    """MixtralForCausalLM, LlamaForCausalLM, Qwen2MoeForCausalLM, OlmoeForCausalLM, GptOssForCausalLM in float32 on the
-    gguf-py-dequantized weights of the same file: prefill and decode at about 1e-6, the same top-1."""
+    """MixtralForCausalLM, LlamaForCausalLM, Qwen2MoeForCausalLM, OlmoeForCausalLM, Glm4MoeLiteForCausalLM
+    (deepseek2), DeepseekV2ForCausalLM (deepseek2-lite), GptOssForCausalLM in float32 on the gguf-py-dequantized
+    weights of the same file (tests/reference/make_arch_refs.py, make_deepseek2_refs.py): prefill and decode at
+    about 1e-6, the same top-1."""
     f = np.load(FIX / f"{name}.npz")
     want = f["hf_logits"]
     m = load(FIX / f"{name}.gguf", gpu_layers=0, context_size=64)
@@ -142,7 +145,8 @@ def test_cli_inspect_fit_run_on_every_architecture(tiny, capsys):
     assert len(toks.split()) == 4
 
 
-@pytest.mark.parametrize("name", ["llama_q4km", "llama-dense_q4km", "qwen2moe_q4km", "olmoe_q4km", "gpt-oss_mxfp4"])
+@pytest.mark.parametrize("name", ["llama_q4km", "llama-dense_q4km", "qwen2moe_q4km", "olmoe_q4km", "deepseek2_q4km",
+                                  "deepseek2-lite_q4km", "gpt-oss_mxfp4"])
 def test_at_least_as_close_as_llama_cpp(name, one_numba_thread):
     """On a Q4_K_M file (gpt-oss: MXFP4_MOE) llama.cpp quantized itself: moert is at least as close to the float
     oracle (on the same dequantized weights) as llama.cpp's logits are, and picks the oracle's top-1 at least as

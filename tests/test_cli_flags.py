@@ -43,6 +43,9 @@ def test_every_parser_knows_every_common_flag_whole(parser):
     (["run", "m.gguf", "-c", "128"], "ctx", 128),
     (["run", "m.gguf", "-ctk", "f32"], "cache_type_k", "f32"),
     (["run", "m.gguf", "-fa", "off"], "flash_attn", "off"),
+    (["run", "m.gguf", "-ctk", "f16"], "cache_type_k", "f16"),          # argparse alone reads this as -c tk
+    (["run", "m.gguf", "-ctv", "q8_0"], "cache_type_v", "q8_0"),
+    (["run", "m.gguf", "-fa", "on"], "flash_attn", "on"),               # ... and this as -f a
     (["run", "m.gguf", "-mg", "1"], "main_gpu", 1),
     (["run", "m.gguf", "-dev", "sim:0,sim:1"], "device", ["sim:0", "sim:1"]),
     (["run", "m.gguf", "-ub", "64"], "ubatch_size", 64),
@@ -60,9 +63,8 @@ def test_flags_mean_what_they_mean_in_llama_cpp(parser, argv, dest, value):
 
 
 @pytest.mark.parametrize("argv, says", [
-    (["run", "m.gguf", "-ctk", "f16"], "-ctk"),          # argparse alone reads this as -c tk
-    (["run", "m.gguf", "-ctv", "q8_0"], "-ctv"),
-    (["run", "m.gguf", "-fa", "on"], "flash attention"),  # ... and this as -f a
+    (["run", "m.gguf", "-ctk", "q4_0"], "-ctk"),
+    (["run", "m.gguf", "-fa", "maybe"], "on, off or auto"),
     (["run", "m.gguf", "-tb", "4"], "-tb"),
     (["inspect", "m.gguf", "--no-mmap"], "--no-mmap is for the commands that run a model"),
     (["run", "m.gguf", "--mlock"], "--mlock"),

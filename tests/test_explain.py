@@ -123,3 +123,22 @@ def test_cli_json_layer_and_plot(path, tmp_path):
     assert png.stat().st_size > 1000
     r = moert("explain", path, "-p", "x", "--layer", "7")
     assert r.returncode != 0 and "layers 0 to 2" in r.stderr
+
+
+def test_a_sigmoid_router_is_shown_as_its_scores(tmp_path, one_numba_thread):
+    # deepseek2 (GLM-4.7-Flash style) gates with sigmoid + a selection bias: explain shows those scores,
+    # not a softmax, and says how they are made; the chosen experts are still the runtime's
+    import warnings
+
+    from moert.models import deepseek2
+    from moert.testing import write_tiny
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        m = load(write_tiny(tmp_path / "ds.gguf", "deepseek2", seed=1), context_size=16, warmup=False,
+                 progress=False, gpu_layers=0)
+    assert deepseek2.GATING[m.config.expert_gating_func] == "sigmoid"
+    lt = [t for t in explain(m, [1, 2, 3, 4]).layers if t.ffn == "moe"][0]
+    p = np.asarray(lt.probs)
+    assert ((p > 0) & (p < 1)).all() and abs(p.sum() - 1) > 0.1          # independent sigmoids, not a softmax
+    assert "router: sigmoid(" in format_trace(explain(m, [1, 2, 3, 4]), layer=lt.layer)

@@ -71,3 +71,28 @@ def test_expert_granular_placement(rules, tmp_path, one_numba_thread):
     want, got = ref.forward(tokens), m.forward(tokens)
     assert np.abs(got - want).max() <= 1e-4 * np.abs(want).max()
     assert np.abs(m.forward([7]) - ref.forward([7])).max() <= 1e-4 * np.abs(want).max()
+
+
+def test_flash_attention_and_typed_caches(tmp_path, one_numba_thread):
+    """-fa on (the sinks in the online softmax) equals the standard attention; an f16 cache (flash on by
+    default; TINY's head size 16 is too small for q8_0) stays close, with the same top-1 nearly everywhere."""
+    import warnings
+
+    import moert
+    from moert.testing import write_tiny
+
+    path = write_tiny(tmp_path / "g.gguf", "gpt-oss", seed=9)
+    tokens = [3, 14, 15, 92, 65, 35, 89, 79, 32, 38, 4, 6]
+
+    def run(**kw):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            m = moert.load(path, gpu_layers=0, context_size=32, warmup=False, progress=False, **kw)
+        return np.concatenate([m.forward(tokens[:8])] + [m.forward([t]) for t in tokens[8:]])
+
+    want = run()
+    fa = run(flash_attn="on")
+    assert np.linalg.norm(fa - want) / np.linalg.norm(want) < 1e-5
+    f16 = run(cache_type_k="f16", cache_type_v="f16")
+    assert 0 < np.linalg.norm(f16 - want) / np.linalg.norm(want) < 1e-3
+    assert (f16.argmax(-1) == want.argmax(-1)).mean() >= 0.9

@@ -318,3 +318,8 @@ def test_config_yarn_reads_llama_cpp_keys_and_refuses_it_where_unsupported():
     y = YarnConfig.from_gguf({**md, **yarn}).yarn()
     assert (y.factor, y.orig_ctx, y.beta_fast, y.beta_slow) == (4.0, 2, 32.0, 1.0)
     assert y.mscale == pytest.approx(1 + 0.1 * math.log(4.0))
+    # llama.cpp's newer rope.scaling.yarn_attn_factor, else the older rope.scaling.attn_factor, scales it
+    older = {**md, **yarn, "qwen3moe.rope.scaling.attn_factor": 2.0}
+    assert YarnConfig.from_gguf(older).yarn().mscale == pytest.approx(2 * (1 + 0.1 * math.log(4.0)))
+    newer = {**older, "qwen3moe.rope.scaling.yarn_attn_factor": 3.0}
+    assert YarnConfig.from_gguf(newer).yarn().mscale == pytest.approx(3 * (1 + 0.1 * math.log(4.0)))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import re
@@ -89,6 +90,26 @@ def test_architectures_moert_cannot_run_still_plan_and_estimate(name):
     est = estimate(p, 4096)
     assert est.devices["sim:0"].kv > 0                                    # attention found on the GPU
     assert p.attention_device(0).name == "sim:0"
+
+
+@pytest.mark.parametrize("name", [n for n in zoo.names() if zoo.TWINS[n].arch in moert.models.ARCHITECTURES])
+def test_twins_of_architectures_moert_runs_pass_its_declarations(name):
+    # every key the architecture's Config reads and every tensor it declares, as llama.cpp would write them
+    with gguf.open(zoo.path(name)) as g:
+        arch, config = moert.models.read(g)
+    assert config.arch == zoo.TWINS[name].arch and config.n_layer == zoo.TWINS[name].hp["L"]
+    if name == "deepseek-v3":                                            # group-limited routing and YaRN
+        assert (config.n_group, config.n_group_used, config.rope_scaling) == (8, 4, "yarn")
+
+
+def test_the_cache_name_follows_the_twins_description(monkeypatch):
+    a = zoo.path("olmoe-1b-7b")
+    hp = dict(zoo.TWINS["olmoe-1b-7b"].hp, ctx=8192)
+    monkeypatch.setitem(zoo.TWINS, "olmoe-1b-7b", dataclasses.replace(zoo.TWINS["olmoe-1b-7b"], hp=hp))
+    b = zoo.path("olmoe-1b-7b")
+    assert a != b and a.exists() and b.exists()
+    with gguf.open(b) as g:
+        assert g.metadata["olmoe.context_length"] == 8192
 
 
 def test_forward_on_a_twin_is_refused():

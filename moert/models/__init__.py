@@ -16,6 +16,7 @@ from typing import Any
 from moert.errors import GGUFError
 
 ARCHITECTURES: dict[str, str] = {
+    "deepseek2": "moert.models.deepseek2",
     "gemma3": "moert.models.gemma3",
     "gpt-oss": "moert.models.gptoss",
     "llama": "moert.models.llama",

@@ -12,13 +12,14 @@ from moert.layers import attention, cpu_arrays, glu, rms_norm, rope
 from moert.models.spec import TensorSpec, spec
 
 
-def decoder(m, tokens, block, embed_scale: float | None = None):
-    """The forward every decoder here shares: embedding (times embed_scale), block(m, il, x) for each
-    layer, final norm and output projection. Logits (T, V) on the host, continuing at m.position."""
+def decoder(m, tokens, block, embed_scale: float | None = None, n_layer: int | None = None):
+    """The forward every decoder here shares: embedding (times embed_scale), block(m, il, x) for each of the
+    first n_layer layers (default all), final norm and output projection. Logits (T, V) on the host,
+    continuing at m.position."""
     x = m.embed("token_embd.weight", tokens)                            # (T, D)
     if embed_scale is not None:
         x = x * np.float32(embed_scale)
-    for il in range(m.config.n_layer):
+    for il in range(m.config.n_layer if n_layer is None else n_layer):
         x = block(m, il, x)
     return m.output("output_norm.weight", "output.weight", x)           # (T, V)
 
@@ -54,7 +55,8 @@ def qk_norm_attention(m, il: int, h, dev, rope_base: float, *, neox: bool = True
     q = rms_norm(q, qn, c.rms_eps, xp)                                                   # per head, over Dh
     k = rms_norm(k, kn, c.rms_eps, xp)
     q, k = rope(q, cos, sin, neox, xp), rope(k, cos, sin, neox, xp)
-    a = attention(q, k, v, k_cache, v_cache, m.position, xp, scale=scale, window=window)  # (T, H*Dv)
+    a = attention(q, k, v, k_cache, v_cache, m.position, xp, scale=scale, window=window,
+                  flash=m.flash_attn)                                                    # (T, H*Dv)
     return m.linear(a, b + "attn_output.weight", dev)                                     # (T, D)
 
 
@@ -100,7 +102,8 @@ def gqa_attention(m, il: int, h, dev, rope_base: float, *, neox: bool, qk_norm: 
     cos, sin = m.rope(dev, c.head_dim, rope_base, yarn)                                  # (T, Dh/2) each
     q, k = rope(q, cos, sin, neox, xp), rope(k, cos, sin, neox, xp)
     k_cache, v_cache = m.kv_cache(il)
-    a = attention(q, k, v, k_cache, v_cache, m.position, xp, scale=scale, window=window, sinks=sinks)  # (T, H*Dv)
+    a = attention(q, k, v, k_cache, v_cache, m.position, xp, scale=scale, window=window, sinks=sinks,
+                  flash=m.flash_attn)                                                    # (T, H*Dv)
     return _biased(m, m.linear(a, b + "attn_output.weight", dev), b + "attn_output.bias", dev)
 
 

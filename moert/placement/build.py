@@ -28,7 +28,7 @@ from moert.placement.plan import (
     _Model,
     model_info,
 )
-from moert.placement.rules import TensorOverride, format_overrides, moe_rules, normalize_overrides
+from moert.placement.rules import TensorOverride, format_overrides, literal_name, moe_rules, normalize_overrides
 
 SPLIT_MODES = ("layer", "none")
 MATCH_BUDGET_S = 5.0   # all rules against all names (each search is bounded too: rules.MATCH_TIMEOUT_S)
@@ -158,9 +158,15 @@ def build(info: _Model, rules: list[TensorOverride], n_gpu: int, gpu_backend: st
     decided = [0] * len(rules)
     shadowed_by: list[int | None] = [None] * len(rules)
     t_match = time.perf_counter()
+    exact: dict[str, list[int]] = {}             # ^<literal>$ rules: a lookup, not a search per tensor
+    for i, r in enumerate(rules):
+        lit = literal_name(r.pattern)
+        if lit is not None:
+            exact.setdefault(lit, []).append(i)
+    searched = [(i, r) for i, r in enumerate(rules) if literal_name(r.pattern) is None]
     for name, (typ, shape, nbytes) in tensors.items():
         layer = _layer_of(name, info.n_layer)
-        hits = [i for i, r in enumerate(rules) if r.matches(name)]
+        hits = sorted(exact.get(name, []) + [i for i, r in searched if r.matches(name)])
         if time.perf_counter() - t_match > MATCH_BUDGET_S:
             raise PlacementError(f"matching the rules against the tensor names took over {MATCH_BUDGET_S} s "
                                  f"(at {name!r}); simplify the patterns: {format_overrides(rules)}")

@@ -15,7 +15,8 @@ import warnings
 from moert.errors import PlacementWarning
 
 
-def _gpu_layers(value: str) -> int | str:
+def gpu_layers_arg(value: str) -> int | str:
+    """-ngl's value: a layer count, "all" or "auto" (moert bench sweeps a comma list of them)."""
     v = value.strip().lower()
     if v in ("all", "auto"):
         return v
@@ -57,18 +58,27 @@ def _on_off(value: str) -> bool:
 
 
 def _kv_type(value: str) -> str:
-    if value.strip().lower() == "f32":
-        return "f32"
-    raise argparse.ArgumentTypeError(f"KV cache type {value!r} is not supported yet: moert keeps K and V in f32 "
-                                     f"(exact logits); drop the flag or give f32")
+    from moert.kvcache import KV_TYPES
+
+    if value.strip().lower() in KV_TYPES:
+        return value.strip().lower()
+    raise argparse.ArgumentTypeError(f"KV cache type {value!r} is not supported: give one of {', '.join(KV_TYPES)} "
+                                     f"(f32, the default, keeps the logits exact)")
 
 
 def _flash_attn(value: str) -> str:
     v = value.strip().lower()
-    if v in ("off", "auto"):
-        return v
-    raise argparse.ArgumentTypeError(f"{value!r}: flash attention is not implemented yet; give off or auto "
-                                     f"(both run the standard attention)")
+    if v in ("on", "off", "auto", "1", "0"):
+        return {"1": "on", "0": "off"}.get(v, v)
+    raise argparse.ArgumentTypeError(f"{value!r}: give on, off or auto (as llama.cpp's -fa)")
+
+
+def kv_args(args: argparse.Namespace) -> dict:
+    """estimate()'s KV cache type and flash attention from -ctk, -ctv and -fa."""
+    from moert.model import flash_mode
+
+    types = (getattr(args, "cache_type_k", "f32"), getattr(args, "cache_type_v", "f32"))
+    return {"kv_dtype": types, "flash_attn": flash_mode(getattr(args, "flash_attn", "auto"), types)}
 
 
 def add_placement_args(parser: argparse.ArgumentParser, sweep=None) -> argparse.ArgumentParser:
@@ -78,7 +88,8 @@ def add_placement_args(parser: argparse.ArgumentParser, sweep=None) -> argparse.
     g.add_argument("-ot", "--override-tensor", action="append", default=[], metavar="PATTERN=DEVICE,...",
                    help="put tensors whose name matches PATTERN (regex, re.search) on DEVICE: CPU, CUDA<N>, GPU<N>, "
                         "sim:N; comma-separated, repeatable; the first matching rule wins")
-    g.add_argument("-ngl", "--gpu-layers", "--n-gpu-layers", dest="gpu_layers", type=sweep[0] if sweep else _gpu_layers,
+    g.add_argument("-ngl", "--gpu-layers", "--n-gpu-layers", dest="gpu_layers",
+                   type=sweep[0] if sweep else gpu_layers_arg,
                    default=None if sweep else "all", metavar="N|all|auto" + (",..." if sweep else ""),
                    help="the last N of the n_layer+1 layers (output included) default to the GPU; 'auto' fits "
                         "(default: all)" + ("; a comma list sweeps" if sweep else ""))
@@ -114,12 +125,13 @@ def add_placement_args(parser: argparse.ArgumentParser, sweep=None) -> argparse.
     g.add_argument("-c", "--ctx", "--ctx-size", dest="ctx", type=int, default=None, metavar="N",
                    help="context size: the KV cache (run, chat, bench) and the memory estimate (inspect; fit: 0 = the "
                         "largest that fits)")
-    g.add_argument("-ctk", "--cache-type-k", type=_kv_type, default="f32", metavar="f32",
-                   help="KV cache type of K (only f32 for now)")
-    g.add_argument("-ctv", "--cache-type-v", type=_kv_type, default="f32", metavar="f32",
-                   help="KV cache type of V (only f32 for now)")
-    g.add_argument("-fa", "--flash-attn", type=_flash_attn, default="auto", metavar="off|auto",
-                   help="flash attention (not implemented yet: off and auto run the standard attention)")
+    g.add_argument("-ctk", "--cache-type-k", type=_kv_type, default="f32", metavar="TYPE",
+                   help="KV cache type of K: f32 (default, exact), f16, bf16, q8_0")
+    g.add_argument("-ctv", "--cache-type-v", type=_kv_type, default="f32", metavar="TYPE",
+                   help="KV cache type of V: f32 (default, exact), f16, bf16, q8_0")
+    g.add_argument("-fa", "--flash-attn", type=_flash_attn, default="auto", metavar="on|off|auto",
+                   help="flash attention: scores of 256 keys at a time, never (T, n_ctx); auto (default): on when "
+                        "-ctk/-ctv is not f32")
     g.add_argument("--strict", action="store_true", help="a rule that matches nothing or never decides is an error")
     g.add_argument("-v", "--verbose", action="store_true",
                    help="print each tensor a rule places, as llama.cpp's loader does")
@@ -205,7 +217,8 @@ def fitted(model, args: argparse.Namespace, kw: dict) -> tuple[dict, int | None]
         return kw, args.ctx
     kw = dict(kw)
     strict = kw.pop("strict", False)
-    r = fit(model, context_size=args.ctx or 0, margin=fit_margin(args), min_context=args.fit_ctx, **kw)
+    r = fit(model, context_size=args.ctx or 0, margin=fit_margin(args), min_context=args.fit_ctx, **kw,
+            **kv_args(args))
     if not r.success:
         raise PlacementError(f"--fit on: {r.message}")
     kw.update(overrides=r.rules, gpu_layers=r.gpu_layers, cpu_moe=False, n_cpu_moe=None, strict=strict)
@@ -235,7 +248,7 @@ def format_placement(model: str, args: argparse.Namespace, as_json: bool = False
     if getattr(args, "verbose", False):
         print_overrides(p)
     ctx = ctx or _trained_context(p)
-    est = estimate(p, ctx)
+    est = estimate(p, ctx, **kv_args(args))
     if as_json:
         return json.dumps({"plan": p.to_dict(), "estimate": est.to_dict()}, indent=1)
     from moert.cli_common import flagify
@@ -287,7 +300,7 @@ def cmd_fit_hot(args: argparse.Namespace) -> int:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         p = plan(args.model, rules, gpu_backend=kw["gpu_backend"], gpu_memory=kw["gpu_memory"])
-    est = estimate(p, ctx)
+    est = estimate(p, ctx, **kv_args(args))
     hits = trace.hits(p)
     gpu_share = sum(v for d, v in hits.items() if d != "cpu")
     ok = est.fits()
@@ -318,7 +331,7 @@ def cmd_fit(args: argparse.Namespace) -> int:
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", PlacementWarning)
         r = fit(args.model, context_size=args.ctx or 0, margin=fit_margin(args), min_context=args.fit_ctx,
-                expert_order=getattr(args, "expert_order", "last"), **kw)
+                **kv_args(args), expert_order=getattr(args, "expert_order", "last"), **kw)
     notes = [str(w.message) for w in caught if issubclass(w.category, PlacementWarning)]
     if strict and notes:
         raise PlacementError("strict placement: " + "; ".join(notes))

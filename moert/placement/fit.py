@@ -61,7 +61,7 @@ def fit(model: Any, context_size: int = 0, overrides: Any = None, gpu_layers: in
         margin: str | int | list | None = None, split: str = "layer", *, n_cpu_moe_from: str = "first",
         tensor_split: Any = None, main_gpu: int = 0,
         expert_order: str = "last", n_batch: int = 512, kv_dtype: Any = np.float32, min_context: int = 256,
-        devices: list[Device] | None = None) -> FitResult:
+        devices: list[Device] | None = None, flash_attn: bool = False) -> FitResult:
     """Find rules (after the user's) and a context that fit the GPUs: experts to CPU, then less context.
 
     Strategy: keep the user's rules; dense weights, router, attention and KV default to the GPU(s);
@@ -98,7 +98,7 @@ def fit(model: Any, context_size: int = 0, overrides: Any = None, gpu_layers: in
                        False, p.devices, warn=False)
         for m in final.messages:
             warnings.warn(m, PlacementWarning, stacklevel=4)  # past fit and accepts_device_config
-        est = estimate(final, ctx, n_batch, kv_dtype)
+        est = estimate(final, ctx, n_batch, kv_dtype, flash_attn)
         added = len(final.rules) - len(user)
         if base.devices:
             msg += (f"; {added} layer(s) of expert tensors moved to the CPU" if added else
@@ -110,10 +110,10 @@ def fit(model: Any, context_size: int = 0, overrides: Any = None, gpu_layers: in
         return result(True, base, want, "no GPU: every tensor is on the CPU")
 
     def fits(p: Plan, ctx: int) -> bool:
-        return estimate(p, ctx, n_batch, kv_dtype).fits(margin_b)
+        return estimate(p, ctx, n_batch, kv_dtype, flash_attn).fits(margin_b)
 
     def overfull(p: Plan, ctx: int) -> set[str]:
-        est = estimate(p, ctx, n_batch, kv_dtype)
+        est = estimate(p, ctx, n_batch, kv_dtype, flash_attn)
         return {n for n, d in est.devices.items() if not d.fits(margin_b.get(n, 0))}
 
     p = base
@@ -163,7 +163,7 @@ def fit(model: Any, context_size: int = 0, overrides: Any = None, gpu_layers: in
         if best is not None:
             q, ctx, n = best
             return result(True, q, ctx, f"fits at context {ctx} with gpu_layers={n} of {n_gpu}")
-    est = estimate(p, min(min_context, want) if context_size == 0 else want, n_batch, kv_dtype)
+    est = estimate(p, min(min_context, want) if context_size == 0 else want, n_batch, kv_dtype, flash_attn)
     worst = [d for n, d in est.devices.items() if not d.fits(margin_b.get(n, 0))]
     detail = "; ".join(f"{d.device} needs {format_size(d.total)} (weights {format_size(d.weights)}, "
                        f"KV {format_size(d.kv)}, scratch {format_size(d.scratch)}) but has "

@@ -6,16 +6,21 @@ used, F expert hidden (expert_feed_forward_length, else feed_forward_length), Ff
 shared expert, V vocabulary, s = bytes per KV element, f32 = 4 bytes):
 
     weights(d) = sum of the GGUF bytes of the tensors placed on d (quantized bytes: no dequantization at load)
-    kv(d)      = sum over layers whose attention runs on d of  n_ctx * Hkv * (Dk + Dv) * s
+    kv(d)      = sum over layers whose attention runs on d of  n_ctx * Hkv * (Dk + Dv) * s  (the architecture's
+                 Config.kv_spec() when it has one: deepseek2 caches Hkv = 1, Dk = kv_lora_rank + rope dims, Dv = 0)
+                 (s: bytes per value of the cache type: f32 4, f16 and bf16 2, q8_0 34/32)
     scratch(d) = temporaries of one chunk, an upper bound over the layers on d:
                  4 * T * E * f32                           hidden, residual, normed, attention/FFN output
                + T * (2 * H * max(Dk, Dv) + 2 * Hkv * Dk) * f32      q, attention output, new k and v
-               + 2 * H * T * n_ctx * f32                   scores and their softmax
+               + 2 * H * T * n_ctx * f32                   scores and their softmax (flash attention: three
+                                                           arrays of H * T * 256 keys, and the running sums)
+               + 2 * keys * Hkv * (Dk + Dv) * f32          K and V read back, when the cache type is not f32
                + 2 * T * X * f32                           router logits and probabilities
                + T * K * (3 * F + E) * f32                 gate, up, activation, expert output (if experts on d)
                + 2 * T * E * f32 + T * (3 * Ff + E) * f32  the same for a dense FFN / shared expert on d
                + T * V * f32                               logits (if the output layer is on d)
-               + 3 * largest dequantized matrix on d * f32 (one expert of an *_exps tensor; three copies:
+               + 3 * largest dequantized matrix on d * f32 (one expert of an *_exps tensor, any other tensor
+                                                           whole (deepseek2's 3-D attn_k_b / attn_v_b); three copies:
                                                            a dequantized output.weight is alive three times)
     total(d)   = weights + kv + scratch;  on a GPU it must be <= capacity (fit also keeps `margin` free)
 
@@ -104,8 +109,16 @@ def metadata_int(md: dict, key: str, default: int = 0) -> int:
     return int(max(v) if isinstance(v, (list, tuple)) else v)
 
 
-def estimate(plan: Plan, context_size: int, n_batch: int = 512, kv_dtype: Any = np.float32) -> Estimate:
-    """Bytes of weights + KV cache + compute scratch per device, for `context_size` tokens."""
+def estimate(plan: Plan, context_size: int, n_batch: int = 512, kv_dtype: Any = np.float32,
+             flash_attn: bool = False) -> Estimate:
+    """Bytes of weights + KV cache + compute scratch per device, for `context_size` tokens. kv_dtype: the cache
+    type of K and V ("f32", "f16", "bf16", "q8_0") or a (K, V) pair; flash_attn: attention holds the scores
+    of FLASH_CHUNK keys at a time instead of the whole context (layers.flash_attention)."""
+    from moert.kvcache import kv_type
+    from moert.layers import FLASH_CHUNK
+
+    types = tuple(kv_type(t) for t in (kv_dtype if isinstance(kv_dtype, tuple) else (kv_dtype, kv_dtype)))
+    label = types[0] if types[0] == types[1] else f"K {types[0]}, V {types[1]}"
     if context_size < 0:
         raise PlacementError(f"context_size must be >= 0, got {context_size}")
     md = plan.metadata
@@ -116,7 +129,7 @@ def estimate(plan: Plan, context_size: int, n_batch: int = 512, kv_dtype: Any = 
     T = max(min(n_batch, n_ctx), 1)
     spec = KVSpec.from_metadata(md) if md else None
     if spec is None:  # a names-only plan: weights only
-        return Estimate(n_ctx, n_batch, np.dtype(kv_dtype).name, devs)
+        return Estimate(n_ctx, n_batch, label, devs)
     E, H = metadata_int(md, "embedding_length"), metadata_int(md, "attention.head_count")
     X, K = metadata_int(md, "expert_count"), metadata_int(md, "expert_used_count")
     F_dense = metadata_int(md, "feed_forward_length")
@@ -128,7 +141,7 @@ def estimate(plan: Plan, context_size: int, n_batch: int = 512, kv_dtype: Any = 
     attn_on: set[str] = set()
     for il in range(spec.n_layer):
         d = plan.attention_device(il).name
-        devs[d].kv += spec.layer_bytes(n_ctx, kv_dtype)
+        devs[d].kv += spec.layer_bytes(n_ctx, types)
         attn_on.add(d)
     experts_on = {e.device for e in plan if EXPERT_TENSORS.search(e.name)}
     ffn_on = {e.device for e in plan if DENSE_FFN.search(e.name)}
@@ -137,14 +150,23 @@ def estimate(plan: Plan, context_size: int, n_batch: int = 512, kv_dtype: Any = 
     for e in plan:
         if e.type in ("F32", "?") or len(e.shape) < 2:
             continue
-        n = int(np.prod(e.shape[-2:] if len(e.shape) >= 3 else e.shape, dtype=np.int64)) * F32
+        one = len(e.shape) >= 3 and EXPERT_TENSORS.search(e.name)      # experts: dequantized one at a time
+        n = int(np.prod(e.shape[-2:] if one else e.shape, dtype=np.int64)) * F32   # else whole (MLA's attn_k_b)
         biggest[e.device] = max(biggest.get(e.device, 0), n)
     for name, d in devs.items():
         if d.weights == 0 and d.kv == 0:
             continue
         s = 0
         if name in attn_on:
-            s += 4 * T * E * F32 + T * (2 * H * max(Dk, Dv) + 2 * Hkv * Dk) * F32 + 2 * H * T * n_ctx * F32
+            s += 4 * T * E * F32 + T * (2 * H * max(Dk, Dv) + 2 * Hkv * Dk) * F32
+            if flash_attn:             # a chunk's scores, exp and mask; running max, sum, output and its update
+                keys = min(FLASH_CHUNK, n_ctx)
+                s += 3 * H * T * keys * F32 + 3 * H * T * (Dv + 2) * F32
+            else:
+                keys = n_ctx
+                s += 2 * H * T * n_ctx * F32
+            if types != ("f32", "f32"):   # K and V read back as float32 (and rounding what is written)
+                s += 2 * keys * Hkv * (Dk + Dv) * F32 + 4 * T * Hkv * (Dk + Dv) * F32
             s += 2 * T * X * F32
         if name in experts_on:
             s += 4 * T * E * F32 + T * K * (3 * F + E) * F32
@@ -154,7 +176,7 @@ def estimate(plan: Plan, context_size: int, n_batch: int = 512, kv_dtype: Any = 
             s += T * V * F32
         s += 3 * biggest.get(name, 0)       # a dequantized matrix, its transpose's product, and a chunk's copy
         d.scratch = s
-    return Estimate(n_ctx, n_batch, np.dtype(kv_dtype).name, devs)
+    return Estimate(n_ctx, n_batch, label, devs)
 
 
 __all__ = ["DeviceEstimate", "Estimate", "estimate"]

@@ -19,6 +19,7 @@ A plan is a value: nothing is loaded, `explain()` / `to_json()` print it, `devic
 from __future__ import annotations
 
 import json
+import os
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
@@ -77,14 +78,22 @@ class _Model:
     n_layer: int
 
 
+_INFO: dict[tuple, _Model] = {}
+
+
 def model_info(model: Any, n_layer: int | None = None) -> _Model:
     if isinstance(model, _Model):
         return model
     if isinstance(model, (str, Path)):
         from moert import gguf
 
-        with gguf.open(model) as g:
-            return model_info(g, n_layer)
+        st = os.stat(model)
+        k = (os.path.realpath(model), st.st_ino, st.st_size, st.st_mtime_ns, n_layer)
+        if k not in _INFO:                       # strategies plan one file hundreds of times
+            with gguf.open(model) as g:
+                _INFO.clear() if len(_INFO) > 16 else None
+                _INFO[k] = model_info(g, n_layer)
+        return replace(_INFO[k], path=str(model))
     if hasattr(model, "tensors") and hasattr(model, "metadata"):  # an open GGUFFile
         # scalars and short per-layer lists; not the tokenizer's vocabulary
         md = {k: v for k, v in model.metadata.items() if not hasattr(v, "__len__") or isinstance(v, str)

@@ -26,14 +26,46 @@ from moert.errors import PlacementError
 MATCH_TIMEOUT_S = 0.1
 
 
-def search(pattern: Any, name: str, what: str) -> bool:
-    """Whether compiled `pattern` matches somewhere in `name`, within MATCH_TIMEOUT_S; `what` names the rule."""
+_SEEN: dict[tuple[str, int, str], bool] = {}   # (pattern, flags, name) -> matched: strategies re-plan a file
+
+
+def search(pattern: Any, name: str, what: Any) -> bool:
+    """Whether compiled `pattern` matches somewhere in `name`, within MATCH_TIMEOUT_S; `what` names the rule
+    (anything whose str() does: it is formatted only for the error)."""
+    k = (pattern.pattern, pattern.flags, name)
+    hit = _SEEN.get(k)
+    if hit is not None:
+        return hit
     try:
-        return pattern.search(name, timeout=MATCH_TIMEOUT_S) is not None
+        hit = pattern.search(name, timeout=MATCH_TIMEOUT_S) is not None
     except TimeoutError:
         raise PlacementError(f"{what}: matching {name!r} took over {MATCH_TIMEOUT_S} s (the pattern backtracks "
                              f"catastrophically, e.g. nested repeats like (a{{1,30}}){{1,30}}); simplify it, e.g. "
                              f"r'blk\\.(1[0-9])\\.ffn_.*_exps'") from None
+    if len(_SEEN) > 1 << 20:
+        _SEEN.clear()
+    _SEEN[k] = hit
+    return hit
+
+
+class _Named:
+    """A label formatted only when an error needs it ("rule " + str(rule))."""
+
+    def __init__(self, prefix: str, obj: Any):
+        self.prefix, self.obj = prefix, obj
+
+    def __str__(self) -> str:
+        return f"{self.prefix}{self.obj}"
+
+
+_LITERAL = re.compile(r"\^((?:\\[^A-Za-z0-9]|[A-Za-z0-9_:@/-])+)\$")
+
+
+def literal_name(pattern: str) -> str | None:
+    """The one name `pattern` can match when it is ^<escaped literal>$ (as re.escape writes a tensor name;
+    strategies emit such rules by the hundred), else None; build.py looks those up instead of searching."""
+    m = _LITERAL.fullmatch(pattern)
+    return None if m is None else re.sub(r"\\(.)", r"\1", m.group(1))
 
 
 def compile_pattern(pattern: str, what: str) -> Any:
@@ -112,7 +144,7 @@ class TensorOverride:
 
     def matches(self, name: str) -> bool:
         """Whether the pattern matches somewhere in `name` (a PlacementError if it backtracks for too long)."""
-        return search(self.regex, name, f"rule {self}")
+        return search(self.regex, name, _Named("rule ", self))
 
     def device_spelling(self) -> str:
         """The device as -ot spells it: CPU, CUDA0, sim:1, GPU0."""
