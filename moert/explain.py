@@ -194,8 +194,11 @@ def _layer_trace(m, r: dict) -> LayerTrace:
     if names is not None:
         h = _host(m, r["h"])[0]                                                    # (D,) ffn_norm(x)
         w_router = m.gguf.dequantize(f"blk.{il}.ffn_gate_inp.weight").astype(np.float64)   # (E, D)
+        logits = w_router @ h                                                      # (E,)
+        if f"blk.{il}.ffn_gate_inp.bias" in m.gguf.tensors:                        # gpt-oss's router bias
+            logits = logits + m.gguf.dequantize(f"blk.{il}.ffn_gate_inp.bias").astype(np.float64)
         scores = getattr(m.arch, "router_scores", None)        # an architecture whose router is not a softmax
-        p, lt.router = scores(m.config, w_router @ h) if scores else (_softmax(w_router @ h), "")   # (E,)
+        p, lt.router = scores(m.config, logits) if scores else (_softmax(logits), "")   # (E,)
         lt.ffn, lt.probs = "moe", np.asarray(p).tolist()
         lt.experts = [int(e) for e in _host(m, r["ids"])[0]]
         lt.weights = [float(w) for w in _host(m, r["w"])[0]]

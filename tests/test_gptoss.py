@@ -96,3 +96,25 @@ def test_flash_attention_and_typed_caches(tmp_path, one_numba_thread):
     f16 = run(cache_type_k="f16", cache_type_v="f16")
     assert 0 < np.linalg.norm(f16 - want) / np.linalg.norm(want) < 1e-3
     assert (f16.argmax(-1) == want.argmax(-1)).mean() >= 0.9
+
+
+def test_explain_shows_the_routing_gpt_oss_computes(tmp_path):
+    """moert explain: the router bias included, softmax over the chosen k (0 elsewhere), the chosen experts and
+    their weights equal to what the forward pass used."""
+    import warnings
+
+    import moert
+    from moert.testing import write_tiny
+
+    path = write_tiny(tmp_path / "g.gguf", "gpt-oss", seed=3)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        m = moert.load(path, gpu_layers=0, context_size=32, warmup=False, progress=False)
+    from moert.explain import explain
+
+    t = explain(m, [3, 14, 15, 92])
+    for lt in t.layers:
+        p = np.asarray(lt.probs)
+        assert "bias" in lt.router and np.count_nonzero(p) == 2 and abs(p.sum() - 1) < 1e-6
+        assert sorted(np.flatnonzero(p)) == sorted(lt.experts)
+        np.testing.assert_allclose([p[e] for e in lt.experts], lt.weights, rtol=1e-5)

@@ -96,6 +96,16 @@ def tensors(c: Config) -> list[TensorSpec]:
     return out
 
 
+def router_scores(c: Config, logits: np.ndarray) -> tuple[np.ndarray, str]:
+    """What `moert explain` shows of one token's router (logits (E,), bias included): the softmax over the top
+    k, 0 elsewhere, as routing computes it."""
+    top = np.argsort(-logits, kind="stable")[:c.n_expert_used]
+    p = np.zeros_like(logits)
+    e = np.exp(logits[top] - logits[top].max())
+    p[top] = e / e.sum()
+    return p, f"top {c.n_expert_used} of (ffn_gate_inp . post_attention_norm(x) + bias), softmax over those"
+
+
 def forward(m, tokens: np.ndarray):
     """Logits (T, n_vocab) for `tokens` (T,) continuing at position m.position; on the host."""
     return decoder(m, tokens, block)
