@@ -10,6 +10,8 @@ import pytest
 
 import moert
 from moert import hardware
+from moert.generate import GenerationStats, generate_ids
+from moert.sampling import SamplingParams
 from moert.testing import write_qwen3moe
 
 # a GPU slow enough that bytes, not launches, decide each term, and fast enough in compute not to matter
@@ -81,6 +83,11 @@ def test_cpu_phases_stay_measured_and_transfers_follow_the_link(path):
     assert 0 < s.predicted_seconds < s.seconds                        # the call: predicted GPU + measured CPU
     d = m.stats.to_dict()["last"]["clock"]
     assert d["hardware"] == hw.name and "experts sim:0" not in d["predicted"] and "attention sim:0" in d["predicted"]
+    # llama.cpp-style timings (--stats) take the forwards' clocked time too
+    m.stats.reset()
+    g = GenerationStats()
+    generate_ids(m, [1, 2, 3], 2, SamplingParams(temperature=0), g)
+    assert g.prompt_seconds == m.stats.prefill.seconds
     m.close()
 
 
