@@ -21,7 +21,10 @@ under uniform routing, else from a trace of selection counts):
   * no overlap: ggml_backend_sched runs a graph's splits one after another, so CPU and GPU times add.
 
 A plan's GPU i (sim:i or cuda:i) is the hardware's GPU i. `Prediction.parts` keeps every term, so a table
-can say what bounds each part. Expert placement is read per layer as "which experts of each tensor live on
+can say what bounds each part. The terms come from `CostModel` (one plan on one machine: a stage of a layer
+on a device for B tokens); its stages are moert's phases (attention, router, ffn, experts, output), so the
+virtual clock (moert/vclock.py) charges a real forward's phases with the same terms.
+Expert placement is read per layer as "which experts of each tensor live on
 which device" (`expert_sets`), so plans that place expert ranges plug in without changing the model.
 """
 
