@@ -153,7 +153,7 @@ def _touch_everything(f):
             assert f.dequantize(name).shape == t.shape
 
 
-@settings(max_examples=4000, deadline=2000, suppress_health_check=[HealthCheck.function_scoped_fixture],
+@settings(max_examples=2000, deadline=2000, suppress_health_check=[HealthCheck.function_scoped_fixture],
           derandomize=True)
 @given(data=st.data())
 def test_mutation_fuzzer(tmp_path, small_valid, data):
