@@ -92,7 +92,7 @@ def test_real_gemma_file_matches_ggufpy(gemma_path):
     import json
     from pathlib import Path
 
-    from reference.make_ggufpy_parse import value_digest     # the fixture's own canonical form of a value
+    from reference.make_ggufpy_parse import value_digest  # the fixture's own canonical form of a value
 
     ref = json.loads((Path(__file__).parent / "fixtures" / "gemma3" / "ggufpy_parse.json").read_text())
     with gguf.open(gemma_path) as f:
