@@ -213,14 +213,15 @@ def run_test(model, n_prompt: int = 0, n_gen: int = 0, depth: int = 0, repetitio
         model.reset()
         if depth:
             model.forward(past, last_only=True)
-        t0 = time.perf_counter()
+        t0, s0 = time.perf_counter(), model.stats.total.seconds
         if n_prompt:
             model.forward(ids, last_only=True)
         else:
             for i in range(n_gen):
                 model.forward(ids[i:i + 1])
-        if timed:
-            t.samples_s.append(time.perf_counter() - t0)
+        if timed:                 # with a virtual clock, its time: CPU measured, sim GPUs and link predicted
+            clock = getattr(model, "hardware", None) is not None
+            t.samples_s.append(model.stats.total.seconds - s0 if clock else time.perf_counter() - t0)
     model.reset()
     return t
 
@@ -233,8 +234,10 @@ def bench(model, n_prompt: int = 64, n_gen: int = 32, repetitions: int = 3, warm
 
 def placement_info(model) -> dict:
     """Weight bytes per device, the GPUs named, the -ot rules, context and batch of a loaded model."""
+    hw = getattr(model, "hardware", None)
     return dict(bytes_by_device=model.plan.bytes_by_device(), gpus=[device_label(d) for d in model.plan.devices],
-                overrides=model.plan.overrides_string(), context_size=model.context_size, n_batch=model.n_batch)
+                overrides=model.plan.overrides_string(), context_size=model.context_size, n_batch=model.n_batch,
+                hardware=hw.name if hw is not None else None)
 
 
 # ------------------------------------------------------------------------------------------- the table
@@ -269,6 +272,9 @@ def format_table(machine: dict, model: dict, settings: dict, results: list[TestR
            f"{'warm-up' if settings['warmup'] else 'no warm-up'}"
            + (f", activations {settings['act_quant']}" if settings.get("act_quant", "none") != "none" else ""),
            ""]
+    if settings.get("hardware"):
+        out[-1:-1] = [f"clock:     sim GPU and transfer times predicted for {settings['hardware']} "
+                      f"(moert/vclock.py); CPU times measured here"]
     swept = list(results[0].params) if results else []        # llama-bench shows a column per swept flag
     rows = [[*(str(r.params[k]) for k in swept), r.name, f"{r.avg_ts:.2f} ± {r.stddev_ts:.2f}", f"{r.best_ts:.2f}",
              f"{r.ms_per_token:.2f}", "-" if r.GBps is None else f"{r.GBps:.3g}"] for r in results]

@@ -128,7 +128,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
 def add_commands(sub) -> None:
     """Register bench on the top-level subparsers."""
-    from moert.cli_common import add_model_arg
+    from moert.cli_common import add_hardware_arg, add_model_arg
     from moert.cli_generate import add_act_quant_arg
     from moert.placement.cli import add_placement_args
 
@@ -161,6 +161,7 @@ def add_commands(sub) -> None:
     g.add_argument("--json", action="store_true", help="-o json: one JSON object (machine, model, settings, "
                    "every sample of every test) instead of the table")
     add_placement_args(b, sweep=(_layer_list, _counts))
+    add_hardware_arg(b)
     b.set_defaults(func=cmd_bench)
 
 

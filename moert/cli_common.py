@@ -87,6 +87,14 @@ def resolve_model(args: argparse.Namespace) -> str | None:
     return args.model
 
 
+def add_hardware_arg(parser: argparse.ArgumentParser) -> None:
+    """--hardware NAME (run, bench, explain): the sim GPUs' time is the cost model's for that preset hardware."""
+    parser.add_argument("--hardware", default=None, metavar="NAME",
+                        help="time the simulated GPUs (and transfers to them) as this preset hardware's, e.g. "
+                             "rtx3090+ryzen-7950x (`moert hardware list`), by the cost model; CPU work stays "
+                             "measured. Implies --gpu-backend sim and --gpu-mem of its GPUs unless given")
+
+
 class UsageError(Exception):
     """A command line that does not say what to run (exit 2, as argparse's own errors)."""
 
@@ -184,5 +192,6 @@ class VersionAction(argparse.Action):
         parser.exit(0)
 
 
-__all__ = ["LLAMA_COMMON_FLAGS", "LlamaArgumentParser", "UsageError", "VersionAction", "add_model_arg", "flagify",
+__all__ = ["LLAMA_COMMON_FLAGS", "LlamaArgumentParser", "UsageError", "VersionAction", "add_hardware_arg",
+           "add_model_arg", "flagify",
            "list_devices", "one_line_warnings", "physical_cores", "refuse_other_llama_flags", "resolve_model"]

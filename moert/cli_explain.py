@@ -34,7 +34,7 @@ def cmd_explain(args: argparse.Namespace) -> int:
 
 def add_commands(sub) -> None:
     """Register explain on the top-level subparsers."""
-    from moert.cli_common import add_model_arg
+    from moert.cli_common import add_hardware_arg, add_model_arg
     from moert.placement.cli import add_placement_args
 
     e = sub.add_parser("explain", help="follow one token through the model: router, experts, devices, bytes, time",
@@ -50,3 +50,4 @@ def add_commands(sub) -> None:
     e.add_argument("-t", "--threads", type=int, default=None, help="CPU threads for the kernels")
     e.set_defaults(func=cmd_explain, batch_size=512, warmup=True, act_quant="none", mmap=True)
     add_placement_args(e)
+    add_hardware_arg(e)

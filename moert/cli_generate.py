@@ -76,6 +76,14 @@ def load_from_args(model: str, args: argparse.Namespace, **load_options):
     from moert.placement.cli import fitted, placement_from_args, print_overrides
     from moert.placement.strategies import auto_plan
 
+    hw = getattr(args, "hardware", None)
+    if hw:                                   # a virtual clock times sim GPUs: make them, sized as its GPUs
+        from moert.hardware import preset
+
+        hw = preset(hw)
+        args.gpu_backend = "sim" if args.gpu_backend == "auto" else args.gpu_backend
+        args.gpu_mem = args.gpu_mem or ",".join(hw.gpu_memory()) or None
+        load_options.setdefault("hardware", hw)
     placement = placement_from_args(args)
     placement.update({k: load_options.pop(k) for k in list(load_options) if k in placement})  # demo's own
     kw, ctx = fitted(model, args, placement)
@@ -291,7 +299,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 def add_commands(sub) -> None:
     """Register run, chat and demo on the top-level subparsers."""
-    from moert.cli_common import add_model_arg
+    from moert.cli_common import add_hardware_arg, add_model_arg
     from moert.placement.cli import add_placement_args
 
     r = sub.add_parser("run", help="generate text from a prompt, streaming tokens (like llama-cli -p)")
@@ -306,6 +314,7 @@ def add_commands(sub) -> None:
                    "and save it (`moert trace NPZ` summarises it)")
     add_sampling_args(r)
     add_placement_args(r)
+    add_hardware_arg(r)
     r.set_defaults(func=cmd_run)
 
     c = sub.add_parser("chat", help="interactive multi-turn chat with the model's chat template")

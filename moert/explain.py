@@ -60,6 +60,7 @@ class Trace:
     next_tokens: list[tuple[int, str, float]]     # the model's top predictions after this token
     seconds: float
     transfers: dict[str, dict]                     # device -> counts and bytes of the whole step
+    hardware: str = ""                             # the virtual clock's: sim GPU and link times are predicted
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -74,9 +75,9 @@ class Recorder:
     def __enter__(self) -> Recorder:
         m, cls = self.m, type(self.m)
         self._orig = {name: getattr(cls, name).__get__(m) for name in
-                      ("attention_device", "to", "experts", "output", "_add_time")}
+                      ("attention_device", "to", "experts", "output", "_add_time", "_add_predicted")}
         m.attention_device, m.to, m.experts = self._attention_device, self._to, self._experts
-        m.output, m._add_time = self._output, self._add_time
+        m.output, m._add_time, m._add_predicted = self._output, self._add_time, self._add_predicted
         return self
 
     def __exit__(self, *exc) -> None:
@@ -113,8 +114,14 @@ class Recorder:
         self.final, self._cur = x.copy(), None                 # (T, D) the residual after the last layer
         return self._orig["output"](norm_name, name, x)
 
-    def _add_time(self, phase: str, dev: str, s: float) -> None:
-        self._orig["_add_time"](phase, dev, s)
+    def _add_time(self, phase: str, dev: str, s: float, replaced: bool = False) -> None:
+        self._orig["_add_time"](phase, dev, s, replaced)
+        if self._cur is not None and not replaced:
+            t = self._cur["time"].setdefault(phase, {})
+            t[dev] = t.get(dev, 0.0) + s
+
+    def _add_predicted(self, phase: str, dev: str, s: float) -> None:      # the virtual clock's (vclock.py)
+        self._orig["_add_predicted"](phase, dev, s)
         if self._cur is not None:
             t = self._cur["time"].setdefault(phase, {})
             t[dev] = t.get(dev, 0.0) + s
@@ -184,7 +191,8 @@ def explain(m, prompt: str | list[int], token: int = -1, top: int = 5) -> Trace:
     return Trace(prompt=prompt if isinstance(prompt, str) else " ".join(map(str, ids)), position=i,
                  token_id=ids[i], token=text(ids[i]), placement=m.plan.overrides_string() or "(defaults)",
                  layers=layers, next_tokens=[(int(t), text(int(t)), float(p[t])) for t in best],
-                 seconds=call.seconds, transfers={d: t.as_dict() for d, t in call.transfers.items()})
+                 seconds=call.seconds, transfers={d: t.as_dict() for d, t in call.transfers.items()},
+                 hardware=call.hardware)
 
 
 def _layer_trace(m, r: dict) -> LayerTrace:
@@ -264,6 +272,8 @@ def format_trace(t: Trace, layer: int | None = None) -> str:
     """The walk as text: the token, then each layer (or only `layer`), then what the model predicts next."""
     lines = [f"token {t.position} of the prompt: {t.token!r} (id {t.token_id}), run alone as a decode step "
              f"in {t.seconds * 1e3:.1f} ms", f"placement: {t.placement}", ""]
+    if t.hardware:
+        lines[2:2] = [f"time: sim GPU and transfer times predicted for {t.hardware} (moert/vclock.py), CPU measured"]
     for lt in t.layers:
         if layer is None or lt.layer == layer:
             lines += format_layer(lt) + [""]

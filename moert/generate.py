@@ -31,7 +31,8 @@ from moert.sampling import Sampler, SamplingParams
 
 @dataclass
 class GenerationStats:
-    """Counts and wall-clock times of one generation; `report()` prints them as llama.cpp does."""
+    """Counts and wall-clock times of one generation (forwards on a virtual clock's time, moert/vclock.py);
+    `report()` prints them as llama.cpp does."""
 
     prompt_tokens: int = 0  # prompt tokens run through the model (not counting the cached ones)
     cached_tokens: int = 0  # prompt tokens whose KV entries were still in the cache from the last call
@@ -92,15 +93,18 @@ def _tokens(model, ids: list[int], max_tokens: int | None, sampler: Sampler, sta
             stats.stop_reason = "length"
             finished = True
             return
+        # with a virtual clock (moert.load(..., hardware=)) a forward takes the clock's time, not the wall's:
+        # `unclocked` is the wall time of forwards less their clocked time, taken off
+        clocked, unclocked = getattr(model, "hardware", None) is not None, 0.0
         t0 = time.perf_counter()
         logits = model.forward(ids[keep:], last_only=True)  # (1, V): the prompt's last position
         t1 = time.perf_counter()
-        stats.prompt_seconds = t1 - t0
+        stats.prompt_seconds = model.stats.last.seconds if clocked else t1 - t0
         history = list(ids)
         while True:
             tok = sampler(logits[-1], history)
             stats.generated_tokens += 1
-            stats.generation_seconds = time.perf_counter() - t1
+            stats.generation_seconds = time.perf_counter() - t1 - unclocked
             if tok in model.eos_ids:
                 stats.stop_reason = "eos"
                 break
@@ -112,7 +116,10 @@ def _tokens(model, ids: list[int], max_tokens: int | None, sampler: Sampler, sta
             if model.position >= model.context_size:
                 stats.stop_reason = "context"
                 break
+            tf = time.perf_counter()
             logits = model.forward([tok])
+            if clocked:
+                unclocked += time.perf_counter() - tf - model.stats.last.seconds
         finished = True
     except KeyboardInterrupt:
         stats.stop_reason = "interrupted"

@@ -36,6 +36,7 @@ class CPU:
     mem_bw_gbs: float                   # peak DRAM bandwidth, GB/s (1e9 B/s): channels x MT/s x 8 bytes
     mem_channels: int = 0               # 64-bit DDR channels (0: unknown)
     mem_mts: int = 0                    # DDR transfers per second, millions
+    ddr: int = 5                        # DDR generation (for the listing)
     ghz: float = 3.0                    # all-core clock under load
     flops_per_cycle: int = 32           # fp32 FLOPs per core per cycle: 2 FMA units x 8 lanes x 2 (AVX2/Zen 4)
     # The share of peak DRAM bandwidth a many-thread read stream gets. 0.7: desktop DDR5 read tests land at
@@ -236,6 +237,15 @@ GPUS: dict[str, GPU] = {g.name: g for g in (
     # (GeForce Blackwell is full rate with FP32 accumulate: 209.5 is the conservative reading), 838 INT8 TOPS
     # dense; PCIe 5.0 x16 (nvidia.com RTX 5090 specs; NVIDIA RTX Blackwell GPU Architecture whitepaper)
     GPU("rtx5090", 32, 1792, 209.5, 838, pcie_gen=5, source="nvidia.com RTX 5090 specs; RTX Blackwell whitepaper"),
+    # RTX 4080 (16 GB): 256-bit GDDR6X at 22.4 Gbps = 716.8 GB/s; 97.5 FP16/FP32-acc TFLOPS, 389.9 INT8 TOPS dense
+    # (NVIDIA Ada GPU Architecture whitepaper v2.01, GeForce RTX 4080 table)
+    GPU("rtx4080", 16, 716.8, 97.5, 389.9, pcie_gen=4, source="NVIDIA Ada whitepaper v2.01, RTX 4080 table"),
+    # RTX 2080 (8 GB, reference clocks): 256-bit GDDR6 at 14 Gbps = 448 GB/s; 40.3 FP16/FP32-acc TFLOPS, 161.1 INT8
+    # TOPS; PCIe 3.0 x16 (NVIDIA Turing GPU Architecture whitepaper, appendix table for GeForce RTX 2080)
+    GPU("rtx2080", 8, 448, 40.3, 161.1, pcie_gen=3, source="NVIDIA Turing whitepaper, RTX 2080 table"),
+    # AMD Radeon RX 7900 XT (20 GB): 320-bit GDDR6 at 20 Gbps = 800 GB/s; "Peak Half Precision (FP16) Performance
+    # 103 TFLOPs" (amd.com RX 7900 XT specifications). Costed with the CUDA kernels' efficiencies (ROCm: unfitted).
+    GPU("rx7900xt", 20, 800, 103, pcie_gen=4, source="amd.com Radeon RX 7900 XT specifications"),
     # H100 PCIe 80GB: HBM2e 2.0 TB/s; 1513 FP16 tensor TFLOPS sparse = 756 dense, 1513 INT8 TOPS dense;
     # PCIe 5.0 x16 (NVIDIA H100 Tensor Core GPU data sheet)
     GPU("h100-pcie", 80, 2000, 756, 1513, pcie_gen=5, source="NVIDIA H100 Tensor Core GPU data sheet"),
@@ -255,6 +265,17 @@ CPUS: dict[str, CPU] = {c.name: c for c in (
     # "Max Memory Bandwidth 89.6 GB/s" (ark.intel.com, product 236773)
     CPU("i9-14900k", 24, ddr_gbs(2, 5600), 2, 5600, ghz=4.0, flops_per_cycle=21,
         source="ark.intel.com Core i9-14900K"),
+    # AMD Ryzen 9 5900X: 12 cores (Zen 3, AVX2), dual-channel DDR4-3200 (amd.com) = 51.2 GB/s
+    CPU("ryzen-5900x", 12, ddr_gbs(2, 3200), 2, 3200, ddr=4, ghz=4.3, source="amd.com Ryzen 9 5900X specifications"),
+    # AMD Ryzen Threadripper PRO 5975WX: 32 cores (Zen 3), 8 channels DDR4-3200 (amd.com) = 204.8 GB/s
+    CPU("threadripper-pro-5975wx", 32, ddr_gbs(8, 3200), 8, 3200, ddr=4, ghz=4.0,
+        source="amd.com Ryzen Threadripper PRO 5975WX specifications"),
+    # Intel Core i9-10900X: 10 cores, 2 AVX-512 FMA units (64 fp32 FLOPs/cycle), 4 channels DDR4-2933, "Max Memory
+    # Bandwidth 94 GB/s" (ark.intel.com, Core i9-10900X); PCIe 3.0 (X299)
+    CPU("i9-10900x", 10, ddr_gbs(4, 2933), 4, 2933, ddr=4, ghz=4.0, flops_per_cycle=64,
+        source="ark.intel.com Core i9-10900X"),
+    # AMD EPYC 7343: 16 cores (Zen 3), 8 channels DDR4-3200 = 204.8 GB/s per socket (amd.com EPYC 7003 series)
+    CPU("epyc-7343", 16, ddr_gbs(8, 3200), 8, 3200, ddr=4, ghz=3.6, source="amd.com EPYC 7343 specifications"),
     # AMD EPYC 9554 (9004 series, Genoa): 64 cores, 12 channels DDR5-4800 = 460.8 GB/s per socket
     # (amd.com EPYC 9004 product brief). Server parts sustain ~75-80% of peak in STREAM.
     CPU("epyc-9554", 64, ddr_gbs(12, 4800), 12, 4800, ghz=3.5, bw_efficiency=0.75,
@@ -263,13 +284,16 @@ CPUS: dict[str, CPU] = {c.name: c for c in (
 
 # Links: PCIe 4.0 16 GT/s and 5.0 32 GT/s per lane, 128b/130b encoding (PCI-SIG base specifications).
 LINKS: dict[str, Link] = {
+    "pcie3x16": Link(pcie_gbs(3), 10.0, "pcie3x16"),   # 15.8 GB/s per direction (8 GT/s)
     "pcie4x8": Link(pcie_gbs(4, 8), 10.0, "pcie4x8"),  # 15.8 GB/s per direction
     "pcie4x16": Link(pcie_gbs(4), 10.0, "pcie4x16"),   # 31.5 GB/s per direction
     "pcie5x16": Link(pcie_gbs(5), 10.0, "pcie5x16"),   # 63.0 GB/s per direction
 }
 
-# The CPUs' platforms: AM5 (Ryzen 7000/9000), LGA1700 (14th gen) and SP5 (EPYC 9004) have PCIe 5.0 x16.
-_PLATFORM_PCIE = {"ryzen-7600": 5, "ryzen-7950x": 5, "ryzen-9950x": 5, "i9-14900k": 5, "epyc-9554": 5}
+# The CPUs' platforms: AM5 (Ryzen 7000/9000), LGA1700 (14th gen) and SP5 (EPYC 9004) have PCIe 5.0 x16; AM4 (Ryzen
+# 5000), WRX80 (Threadripper PRO 5000) and SP3 (EPYC 7003) PCIe 4.0; X299 (Core i9-10900X) PCIe 3.0.
+_PLATFORM_PCIE = {"ryzen-7600": 5, "ryzen-7950x": 5, "ryzen-9950x": 5, "i9-14900k": 5, "epyc-9554": 5,
+                  "ryzen-5900x": 4, "threadripper-pro-5975wx": 4, "epyc-7343": 4, "i9-10900x": 3}
 
 
 def preset(name: str) -> Hardware:
@@ -324,8 +348,8 @@ def table() -> str:
     rows = ["GPUs:", f"  {'name':<11} {'memory':>8} {'GB/s':>7} {'FP16 TFLOPS':>12} {'INT8 TOPS':>10} {'PCIe':>6}"]
     rows += [f"  {g.name:<11} {g.mem_gib:>5g}GiB {g.bw_gbs:>7g} {g.fp16_tflops:>12g} {g.int8_tops:>10g} "
              f"{f'{g.pcie_gen}.0 x{g.pcie_lanes}':>6}" for g in GPUS.values()]
-    rows += ["", "CPUs:", f"  {'name':<11} {'cores':>5} {'memory':>18} {'peak GB/s':>10} {'GFLOPS':>7}"]
-    rows += [f"  {c.name:<11} {c.cores:>5} {f'{c.mem_channels} x DDR5-{c.mem_mts}':>18} {c.mem_bw_gbs:>10.1f} "
+    rows += ["", "CPUs:", f"  {'name':<23} {'cores':>5} {'memory':>18} {'peak GB/s':>10} {'GFLOPS':>7}"]
+    rows += [f"  {c.name:<23} {c.cores:>5} {f'{c.mem_channels} x DDR{c.ddr}-{c.mem_mts}':>18} {c.mem_bw_gbs:>10.1f} "
              f"{c.peak_gflops:>7.0f}" for c in CPUS.values()]
     rows += ["", "links:"] + [f"  {k:<11} {v.bw_gbs:.1f} GB/s per direction, {v.latency_us:g} us per copy"
                               for k, v in LINKS.items()]

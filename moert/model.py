@@ -58,7 +58,7 @@ def load(model: Any, overrides: Any = None, gpu_layers: int | str = "all", cpu_m
          context_size: int = 4096, threads: int | None = None, progress: Any = None, *,
          n_batch: int = 512, warmup: bool = True, act_quant: str | None = None, mmap: bool = True,
          trace: bool | str = False, cache_type_k: str = "f32", cache_type_v: str = "f32",
-         flash_attn: str | bool = "auto", **plan_options: Any) -> Model:
+         flash_attn: str | bool = "auto", hardware: Any = None, **plan_options: Any) -> Model:
     """Open a GGUF model, place its tensors, load them onto their devices, allocate the KV cache, and
     (warmup=True, llama.cpp's default too) run a few tokens through it and forget them, so the first real
     ones do not pay for compiling the kernels (`Model.warmup`). act_quant="int16": CPU one-token matmuls
@@ -69,7 +69,10 @@ def load(model: Any, overrides: Any = None, gpu_layers: int | str = "all", cpu_m
     token's routing (`Model.trace`, moert/trace.py); trace="full" the router logits too.
     cache_type_k / cache_type_v (-ctk / -ctv): "f32" (default, exact), "f16", "bf16" or "q8_0", the KV cache's
     storage. flash_attn (-fa) "on": attention holds the scores of 256 keys at a time, never (T, n_ctx);
-    "auto" (default): on when a cache type is not f32 (those are read back a chunk at a time), else off."""
+    "auto" (default): on when a cache type is not f32 (those are read back a chunk at a time), else off.
+    hardware= (a moert.Hardware or a preset name, "rtx3090+ryzen-7950x"): time the sim GPUs as that hardware's
+    (moert/vclock.py; implies gpu_backend="sim" over "auto", and that hardware's GPU sizes unless gpu_memory=
+    is given)."""
     from moert import gguf
     from moert.errors import DeviceOutOfMemory
     from moert.kernels import matmul_q
@@ -83,6 +86,13 @@ def load(model: Any, overrides: Any = None, gpu_layers: int | str = "all", cpu_m
     n_batch = check_int("n_batch", n_batch, 1, MAX_BATCH)
     if threads is not None:
         check_int("threads", threads, 1)
+    if isinstance(hardware, str):
+        from moert.hardware import preset
+
+        hardware = preset(hardware)
+    if hardware is not None:
+        gpu_backend = "sim" if gpu_backend == "auto" else gpu_backend
+        gpu_memory = gpu_memory if gpu_memory is not None else hardware.gpu_memory() or None
     owned = not isinstance(model, gguf.GGUFFile)
     g = gguf.open(Path(model), mmap=mmap) if owned else model
     try:
@@ -103,6 +113,8 @@ def load(model: Any, overrides: Any = None, gpu_layers: int | str = "all", cpu_m
         try:
             m = Model(g, arch, config, plan, weights, n_ctx, n_batch, act_quant=act_quant, kv_types=kv_types,
                       flash_attn=flash)
+            if hardware is not None:
+                m.use_hardware(hardware)
         except BaseException:
             weights.free()
             raise
@@ -176,6 +188,9 @@ class Model(TextAPI, Tracing):
         self._prepared: dict[Any, Any] = {}
         self._trace = None
         self._layer: int | None = None            # the block being computed (per-layer times)
+        self._replaced = 0.0                      # measured seconds inside predicted phases (forward)
+        self._clock = None                        # a VirtualClock: sim GPUs timed as `hardware`'s (use_hardware)
+        self.hardware = None
 
     # -- the public interface
     def forward(self, tokens, last_only: bool = False) -> np.ndarray:
@@ -188,7 +203,9 @@ class Model(TextAPI, Tracing):
         self._last_only = bool(last_only)
         devs = [CPU, *self.plan.devices]
         before = {d.name: d.stats.copy() for d in devs}
-        self._call = Stats(*self.stats._shape, calls=1, tokens=len(tokens))
+        self._call = Stats(*self.stats._shape, calls=1, tokens=len(tokens),
+                           hardware=self.hardware.name if self.hardware is not None else "")
+        self._replaced = 0.0                     # measured seconds inside predicted phases, left out
         t0, start = time.perf_counter(), self.position
         out = []
         try:
@@ -206,7 +223,7 @@ class Model(TextAPI, Tracing):
                 self._trace.drop_chunk()
             raise
         finally:
-            self._call.seconds = time.perf_counter() - t0
+            self._call.seconds = time.perf_counter() - t0 - self._replaced + self._call.predicted_seconds
             self._call.transfers = {d.name: d.stats - before[d.name] for d in devs if d.is_gpu}
             self.stats.add(self._call)
             self._call, self._phases, self._layer = None, [], None
@@ -215,6 +232,14 @@ class Model(TextAPI, Tracing):
         if last_only:
             return out[-1]
         return out[0] if len(out) == 1 else np.concatenate(out)
+
+    def use_hardware(self, hardware) -> None:
+        """Time the sim GPUs (and transfers to and from them) as `hardware`'s, by the cost model; CPU work keeps
+        its measured time (moert/vclock.py). None: measure everything again."""
+        from moert.vclock import VirtualClock
+
+        self._clock = None if hardware is None else VirtualClock(self.plan, hardware)
+        self.hardware = hardware
 
     def reset(self) -> None:
         """Empty the context (the KV cache is overwritten as new tokens arrive)."""
@@ -269,6 +294,8 @@ class Model(TextAPI, Tracing):
         on the host, weights (T, K) and logits (T, E) moved there, counted)."""
         if self._call is not None:
             self._call.expert_counts[il] += counts
+        if self._clock is not None:
+            self._clock.routing(il, counts)
         if self._trace is None:
             return
         w = weights if isinstance(weights, np.ndarray) else self.to(weights, CPU, "trace: expert weights")
@@ -344,17 +371,32 @@ class Model(TextAPI, Tracing):
         src = _devices.device_of(x, self.plan.devices)
         if src is dev:
             return x
-        with self.phase("transfers", f"{src.name}->{dev.name}"):
+        clock = self._clock
+        predicted = (clock.transfer_seconds(x.nbytes) if clock is not None and (clock.covers(src) or clock.covers(dev))
+                     else None)
+        with Phase(self, "transfers", f"{src.name}->{dev.name}", predicted):
             return _devices.transfer(x, src, dev, what)
 
     def phase(self, name: str, dev: Device | str) -> Phase:
         """`with m.phase(name, dev):` attributes the time inside to (phase, device); nested phases pause
-        the outer one."""
+        the outer one. On a sim GPU with a virtual clock the time is the cost model's (moert/vclock.py)."""
+        clock = self._clock
+        if clock is not None and clock.covers(dev):
+            rows = 1 if self._last_only else self._n
+            predicted = clock.phase_seconds(name, dev.name, self._layer, self._n, self.position, rows)
+            return Phase(self, name, dev, predicted)
         return Phase(self, name, dev)
 
-    def _add_time(self, phase: str, dev: str, s: float) -> None:
-        if self._call is not None:
+    def _add_time(self, phase: str, dev: str, s: float, replaced: bool = False) -> None:
+        """Measured seconds of (phase, device); replaced: measured inside a predicted phase, so left out."""
+        if replaced:
+            self._replaced += s
+        elif self._call is not None:
             self._call.add_time(phase, dev, s, self._layer)
+
+    def _add_predicted(self, phase: str, dev: str, s: float) -> None:
+        if self._call is not None:
+            self._call.add_predicted(phase, dev, s, self._layer)
 
     def _name(self, name: str) -> str:
         if name not in self.weights and name == "output.weight":   # tied to the embedding

@@ -21,7 +21,10 @@ under uniform routing, else from a trace of selection counts):
   * no overlap: ggml_backend_sched runs a graph's splits one after another, so CPU and GPU times add.
 
 A plan's GPU i (sim:i or cuda:i) is the hardware's GPU i. `Prediction.parts` keeps every term, so a table
-can say what bounds each part. Expert placement is read per layer as "which experts of each tensor live on
+can say what bounds each part. The terms come from `CostModel` (one plan on one machine: a stage of a layer
+on a device for B tokens); its stages are moert's phases (attention, router, ffn, experts, output), so the
+virtual clock (moert/vclock.py) charges a real forward's phases with the same terms.
+Expert placement is read per layer as "which experts of each tensor live on
 which device" (`expert_sets`), so plans that place expert ranges plug in without changing the model.
 """
 
@@ -41,10 +44,13 @@ from moert.hardware import Hardware
 
 POLICIES = ("llama.cpp", "ik_llama.cpp", "none")
 OFFLOAD_MIN_BATCH = 32                       # ggml-cuda.cu: get_op_batch_size(op) >= 32
-_EXPERT = re.compile(r"\.ffn_(up|down|gate|gate_up)_(ch|)exps\.weight$")
+_EXPERT = re.compile(r"\.ffn_(up|down|gate|gate_up)_(ch|)exps\.(weight|bias)$")   # gpt-oss: per-expert biases
 _LAYER = re.compile(r"^blk\.(\d+)\.")
-# ops (graph nodes) per stage beyond its matmuls: norms, RoPE, KV copies, softmax/top-k, activations, adds
-_EXTRA_OPS = {"attention": 8, "ffn": 5, "experts": 4}
+_ROUTER = re.compile(r"\.(ffn_gate_inp|exp_probs_b)\.")
+# ops (graph nodes) per stage beyond its matmuls: norms, RoPE, KV copies, softmax/top-k, activations, adds.
+# The stages are moert's phases (moert/stats.py): "router" is the MoE block's norm and gate, "ffn" a dense FFN
+# or shared expert.
+_EXTRA_OPS = {"attention": 8, "router": 5, "ffn": 3, "experts": 4}
 
 
 @dataclass(frozen=True)
@@ -165,22 +171,22 @@ def predict(plan, hardware: Hardware, n_prompt: int = 512, n_gen: int = 128, dep
         raise PlacementError(f"the plan puts tensors on {', '.join(sorted(used))} but {hardware.name} has "
                              f"{len(hardware.gpus)} GPU(s); plan with gpu_memory={hardware.gpu_memory()} "
                              f"(or gpu_layers=0 for a CPU-only machine)")
-    m = _Shape(plan, kv_bytes, experts)
+    cost = CostModel(plan, hardware, threads, act_quant=act_quant, kv_bytes=kv_bytes, experts=experts)
+    m = cost.shape
     q = _selection(plan.metadata, trace, m.n_layer)
-    ctx = dict(hw=hardware, threads=threads or hardware.cpu.cores, act_quant=act_quant, policy=policy)
     parts: list[Part] = []
     mean_kv = depth + n_gen / 2                          # decode cost is linear in n_kv: the mean is exact
-    parts += _forward(plan, m, q, 1, mean_kv, "decode", ctx)
+    parts += _forward(cost, q, 1, mean_kv, "decode", policy)
     prefill_s = 0.0
     for start in range(0, n_prompt, n_ubatch):
         B = min(n_ubatch, n_prompt - start)
-        ub = _forward(plan, m, q, B, depth + start + B / 2, "prefill", ctx)
+        ub = _forward(cost, q, B, depth + start + B / 2, "prefill", policy)
         parts += ub
         prefill_s += sum(p.seconds for p in ub)
     decode_s = sum(p.seconds for p in parts if p.phase == "decode")
     memory = _gpu_memory(plan, m, hardware, n_ctx or depth + n_prompt + n_gen, n_ubatch)
     settings = dict(hardware=hardware.name, n_prompt=n_prompt, n_gen=n_gen, depth=depth, policy=policy,
-                    threads=ctx["threads"], n_ubatch=n_ubatch, kv_bytes=kv_bytes, trace=trace is not None,
+                    threads=cost.threads, n_ubatch=n_ubatch, kv_bytes=kv_bytes, trace=trace is not None,
                     overlap="none (splits run in order)")
     return Prediction(1.0 / decode_s if decode_s else math.inf, n_prompt / prefill_s if prefill_s else 0.0,
                       decode_s, prefill_s, parts, all(v["need"] <= v["capacity"] for v in memory.values()),
@@ -221,8 +227,14 @@ class _Shape:
             if not mt:
                 self.io.append(e)
             elif ".nextn." not in e.name and int(mt.group(1)) < self.n_layer:
-                stage = "experts" if _EXPERT.search(e.name) else ("attention" if "attn" in e.name else "ffn")
+                stage = ("experts" if _EXPERT.search(e.name) else "attention" if "attn" in e.name
+                         else "router" if _ROUTER.search(e.name) else "ffn")
                 self.layers[int(mt.group(1))][stage].append(e)
+        for st in self.layers:                  # a MoE block's norm (1-D tensors) goes with its router
+            if st["router"]:
+                st["router"] += [e for e in st["ffn"] if len(e.shape) == 1]
+                st["ffn"] = [e for e in st["ffn"] if len(e.shape) > 1]
+        self.outputs = [e for e in self.io if not e.name.startswith("token_embd")]   # output_norm, output
         self.experts = {**expert_sets(plan), **(experts or {})}
         for name, sets in self.experts.items():
             n = plan.pieces(name)[0].shape[0]
@@ -239,19 +251,19 @@ def _dev(dev: str) -> str:
     return "cpu" if dev == "cpu" else f"gpu{_gpu_index(dev)}"
 
 
-def _time(dev: str, items, ops: float, ctx, batch: int) -> tuple[float, str]:
+def _time(dev: str, items, ops: float, cost: CostModel, batch: int) -> tuple[float, str]:
     """Seconds and bound of `items` [(GGML type, bytes read, FLOPs[, tokens per matmul]), ...] and `ops` ops
     on `dev` (plan name); tokens per matmul defaults to the batch (experts see fewer: B K / E each)."""
-    hw = ctx["hw"]
+    hw = cost.hw
     nbytes = sum(i[1] for i in items)
     if dev == "cpu":
-        cpu, n = hw.cpu, ctx["threads"]
+        cpu, n, aq = hw.cpu, cost.threads, cost.act_quant
         if batch == 1:                       # a kernel's streaming rate per type (or DRAM when not measured)
-            t_mem = sum(i[1] / (1e9 * cpu.matvec_gbs(i[0], n, ctx["act_quant"])) for i in items)
+            t_mem = sum(i[1] / (1e9 * cpu.matvec_gbs(i[0], n, aq)) for i in items)
             t_cmp = 0.0
         else:
             t_mem = nbytes / (1e9 * cpu.read_gbs(n))
-            t_cmp = sum(i[2] / (1e9 * cpu.matmul_gflops(i[0], n, ctx["act_quant"], i[3] if len(i) > 3 else batch))
+            t_cmp = sum(i[2] / (1e9 * cpu.matmul_gflops(i[0], n, aq, i[3] if len(i) > 3 else batch))
                         for i in items)
         t_fix = 0.0 if cpu.layer_us else ops * cpu.call_us * 1e-6
         bound = "kernel" if batch == 1 and t_mem > 1.05 * nbytes / (1e9 * cpu.read_gbs(n)) else "memory"
@@ -273,16 +285,55 @@ def _items(ents, B: int) -> list[tuple[str, float, float]]:
     return [(e.type, float(e.nbytes), 2.0 * B * _elements(e)) for e in ents]
 
 
-def _forward(plan, m: _Shape, q: np.ndarray, B: int, n_kv: float, phase: str, ctx) -> list[Part]:
+class CostModel:
+    """The model's terms for one plan on one machine. predict() sums them over llama-bench's tests; the virtual
+    clock (moert/vclock.py) charges the same terms as a real forward on sim GPUs runs, so the two agree."""
+
+    def __init__(self, plan, hardware: Hardware, threads: int | None = None, *, act_quant: str | None = None,
+                 kv_bytes: int = 2, experts: dict | None = None):
+        self.plan, self.hw, self.act_quant = plan, hardware, act_quant
+        self.threads = threads or hardware.cpu.cores
+        self.shape = _Shape(plan, kv_bytes, experts)
+
+    def part(self, phase: str, dev: str, layer, stage: str, items, ops: float, B: int) -> Part:
+        """One term: `items` [(type, bytes, FLOPs[, tokens per matmul])] and `ops` ops on dev (plan name) in a
+        forward of B tokens."""
+        s, bound = _time(dev, items, ops, self, B)
+        return Part(phase, _dev(dev), layer, stage, sum(i[1] for i in items), sum(i[2] for i in items), ops, s,
+                    bound)
+
+    def stage(self, phase: str, dev: str, layer, stage: str, items, matmuls: int, B: int, used: float = 1.0) -> Part:
+        """A stage's term: its matmuls plus the stage's other ops (norms, RoPE, top-k, adds); `used`: the chance
+        it runs at all (a device's experts a batch may not select)."""
+        return self.part(phase, dev, layer, stage, items, (matmuls + _EXTRA_OPS[stage]) * used, B)
+
+    def dense(self, phase: str, dev: str, layer: int, stage: str, ents, B: int) -> Part:
+        """Dense tensors `ents` of a stage ("attention", "router", "ffn") applied to B tokens on dev."""
+        return self.stage(phase, dev, layer, stage, _items(ents, B), sum(len(e.shape) >= 2 for e in ents), B)
+
+    def kv(self, phase: str, dev: str, layer: int, B: int, n_kv: float) -> Part:
+        """B queries attending to n_kv cached positions (the mean over the batch): the KV read and its FLOPs."""
+        m = self.shape
+        return self.part(phase, dev, layer, "attention", [("KV", n_kv * m.Hkv * m.kv_width * m.kv_bytes,
+                                                           2.0 * B * n_kv * m.H * (m.Dk + m.Dv))], 2, B)
+
+    def output(self, phase: str, dev: str, ents, rows: int, B: int) -> Part:
+        """The final norm and output projection of `rows` positions on dev."""
+        return self.part(phase, dev, None, "output", _items(ents, rows), len(ents) + 1, B)
+
+    def expert_load(self, layer: int, B: int, q: np.ndarray | None = None,
+                    counts: np.ndarray | None = None) -> dict[str, tuple]:
+        """Per device holding some of layer's experts: ([(type, bytes of the experts read, FLOPs, tokens per
+        expert)], chance the batch uses the device at all), from q (E,) the chance a token selects each expert
+        (expected), or counts (E,) a batch's actual selections."""
+        return _expert_load(self.shape.layers[layer]["experts"], self.shape, B, q, counts)
+
+
+def _forward(cost: CostModel, q: np.ndarray, B: int, n_kv: float, phase: str, policy: str) -> list[Part]:
     """The parts of one forward of B tokens with n_kv positions in the cache (mean over the batch)."""
-    hw, parts = ctx["hw"], []
+    plan, m, hw, parts = cost.plan, cost.shape, cost.hw, []
     link, act = hw.link, B * m.D * 4                                   # activations: B x D float32
     gpu = plan.devices[0].name if plan.devices and hw.gpus else None     # where op offload runs CPU weights
-
-    def add(dev, layer, stage, items, ops):
-        s, bound = _time(dev, items, ops, ctx, B)
-        parts.append(Part(phase, _dev(dev), layer, stage, sum(i[1] for i in items), sum(i[2] for i in items),
-                          ops, s, bound))
 
     def hop(layer, nbytes, copies=1.0, stage="transfer"):
         """`copies` moves of `nbytes` each (fractional: the chance the move happens)."""
@@ -293,9 +344,9 @@ def _forward(plan, m: _Shape, q: np.ndarray, B: int, n_kv: float, phase: str, ct
                               "latency" if lat > s - lat else "bandwidth"))
 
     def offloads(is_moe: bool) -> bool:
-        if gpu is None or ctx["policy"] == "none" or B < OFFLOAD_MIN_BATCH:
+        if gpu is None or policy == "none" or B < OFFLOAD_MIN_BATCH:
             return False
-        return not (is_moe and ctx["policy"] == "ik_llama.cpp" and B < OFFLOAD_MIN_BATCH * m.E / max(m.K, 1))
+        return not (is_moe and policy == "ik_llama.cpp" and B < OFFLOAD_MIN_BATCH * m.E / max(m.K, 1))
 
     where = "cpu"                                                       # token_embd rows are looked up on the CPU
     for il in range(m.n_layer):
@@ -304,36 +355,32 @@ def _forward(plan, m: _Shape, q: np.ndarray, B: int, n_kv: float, phase: str, ct
         if home != where:
             hop(il, act)
         where = home
-        # weights: attention projections, then norms / router / dense FFN / shared experts ("ffn")
-        for stage in ("attention", "ffn"):
+        # weights: attention projections, the MoE block's norm and router, a dense FFN or shared experts
+        for stage in ("attention", "router", "ffn"):
             for dev, ents in _by_device(st[stage]).items():
-                ops = sum(len(e.shape) >= 2 for e in ents) + _EXTRA_OPS[stage]
                 run_on = gpu if dev == "cpu" and offloads(False) else dev   # op offload: copy, run on the GPU
                 if run_on != dev:
                     hop(il, sum(e.nbytes for e in ents), stage="offload")
                 if run_on != home:
                     hop(il, act, 2.0)
-                add(run_on, il, stage, _items(ents, B), ops)
+                parts.append(cost.dense(phase, run_on, il, stage, ents, B))
             if stage == "attention":                                    # the attention itself, where KV lives
-                add(home, il, "attention", [("KV", n_kv * m.Hkv * m.kv_width * m.kv_bytes,
-                                              2.0 * B * n_kv * m.H * (m.Dk + m.Dv))], 2)
+                parts.append(cost.kv(phase, home, il, B, n_kv))
         # experts: per device, the selected experts' bytes and the FLOPs of the token-expert pairs there
-        for dev, (items, p_used) in _expert_load(st["experts"], m, q[il], B).items():
-            ops = len(items) + _EXTRA_OPS["experts"]
+        for dev, (items, p_used) in cost.expert_load(il, B, q[il]).items():
             run_on = gpu if dev == "cpu" and offloads(True) else dev   # only the used experts are copied
             if run_on != dev:
                 hop(il, sum(i[1] for i in items), stage="offload")
             if run_on != home:
                 hop(il, act, 2.0 * p_used)
-            add(run_on, il, "experts", items, ops * p_used)
+            parts.append(cost.stage(phase, run_on, il, "experts", items, len(items), B, p_used))
         if _layer_on_cpu(st) and hw.cpu.layer_us:
             parts.append(Part(phase, "cpu", il, "overhead", 0, 0, 1, hw.cpu.layer_us * 1e-6, "overhead"))
-    outs = [e for e in m.io if not e.name.startswith("token_embd")]
-    for dev, ents in _by_device(outs).items():
+    for dev, ents in _by_device(m.outputs).items():
         if dev != where:
             hop(None, act)
         rows = 1                                                         # llama-bench keeps the last logits only
-        add(dev, None, "output", _items(ents, rows), len(ents) + 1)
+        parts.append(cost.output(phase, dev, ents, rows, B))
         if dev != "cpu":
             hop(None, rows * _elements(ents[-1]) / m.D * 4)             # logits back to the host
     if hw.cpu.token_us:
@@ -357,20 +404,25 @@ def _elements(e) -> int:
     return int(np.prod(e.shape, dtype=np.int64))
 
 
-def _expert_load(entries, m: _Shape, q: np.ndarray, B: int) -> dict[str, tuple]:
-    """device -> ([(type, bytes of the distinct experts read, FLOPs)], chance any expert there is used)."""
+def _expert_load(entries, m: _Shape, B: int, q: np.ndarray | None, counts: np.ndarray | None) -> dict[str, tuple]:
+    """device -> ([(type, bytes of the distinct experts read, FLOPs, tokens per expert)], chance any expert there
+    is used), expected from q (E,) or, given a batch's selection counts (E,), what it did select."""
     out: dict[str, list] = {}
     for e in entries:
         per_expert_bytes, per_expert_el = e.nbytes / e.shape[0], _elements(e) / e.shape[0]
         for dev, experts in m.experts[e.name].items():
-            qe = q[list(experts)]                                      # (experts on dev,)
-            distinct = float(np.sum(1.0 - (1.0 - qe) ** B))           # experts of this set a batch touches
-            pairs = B * float(qe.sum())                                # token-expert pairs computed here
-            if np.allclose(qe, m.K / max(m.E, 1)):    # uniform: a token picks K distinct experts of E
-                none = math.comb(m.E - len(experts), m.K) / math.comb(m.E, m.K)
-            else:                                      # a trace: picks taken as independent
-                none = float(np.prod(1.0 - qe))
-            p_used = 1.0 - none ** B                   # the chance the batch needs this device at all
+            if counts is not None:                    # what a batch did: its distinct experts and pairs here
+                c = np.asarray(counts)[list(experts)]
+                distinct, pairs, p_used = float(np.count_nonzero(c)), float(c.sum()), float(c.sum() > 0)
+            else:
+                qe = q[list(experts)]                                      # (experts on dev,)
+                distinct = float(np.sum(1.0 - (1.0 - qe) ** B))           # experts of this set a batch touches
+                pairs = B * float(qe.sum())                                # token-expert pairs computed here
+                if np.allclose(qe, m.K / max(m.E, 1)):    # uniform: a token picks K distinct experts of E
+                    none = math.comb(m.E - len(experts), m.K) / math.comb(m.E, m.K)
+                else:                                      # a trace: picks taken as independent
+                    none = float(np.prod(1.0 - qe))
+                p_used = 1.0 - none ** B                   # the chance the batch needs this device at all
             acc = out.setdefault(dev, [[], 0.0])
             acc[0].append((e.type, distinct * per_expert_bytes, 2.0 * pairs * per_expert_el,
                            pairs / distinct if distinct else B))   # tokens each used expert multiplies
@@ -414,4 +466,4 @@ class _CallableModule(types.ModuleType):
 
 sys.modules[__name__].__class__ = _CallableModule
 
-__all__ = ["POLICIES", "Part", "Prediction", "expert_sets", "gpu_memory", "predict"]
+__all__ = ["POLICIES", "CostModel", "Part", "Prediction", "expert_sets", "gpu_memory", "predict"]

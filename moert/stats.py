@@ -4,6 +4,11 @@
     ModelStats   `last` (the latest call), `total` (every call since load or reset()), and `prefill` /
                  `decode` (the calls of several tokens / of one); `to_dict()` for --json
     Phase        `with m.phase("attention", dev):` the timer the architecture files use
+
+With a virtual clock (`moert.load(..., hardware=hw)`, moert/vclock.py) the times of sim GPUs and of transfers
+to and from them are the cost model's predictions for that hardware, not NumPy's; CPU times stay measured.
+`Stats.predicted` names the (phase, device) cells that are predicted, `predicted_seconds` their share of
+`seconds`.
 """
 
 from __future__ import annotations
@@ -32,6 +37,9 @@ class Stats:
     transfers: dict[str, TransferStats] = field(default_factory=dict)  # device -> its counted transfers
     expert_counts: np.ndarray = None    # (n_layer, n_expert) int64: how often each expert was selected
     layer_time: np.ndarray = None       # (n_layer, len(PHASES)) seconds per layer and phase
+    hardware: str = ""                  # the virtual clock's hardware ("": every time is measured)
+    predicted_seconds: float = 0.0      # of `seconds`: the virtual clock's (sim GPUs and their transfers)
+    predicted: set = field(default_factory=set)   # (phase, device) cells of `time` that are predicted
 
     def __post_init__(self):
         if self.expert_counts is None:
@@ -45,10 +53,19 @@ class Stats:
         if layer is not None and phase in _PHASE_INDEX:
             self.layer_time[layer, _PHASE_INDEX[phase]] += seconds
 
+    def add_predicted(self, phase: str, device: str, seconds: float, layer: int | None = None) -> None:
+        """Time the virtual clock predicts for (phase, device)."""
+        self.add_time(phase, device, seconds, layer)
+        self.predicted.add((phase, device))
+        self.predicted_seconds += seconds
+
     def __iadd__(self, other: Stats) -> Stats:
         self.calls += other.calls
         self.tokens += other.tokens
         self.seconds += other.seconds
+        self.hardware = other.hardware or self.hardware
+        self.predicted_seconds += other.predicted_seconds
+        self.predicted |= other.predicted
         for phase, per_dev in other.time.items():
             for dev, s in per_dev.items():
                 self.add_time(phase, dev, s)
@@ -60,8 +77,9 @@ class Stats:
 
     def to_dict(self) -> dict:
         """Plain data for --json: per phase and device (ms), transfers per device and direction, expert
-        counts (n_layer x n_expert), and per layer the ms of each phase."""
-        return {
+        counts (n_layer x n_expert), and per layer the ms of each phase. With a virtual clock, "clock" says
+        which cells of time_ms are predicted for which hardware and how much of ms is predicted."""
+        out = {
             "calls": self.calls, "tokens": self.tokens, "ms": self.seconds * 1e3,
             "tokens_per_s": self.tokens / self.seconds if self.seconds else None,
             "time_ms": {p: {d: s * 1e3 for d, s in sorted(per.items())} for p, per in self.time.items()},
@@ -70,6 +88,13 @@ class Stats:
             "layer_time_ms": {p: (self.layer_time[:, i] * 1e3).round(4).tolist() for i, p in enumerate(PHASES)
                               if self.layer_time[:, i].any()},
         }
+        if self.hardware:
+            out["clock"] = {"hardware": self.hardware, "predicted_ms": self.predicted_seconds * 1e3,
+                            "measured_ms": (self.seconds - self.predicted_seconds) * 1e3,
+                            "predicted": sorted(f"{p} {d}" for p, d in self.predicted),
+                            "note": "time_ms cells listed in 'predicted' are the cost model's for this hardware "
+                                    "(sim GPUs and their transfers); every other time is measured here"}
+        return out
 
     @property
     def transfer_bytes(self) -> int:
@@ -84,11 +109,15 @@ class Stats:
 
     def __str__(self) -> str:
         tps = self.tokens / self.seconds if self.seconds else 0.0
-        lines = [f"{self.calls} call(s), {self.tokens} tokens, {self.seconds * 1e3:.1f} ms ({tps:.1f} tok/s)",
-                 f"{'phase':<10} {'device':<14} {'ms':>10}"]
+        lines = [f"{self.calls} call(s), {self.tokens} tokens, {self.seconds * 1e3:.1f} ms ({tps:.1f} tok/s)"]
+        if self.hardware:
+            lines[0] += (f": {self.predicted_seconds * 1e3:.1f} ms predicted for {self.hardware}'s GPU and link, "
+                         f"{(self.seconds - self.predicted_seconds) * 1e3:.1f} ms measured here")
+        lines.append(f"{'phase':<10} {'device':<14} {'ms':>10}" + ("  clock" if self.hardware else ""))
         for phase in PHASES:
             for dev, s in sorted(self.time.get(phase, {}).items()):
-                lines.append(f"{phase:<10} {dev:<14} {s * 1e3:>10.2f}")
+                clock = ("  predicted" if (phase, dev) in self.predicted else "  measured") if self.hardware else ""
+                lines.append(f"{phase:<10} {dev:<14} {s * 1e3:>10.2f}{clock}")
         lines.append(f"{'device':<8} {'h2d n':>6} {'h2d bytes':>12} {'d2h n':>6} {'d2h bytes':>12} "
                      f"{'d2d n':>6} {'d2d bytes':>12}")
         for dev, t in sorted(self.transfers.items()):
@@ -135,19 +164,20 @@ class ModelStats:
 
 class Phase:
     """Model.phase's context manager: time inside goes to (phase, device) in the model's current call;
-    nested phases pause the outer one (a class: a generator-based one costs microseconds per layer)."""
+    nested phases pause the outer one (a class: a generator-based one costs microseconds per layer).
+    predicted: the virtual clock's seconds for this phase, counted instead of the time measured inside."""
 
-    __slots__ = ("m", "name", "dev")
+    __slots__ = ("m", "name", "dev", "predicted")
 
-    def __init__(self, m, name: str, dev: Device | str):
-        self.m, self.name, self.dev = m, name, dev
+    def __init__(self, m, name: str, dev: Device | str, predicted: float | None = None):
+        self.m, self.name, self.dev, self.predicted = m, name, dev, predicted
 
     def __enter__(self) -> None:
         m, now = self.m, time.perf_counter()
         if m._phases:
             outer = m._phases[-1]
-            m._add_time(outer[0], outer[1], now - outer[2])
-        m._phases.append([self.name, self.dev if isinstance(self.dev, str) else self.dev.name, now])
+            m._add_time(outer[0], outer[1], now - outer[2], outer[3] is not None)
+        m._phases.append([self.name, self.dev if isinstance(self.dev, str) else self.dev.name, now, self.predicted])
 
     def __exit__(self, *exc) -> None:
         m = self.m
@@ -155,6 +185,8 @@ class Phase:
             self.dev.synchronize()
         now = time.perf_counter()
         p = m._phases.pop()
-        m._add_time(p[0], p[1], now - p[2])
+        m._add_time(p[0], p[1], now - p[2], p[3] is not None)
+        if p[3] is not None:
+            m._add_predicted(p[0], p[1], p[3])
         if m._phases:
             m._phases[-1][2] = now

@@ -36,7 +36,9 @@ BASE_MODELS = [HERE / "fixtures" / "qwen3moe" / "l2_e4_k2_gqa2_q4km.gguf",
                HERE / "fixtures" / "gemma3" / "tiny_swa.gguf",
                HERE / "fixtures" / "arch" / "qwen2moe.gguf",
                HERE / "fixtures" / "arch" / "olmoe.gguf",
-               HERE / "fixtures" / "arch" / "llama.gguf"]
+               HERE / "fixtures" / "arch" / "llama.gguf",
+               HERE / "fixtures" / "arch" / "deepseek2.gguf",
+               HERE / "fixtures" / "arch" / "deepseek2-lite.gguf"]
 
 # ------------------------------------------------------------------------------------------ a GGUF as data
 

@@ -1,7 +1,12 @@
-"""Hostile GGUF files: hand-made corruptions and a mutation fuzzer. Only GGUFError may escape."""
+"""Hostile GGUF files: hand-made corruptions and a mutation fuzzer. Only GGUFError may escape.
+
+The suite runs 2000 mutations (derandomized: the same ones every run); a long run:
+    MOERT_FUZZ_EXAMPLES=50000 MOERT_FUZZ_RANDOM=1 pytest tests/test_gguf_robustness.py -k mutation
+"""
 
 from __future__ import annotations
 
+import os
 import struct
 
 import numpy as np
@@ -153,8 +158,9 @@ def _touch_everything(f):
             assert f.dequantize(name).shape == t.shape
 
 
-@settings(max_examples=4000, deadline=2000, suppress_health_check=[HealthCheck.function_scoped_fixture],
-          derandomize=True)
+@settings(max_examples=int(os.environ.get("MOERT_FUZZ_EXAMPLES", 2000)), deadline=2000,
+          suppress_health_check=[HealthCheck.function_scoped_fixture],
+          derandomize=not os.environ.get("MOERT_FUZZ_RANDOM"))
 @given(data=st.data())
 def test_mutation_fuzzer(tmp_path, small_valid, data):
     blob, data_offset, _ = small_valid

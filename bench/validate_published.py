@@ -1,0 +1,281 @@
+"""moert.predict against published llama.cpp / ik_llama.cpp figures with MoE experts on the CPU (bench/published.json).
+
+    python bench/validate_published.py [--json [OUT]] [--only ID] [--calibrate ID,ID] [--loo]
+
+For each entry: the zoo twin of its model, the hardware preset of its parts (a stated stand-in where the source
+names no GPU or CPU), the placement its flags describe (--cpu-moe, --n-cpu-moe N, -ot exps=CPU, or all on the
+GPU), and its test (prompt length, u-batch, generated tokens, depth; ik_llama.cpp's offload rule for its
+entries). Ends in one table: measured, predicted with the efficiencies as shipped in moert/hardware.py,
+predicted after calibration, and the errors, then:
+
+  * the geometric mean of |error| over the counted figures, exp(mean |ln(predicted / measured)|) - 1, for
+    every figure, for those the calibration did not see, and split by prefill and decode;
+  * calibration: two factors fitted on the --calibrate entries (default: the two ik_llama.cpp entries, the
+    only ones with a u-batch-exact prompt figure): one scales every CPU's bw_efficiency (decode), one the
+    GPUs' compute_efficiency and the link's efficiency together (prefill), each chosen so that the fitted
+    entries' errors have a geometric mean ratio of 1;
+  * --loo: each counted entry predicted with the factors fitted on all the other counted entries;
+  * ranking: for every two placements measured on the same box ('pair'), whether the prediction orders them
+    as the measurement does (pairs closer than 5% in the measurement are noise and skipped).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import sys
+import warnings
+from dataclasses import replace
+from functools import cache
+from pathlib import Path
+
+import moert
+from moert import hardware, zoo
+
+HERE = Path(__file__).resolve().parent
+DEFAULT_CALIBRATE = ("ik829-gptoss120b-4080-5975wx", "ik841-gptoss20b-4080-7950x")
+NOISE = 0.05                                   # measured differences below this do not rank two placements
+
+
+def load(path: Path = HERE / "published.json") -> list[dict]:
+    """The entries of published.json."""
+    with open(path) as f:
+        return json.load(f)["entries"]
+
+
+def machine(e: dict) -> moert.Hardware:
+    """The preset of an entry's parts, stand-ins where the source names none."""
+    h = e["hardware"]
+    gpu, cpu = h.get("gpu") or h.get("stand_in_gpu"), h.get("cpu") or h.get("stand_in_cpu")
+    return hardware.preset(f"{gpu}+{cpu}")
+
+
+def placement(e: dict) -> dict:
+    """moert.plan's keyword arguments for the entry's flags."""
+    p = e["placement"]
+    if p.get("all_gpu"):
+        return {}
+    if p.get("cpu_moe"):
+        return {"cpu_moe": True}
+    if "n_cpu_moe" in p:
+        return {"n_cpu_moe": p["n_cpu_moe"]}
+    return {"overrides": p["overrides"]}
+
+
+def scaled(hw: moert.Hardware, cpu: float = 1.0, gpu: float = 1.0) -> moert.Hardware:
+    """hw with every CPU bw_efficiency times `cpu` and the GPUs' compute and link efficiency times `gpu` (<= 1)."""
+    c = replace(hw.cpu, bw_efficiency=min(1.0, hw.cpu.bw_efficiency * cpu))
+    gs = tuple(replace(g, compute_efficiency=min(1.0, g.compute_efficiency * gpu)) for g in hw.gpus)
+    link = replace(hw.link, efficiency=min(1.0, hw.link.efficiency * gpu)) if hw.link else None
+    return replace(hw, cpu=c, gpus=gs, link=link)
+
+
+def predict(e: dict, cpu: float = 1.0, gpu: float = 1.0) -> dict:
+    """Predicted prompt and generation tok/s of an entry (None where the entry has no figure to compare)."""
+    hw = scaled(machine(e), cpu, gpu)
+    t = e["test"]
+    plan = _plan(e["model"], tuple(hw.gpu_memory()), tuple(placement(e).items()))
+    r = moert.predict(plan, hw, n_prompt=t.get("n_prompt") or 0, n_gen=t.get("n_gen") or 1, depth=t.get("depth", 0),
+                      n_ubatch=t.get("n_ubatch", 512),
+                      policy="ik_llama.cpp" if e["engine"] == "ik_llama.cpp" else "llama.cpp")
+    wanted = e.get("predict", ["prompt", "gen"])
+    return {"prompt": r.prefill_tok_s if e.get("prompt_tok_s") and "prompt" in wanted else None,
+            "gen": r.decode_tok_s if e.get("gen_tok_s") and "gen" in wanted else None,
+            "bound": {"prompt": r.bound("prefill"), "gen": r.bound("decode")}, "fits": r.fits}
+
+
+@cache
+def _plan(model: str, gpu_memory: tuple, kw: tuple):
+    """The entry's placement of the model's zoo twin on sim GPUs of the hardware's sizes (made once)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return moert.plan(zoo.path(model), gpu_backend="sim", gpu_memory=list(gpu_memory), gpu_layers="all",
+                          **dict(kw))
+
+
+def log_err(pred: float | None, meas: float | None) -> float | None:
+    return math.log(pred / meas) if pred and meas else None
+
+
+def geomean_abs(logs: list[float]) -> float | None:
+    """exp(mean |ln(predicted / measured)|) - 1: the typical error, either way."""
+    return math.exp(sum(abs(x) for x in logs) / len(logs)) - 1 if logs else None
+
+
+def fit(entries: list[dict], metric: str, key: str) -> float:
+    """The factor (cpu or gpu) that makes the entries' mean log error on `metric` zero (bisection in log space)."""
+    def mean_err(f: float) -> float:
+        errs = [log_err(predict(e, **{key: f})[metric], e[f"{metric}_tok_s"]) for e in entries]
+        errs = [x for x in errs if x is not None]
+        return sum(errs) / len(errs) if errs else 0.0
+    lo, hi = math.log(0.25), math.log(4.0)
+    if mean_err(math.exp(lo)) * mean_err(math.exp(hi)) > 0:       # no root in range: the nearer end
+        return math.exp(lo if abs(mean_err(math.exp(lo))) < abs(mean_err(math.exp(hi))) else hi)
+    for _ in range(16):                                          # ln 16 / 2^16: 0.004%
+        mid = (lo + hi) / 2
+        if (mean_err(math.exp(mid)) > 0) == (mean_err(math.exp(lo)) > 0):
+            lo = mid
+        else:
+            hi = mid
+    return math.exp((lo + hi) / 2)
+
+
+def factors(cal: list[dict]) -> tuple[float, float]:
+    """(cpu, gpu) factors fitted on the entries `cal` (1.0 where they have no figure of that kind)."""
+    f_cpu = fit(cal, "gen", "cpu") if any(e.get("gen_tok_s") for e in cal) else 1.0
+    f_gpu = fit(cal, "prompt", "gpu") if any(e.get("prompt_tok_s") for e in cal) else 1.0
+    return f_cpu, f_gpu
+
+
+def leave_one_out(entries: list[dict]) -> dict:
+    """Each counted entry predicted with the factors fitted on all the other counted entries."""
+    counted = [e for e in entries if e["use"] == "error"]
+    logs: dict[str, list[float]] = {"prompt": [], "gen": []}
+    per = {}
+    for e in counted:
+        f_cpu, f_gpu = factors([o for o in counted if o is not e])
+        p = predict(e, f_cpu, f_gpu)
+        per[e["id"]] = {"factors": [f_cpu, f_gpu]}
+        for m in ("prompt", "gen"):
+            x = log_err(p[m], e.get(f"{m}_tok_s"))
+            per[e["id"]][m] = math.expm1(x) if x is not None else None
+            if x is not None:
+                logs[m].append(x)
+    return {"per_entry": per, "geomean_abs_error": {m: geomean_abs(v) for m, v in logs.items()},
+            "geomean_abs_error_all": geomean_abs(logs["prompt"] + logs["gen"]), "n": sum(map(len, logs.values()))}
+
+
+def run(entries: list[dict], calibrate: tuple[str, ...], loo: bool = False) -> dict:
+    """Predictions, errors, calibration and ranking for the entries (loo: also leave-one-out errors)."""
+    f_cpu, f_gpu = factors([e for e in entries if e["id"] in calibrate and e["use"] == "error"])
+    rows = []
+    for e in entries:
+        p0, p1 = predict(e), predict(e, f_cpu, f_gpu)
+        row = {"id": e["id"], "use": e["use"], "calibration": e["id"] in calibrate, "model": e["model"],
+               "hardware": machine(e).name, "flags": e["flags"], "engine": e["engine"], "pair": e.get("pair"),
+               "bound": p0["bound"], "fits": p0["fits"]}
+        for m in ("prompt", "gen"):
+            meas = e.get(f"{m}_tok_s")
+            row[m] = {"measured": meas, "predicted": p0[m], "calibrated": p1[m],
+                      "error": math.expm1(log_err(p0[m], meas)) if p0[m] and meas else None,
+                      "error_calibrated": math.expm1(log_err(p1[m], meas)) if p1[m] and meas else None}
+        rows.append(row)
+    return {"calibrated_on": list(calibrate), "factors": {"cpu_bw_efficiency_x": f_cpu, "gpu_and_link_x": f_gpu},
+            "rows": rows, "summary": summary(rows), "ranking": ranking(rows),
+            "leave_one_out": leave_one_out(entries) if loo else None}
+
+
+def summary(rows: list[dict]) -> dict:
+    """Geometric means of |error|, shipped and calibrated, over every counted figure and over held-out ones."""
+    out = {}
+    for label, pick in (("all", lambda r: True), ("held_out", lambda r: not r["calibration"])):
+        for stage, key in (("shipped", "predicted"), ("calibrated", "calibrated")):
+            for ms in (("prompt",), ("gen",), ("prompt", "gen")):
+                logs = [log_err(r[m][key], r[m]["measured"]) for r in rows if r["use"] == "error" and pick(r)
+                        for m in ms]
+                logs = [x for x in logs if x is not None]
+                out[f"{label} {stage} {'+'.join(ms)}"] = {"n": len(logs), "geomean_abs_error": geomean_abs(logs)}
+    return out
+
+
+def ranking(rows: list[dict]) -> list[dict]:
+    """Every two entries of a pair (same box), per figure both measured beyond noise: predicted order right?"""
+    out = []
+    groups: dict[str, list[dict]] = {}
+    for r in rows:
+        if r["pair"] and r["use"] != "excluded":
+            groups.setdefault(r["pair"], []).append(r)
+    for g, rs in groups.items():
+        for i, a in enumerate(rs):
+            for b in rs[i + 1:]:
+                for m in ("prompt", "gen"):
+                    ma, mb, pa, pb = a[m]["measured"], b[m]["measured"], a[m]["predicted"], b[m]["predicted"]
+                    if not (ma and mb and pa and pb) or abs(math.log(ma / mb)) < NOISE:
+                        continue
+                    out.append({"pair": g, "a": a["id"], "b": b["id"], "metric": m, "measured": [ma, mb],
+                                "predicted": [pa, pb], "right": (ma > mb) == (pa > pb)})
+    return out
+
+
+def _f(x: float | None, pct: bool = False) -> str:
+    if x is None:
+        return "-"
+    return f"{100 * x:+.0f}%" if pct else (f"{x:,.0f}" if x >= 100 else f"{x:.1f}")
+
+
+def table(res: dict) -> str:
+    """The one table, then the summary lines."""
+    head = (f"{'entry':<38} {'use':<8} {'test':<6} {'measured':>9} {'predicted':>9} {'error':>6} "
+            f"{'calibr.':>8} {'error':>6}  bound (shipped)")
+    lines = [head, "-" * len(head)]
+    for r in res["rows"]:
+        for m, label in (("prompt", "pp"), ("gen", "tg")):
+            c = r[m]
+            if c["measured"] is None:
+                continue
+            use = ("fit" if r["calibration"] else r["use"]) if r["use"] == "error" else r["use"]
+            lines.append(f"{r['id']:<38} {use:<8} {label:<6} {_f(c['measured']):>9} {_f(c['predicted']):>9} "
+                         f"{_f(c['error'], True):>6} {_f(c['calibrated']):>8} {_f(c['error_calibrated'], True):>6}  "
+                         f"{r['bound'][m]}")
+    f = res["factors"]
+    lines += ["", f"calibrated on {', '.join(res['calibrated_on']) or 'nothing'}: CPU bw_efficiency x "
+                  f"{f['cpu_bw_efficiency_x']:.2f}, GPU compute and link efficiency x {f['gpu_and_link_x']:.2f}",
+              "geometric mean of |error| (exp(mean |ln(predicted/measured)|) - 1), figures counted ('error' entries):"]
+    s = res["summary"]
+    for label in ("all", "held_out"):
+        cells = []
+        for stage in ("shipped", "calibrated"):
+            for ms in ("prompt", "gen", "prompt+gen"):
+                v = s[f"{label} {stage} {ms}"]
+                cells.append(f"{stage} {ms.replace('prompt', 'pp').replace('gen', 'tg')} "
+                             f"{_f(v['geomean_abs_error'], True).lstrip('+')} (n={v['n']})")
+        lines.append(f"  {label.replace('_', '-'):<9} " + ", ".join(cells))
+    lo = res.get("leave_one_out")
+    if lo:
+        g = lo["geomean_abs_error"]
+        lines.append(f"  leave-one-out (each counted entry predicted with factors fitted on the others): pp "
+                     f"{_f(g['prompt'], True).lstrip('+')}, tg {_f(g['gen'], True).lstrip('+')}, both "
+                     f"{_f(lo['geomean_abs_error_all'], True).lstrip('+')} (n={lo['n']}); per entry (pp/tg):")
+        lines += [f"    {k:<38} {_f(v['prompt'], True):>6} / {_f(v['gen'], True):>6}   (factors cpu x "
+                  f"{v['factors'][0]:.2f}, gpu x {v['factors'][1]:.2f})" for k, v in lo["per_entry"].items()]
+    rk = res["ranking"]
+    lines.append(f"ranking of placements on the same box (pairs > {NOISE:.0%} apart): "
+                 f"{sum(x['right'] for x in rk)} of {len(rk)} in the measured order")
+    for x in rk:
+        if not x["right"]:
+            lines.append(f"  wrong: {x['a']} vs {x['b']} ({x['metric']}): measured {x['measured'][0]:g} vs "
+                         f"{x['measured'][1]:g}, predicted {x['predicted'][0]:.1f} vs {x['predicted'][1]:.1f}")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, allow_abbrev=False,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--json", nargs="?", const="-", default=None, metavar="OUT",
+                    help="write the results as JSON to OUT (or stdout without OUT) instead of the table")
+    ap.add_argument("--only", default=None, metavar="ID[,ID]", help="only these entries (no calibration unless named)")
+    ap.add_argument("--calibrate", default=",".join(DEFAULT_CALIBRATE), metavar="ID[,ID]",
+                    help="entries to fit the efficiency factors on ('' for none)")
+    ap.add_argument("--loo", action="store_true", help="also leave-one-out: each entry predicted with the factors "
+                    "fitted on all the others (~1 min)")
+    ap.add_argument("--published", default=str(HERE / "published.json"), help=argparse.SUPPRESS)
+    a = ap.parse_args(argv)
+    entries = load(Path(a.published))
+    if a.only:
+        keep = set(a.only.split(","))
+        entries = [e for e in entries if e["id"] in keep]
+    res = run(entries, tuple(x for x in a.calibrate.split(",") if x), loo=a.loo)
+    if a.json == "-":
+        print(json.dumps(res, indent=1))
+    elif a.json:
+        Path(a.json).write_text(json.dumps(res, indent=1))
+    else:
+        print(table(res))
+    return 0
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("MOERT_QUIET", "1")
+    sys.exit(main())

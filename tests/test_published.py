@@ -1,0 +1,56 @@
+"""bench/published.json (public llama.cpp / ik_llama.cpp figures) is well-formed, and its validator runs."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+from moert import hardware, zoo
+
+BENCH = Path(__file__).resolve().parents[1] / "bench"
+
+
+@pytest.fixture(autouse=True)
+def _cache(tmp_path_factory, monkeypatch):
+    monkeypatch.setenv("MOERT_CACHE", str(tmp_path_factory.getbasetemp() / "cache"))
+
+
+def _entries() -> list[dict]:
+    with open(BENCH / "published.json") as f:
+        return json.load(f)["entries"]
+
+
+def test_every_entry_has_a_source_a_quote_and_parts_moert_knows():
+    entries = _entries()
+    assert len(entries) >= 8 and len({e["id"] for e in entries}) == len(entries)
+    for e in entries:
+        assert e["source"].startswith("http") and len(e["quote"]) > 20, e["id"]
+        assert e["engine"] in ("llama.cpp", "ik_llama.cpp") and e["use"] in ("error", "ranking", "excluded")
+        assert e["model"] in zoo.names(), e["id"]
+        assert e.get("prompt_tok_s") or e.get("gen_tok_s"), e["id"]
+        h = e["hardware"]
+        hardware.preset(f"{h.get('gpu') or h['stand_in_gpu']}+{h.get('cpu') or h['stand_in_cpu']}")
+        if e["use"] == "excluded":
+            assert e["why"]
+        for figure in ("prompt_tok_s", "gen_tok_s"):           # every figure is written in its quote
+            if e.get(figure):
+                assert f"{e[figure]:g}" in e["quote"].replace(",", ""), (e["id"], figure)
+    assert sum(e["use"] == "error" for e in entries) >= 5
+    assert any(len([x for x in entries if x.get("pair") == e.get("pair")]) > 1 for e in entries if e.get("pair"))
+
+
+def test_the_validator_predicts_one_entry(tmp_path):
+    sys.path.insert(0, str(BENCH))
+    try:
+        import validate_published
+    finally:
+        sys.path.remove(str(BENCH))
+    out = tmp_path / "v.json"
+    assert validate_published.main(["--only", "ik841-gptoss20b-4080-7950x", "--calibrate", "", "--json", str(out)]) == 0
+    res = json.loads(out.read_text())
+    (row,) = res["rows"]
+    assert row["gen"]["measured"] == 34.01 and row["gen"]["predicted"] > 0 and row["prompt"]["predicted"] > 0
+    assert res["summary"]["all shipped prompt+gen"]["n"] == 2
