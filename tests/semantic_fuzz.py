@@ -38,7 +38,8 @@ BASE_MODELS = [HERE / "fixtures" / "qwen3moe" / "l2_e4_k2_gqa2_q4km.gguf",
                HERE / "fixtures" / "arch" / "olmoe.gguf",
                HERE / "fixtures" / "arch" / "llama.gguf",
                HERE / "fixtures" / "arch" / "deepseek2.gguf",
-               HERE / "fixtures" / "arch" / "deepseek2-lite.gguf"]
+               HERE / "fixtures" / "arch" / "deepseek2-lite.gguf",
+               HERE / "fixtures" / "arch" / "gpt-oss.gguf"]
 
 # ------------------------------------------------------------------------------------------ a GGUF as data
 
