@@ -42,10 +42,10 @@ from moert.kernels import matmul as kmatmul
 from moert.kernels.moe import QTensor
 from moert.kvcache import kv_type
 from moert.layers import rms_norm, rope_angles
+from moert.placement.memory import DEQUANT_CHUNK_ELEMENTS as _CHUNK_ELEMENTS  # bigger: row chunks on a GPU
 from moert.stats import PHASES, ModelStats, Phase, Stats  # noqa: F401  (PHASES, Stats: re-exported)
 from moert.trace import Tracing
 
-_CHUNK_ELEMENTS = 1 << 24  # a dense weight larger than this is dequantized and multiplied in row chunks
 DENSE_CACHE_BYTES = 2 << 30  # default Model.dense_cache_bytes: float32 copies of CPU dense weights kept
 MAX_BATCH = 1 << 16          # n_batch above this only sizes scratch buffers nobody has memory for
 

@@ -18,8 +18,11 @@ shared expert, V vocabulary, s = bytes per KV element, f32 = 4 bytes):
                + 2 * T * X * f32                           router logits and probabilities
                + T * K * (3 * F + E) * f32                 gate, up, activation, expert output (if experts on d)
                + 2 * T * E * f32 + T * (3 * Ff + E) * f32  the same for a dense FFN / shared expert on d
-               + T * V * f32                               logits (if the output layer is on d)
-               + 3 * largest dequantized matrix on d * f32 (one expert of an *_exps tensor, any other tensor
+               + 2 * T * V * f32                           logits (if the output layer is on d), in parts
+                                                           and concatenated
+               + 3 * largest dequantized matrix on d * f32 (one expert of an *_exps tensor; on a GPU a 2-D
+                                                           weight only 2^24 values of it, Model.linear's row
+                                                           chunk; any other tensor
                                                            whole (deepseek2's 3-D attn_k_b / attn_v_b); three copies:
                                                            a dequantized output.weight is alive three times)
     total(d)   = weights + kv + scratch;  on a GPU it must be <= capacity (fit also keeps `margin` free)
@@ -104,6 +107,9 @@ class Estimate:
                                 "total": d.total, "free": d.free} for n, d in self.devices.items()}}
 
 
+DEQUANT_CHUNK_ELEMENTS = 1 << 24   # Model.linear dequantizes a bigger weight on a GPU this many values at a time
+
+
 def metadata_int(md: dict, key: str, default: int = 0) -> int:
     v = md.get(f"{md.get('general.architecture')}.{key}", default)
     return int(max(v) if isinstance(v, (list, tuple)) else v)
@@ -151,8 +157,10 @@ def estimate(plan: Plan, context_size: int, n_batch: int = 512, kv_dtype: Any = 
         if e.type in ("F32", "?") or len(e.shape) < 2:
             continue
         one = len(e.shape) >= 3 and EXPERT_TENSORS.search(e.name)      # experts: dequantized one at a time
-        n = int(np.prod(e.shape[-2:] if one else e.shape, dtype=np.int64)) * F32   # else whole (MLA's attn_k_b)
-        biggest[e.device] = max(biggest.get(e.device, 0), n)
+        n = int(np.prod(e.shape[-2:] if one else e.shape, dtype=np.int64))   # else whole (MLA's attn_k_b)
+        if len(e.shape) == 2 and e.device != "cpu":                     # Model.linear on a GPU: row chunks
+            n = min(e.shape[0], max(1, DEQUANT_CHUNK_ELEMENTS // e.shape[1])) * e.shape[1]
+        biggest[e.device] = max(biggest.get(e.device, 0), n * F32)
     for name, d in devs.items():
         if d.weights == 0 and d.kv == 0:
             continue
@@ -173,7 +181,7 @@ def estimate(plan: Plan, context_size: int, n_batch: int = 512, kv_dtype: Any = 
         if name in ffn_on:
             s += 2 * T * E * F32 + T * (3 * F_ffn + E) * F32
         if name in logits_on:
-            s += T * V * F32
+            s += 2 * T * V * F32                # the logits, in row-chunk parts and concatenated
         s += 3 * biggest.get(name, 0)       # a dequantized matrix, its transpose's product, and a chunk's copy
         d.scratch = s
     return Estimate(n_ctx, n_batch, label, devs)
