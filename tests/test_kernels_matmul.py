@@ -17,6 +17,7 @@ from test_quants import random_tensor
 
 from moert.errors import UnsupportedTypeError
 from moert.kernels import matmul as mm
+from moert.kernels import qblocks
 from moert.kernels.moe import QTensor
 from moert.quants import TYPES, dequantize, quantize
 
@@ -79,7 +80,7 @@ def test_rows_over_a_block_range(name, T):
     b0, b1 = (1, 3) if bs > 1 else (64, 192)
     c0, c1 = b0 * bs, b1 * bs
     out = np.full((T, 23), -7.0, np.float32)
-    serial, _ = mm.kernels_for(mm.TYPE_CODES[name])
+    serial, _ = mm.kernels_for(name)
     serial(mm.raw_rows(w), x, out, 3, 20, b0, b1, mm.table(name))
     dense = dequantize(w.raw, w.type, w.shape)
     want = x[:, c0:c1] @ dense[3:20, c0:c1].T
@@ -92,7 +93,7 @@ def test_f16_conversion_is_numpy_bit_for_bit():
     """The vectorizable fp16 -> float32 bit trick on all 65536 patterns: subnormals, inf, NaN payloads."""
     h = np.arange(1 << 16, dtype=np.uint32).astype(np.uint16)
     buf = np.empty(1 << 16, np.float32)
-    mm._deq_f16(h.view(np.uint8), 0, 1 << 16, buf)
+    qblocks.f16_bits(h.view(np.uint8), 0, 1 << 16, buf)
     np.testing.assert_array_equal(buf.view(np.uint32), h.view(np.float16).astype(np.float32).view(np.uint32))
 
 
