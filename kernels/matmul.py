@@ -37,8 +37,8 @@ from moert.kernels.moe import QTensor
 from moert.quants.dequant import dequantize as _ref_dequantize
 from moert.quants.dequant import lookup
 
-__all__ = ["FAST_TYPES", "TYPES", "Prepared", "kernels_for", "matmul", "matmul_ref", "matvec", "matvec_ref",
-           "weight_bytes"]
+__all__ = ["FAST_TYPES", "TYPES", "Prepared", "PreparedGroup", "group_kernel", "kernels_for", "matmul", "matmul_ref",
+           "matvec", "matvec_ref", "weight_bytes"]
 
 _PARALLEL_MIN_BYTES = 1 << 18   # below this many weight bytes per call, run on the calling thread
 
@@ -84,7 +84,75 @@ def _parallel_q(w, x, out, nb, f16, chunk):
             rows(w, x, xs, out, i * chunk, min(R, (i + 1) * chunk), 0, nb, f16)     # noqa: F821
 
 
+# Three weights that read the same x (q, k, v) in ONE parallel region: a region waits for its slowest
+# thread, so three in a row pay that three times (on 2 shared cores the median q/k/v time halved, measured).
+# Bound per (types, mode) by group_kernel: rows0..2, sums0..2, and QMAX, rows_q0..2 for the quantized modes.
+
+def _group3(x, w0, o0, nb0, f0, w1, o1, nb1, f1, w2, o2, nb2, f2, chunk):
+    """o_k = x @ W_k.T for k < 3: chunks of `chunk` rows of all three weights as one prange."""
+    xs0, xs1, xs2 = sums0(x), sums1(x), sums2(x)                                    # noqa: F821
+    R0, R1, R2 = w0.shape[0], w1.shape[0], w2.shape[0]
+    n0, n1, n2 = (R0 + chunk - 1) // chunk, (R1 + chunk - 1) // chunk, (R2 + chunk - 1) // chunk
+    for i in prange(n0 + n1 + n2):
+        if i < n0:
+            rows0(w0, x, xs0, o0, i * chunk, min(R0, (i + 1) * chunk), 0, nb0, f0)   # noqa: F821
+        elif i < n0 + n1:
+            j = i - n0
+            rows1(w1, x, xs1, o1, j * chunk, min(R1, (j + 1) * chunk), 0, nb1, f1)   # noqa: F821
+        else:
+            j = i - n0 - n1
+            rows2(w2, x, xs2, o2, j * chunk, min(R2, (j + 1) * chunk), 0, nb2, f2)   # noqa: F821
+
+
+def _group3_q(x, w0, o0, nb0, f0, w1, o1, nb1, f1, w2, o2, nb2, f2, chunk):
+    """_group3 with x quantized once for all three where matmul_q.quantized says so."""
+    R0, R1, R2 = w0.shape[0], w1.shape[0], w2.shape[0]
+    n0, n1, n2 = (R0 + chunk - 1) // chunk, (R1 + chunk - 1) // chunk, (R2 + chunk - 1) // chunk
+    if quantized(QMAX, x.shape[0]):                                                 # noqa: F821
+        xq, x8, xd, xb = quantize_rows(x, QMAX)                                     # noqa: F821
+        for i in prange(n0 + n1 + n2):
+            if i < n0:
+                rows_q0(w0, xq, x8, xd, xb, o0, i * chunk, min(R0, (i + 1) * chunk), 0, nb0, f0)   # noqa: F821
+            elif i < n0 + n1:
+                j = i - n0
+                rows_q1(w1, xq, x8, xd, xb, o1, j * chunk, min(R1, (j + 1) * chunk), 0, nb1, f1)   # noqa: F821
+            else:
+                j = i - n0 - n1
+                rows_q2(w2, xq, x8, xd, xb, o2, j * chunk, min(R2, (j + 1) * chunk), 0, nb2, f2)   # noqa: F821
+    else:
+        xs0, xs1, xs2 = sums0(x), sums1(x), sums2(x)                                # noqa: F821
+        for i in prange(n0 + n1 + n2):
+            if i < n0:
+                rows0(w0, x, xs0, o0, i * chunk, min(R0, (i + 1) * chunk), 0, nb0, f0)   # noqa: F821
+            elif i < n0 + n1:
+                j = i - n0
+                rows1(w1, x, xs1, o1, j * chunk, min(R1, (j + 1) * chunk), 0, nb1, f1)   # noqa: F821
+            else:
+                j = i - n0 - n1
+                rows2(w2, x, xs2, o2, j * chunk, min(R2, (j + 1) * chunk), 0, nb2, f2)   # noqa: F821
+
+
 _DRIVERS: dict[tuple[str, int], tuple] = {}
+_GROUPS: dict[tuple[tuple[str, ...], int], object] = {}
+
+
+def group_kernel(type_names: tuple[str, str, str], aq: int = 0):
+    """The one-region kernel of three weights of these types (made on first use), or None when mode aq has
+    quantized kernels for some of the types and not others (their calls would quantize x differently)."""
+    kts = [TYPES[t] for t in type_names]
+    qmax = matmul_q.QMAX[aq] if aq else 0
+    has = [qmax in kt.quant for kt in kts]
+    if aq and any(has) and not all(has):
+        return None
+    aq = aq if all(has) else 0
+    key = (tuple(type_names), aq)
+    if key not in _GROUPS:
+        name = "group_" + "_".join(t.lower() for t in type_names) + (f"_aq{aq}" if aq else "")
+        bound = {f"{k}{i}": v for i, kt in enumerate(kts) for k, v in (("rows", kt.rows), ("sums", kt.sums_of))}
+        if aq:
+            bound.update({f"rows_q{i}": kt.quant[qmax] for i, kt in enumerate(kts)}, QMAX=qmax)
+        _GROUPS[key] = variant(_group3_q if aq else _group3, name, parallel=True, **bound)
+    return _GROUPS[key]
 
 
 def kernels_for(type_name: str, aq: int = 0) -> tuple:
@@ -195,6 +263,36 @@ class Prepared:
         else:
             chunk = max(1, min(64, -(-R // (4 * n))))  # >= 4 chunks a thread, so no thread idles long
             self.parallel(self.raw, x, out, self.nb, self.f16, chunk)
+        return out
+
+
+class PreparedGroup:
+    """Three weights that read the same x (q, k, v), each Prepared, called as one: one parallel region for all
+    their rows (group_kernel) when a call is big enough to go parallel, else each on the calling thread."""
+
+    __slots__ = ("parts", "kernel", "bytes")
+
+    def __init__(self, ws: list[QTensor], act_quant: str | None = None):
+        if len(ws) != 3 or len({w.shape[1] for w in ws}) != 1:
+            raise ValueError(f"PreparedGroup takes three weights of one input width, got {[w.shape for w in ws]}")
+        self.parts = [Prepared(w, act_quant) for w in ws]
+        self.kernel = group_kernel(tuple(p.type for p in self.parts), matmul_q.mode(act_quant))
+        self.bytes = sum(p.raw.nbytes for p in self.parts)
+
+    def __call__(self, x: np.ndarray) -> tuple[np.ndarray, ...]:
+        """x (T, C) -> (x @ W_0.T, x @ W_1.T, x @ W_2.T), each (T, R_k) float32."""
+        p0, p1, p2 = self.parts
+        T, n = x.shape[0] if x.ndim == 2 else 0, threads()
+        if self.kernel is None or n == 1 or T == 0 or self.bytes * max(1, T // 4) < _PARALLEL_MIN_BYTES:
+            return p0(x), p1(x), p2(x)
+        if x.shape[1] != p0.shape[1]:
+            raise ValueError(f"x {x.shape} does not match the weights: need (T, {p0.shape[1]})")
+        if x.dtype != np.float32 or not x.flags.c_contiguous:
+            x = np.ascontiguousarray(x, dtype=np.float32)
+        out = tuple(np.empty((T, p.shape[0]), dtype=np.float32) for p in self.parts)
+        chunk = max(1, min(64, -(-(p0.shape[0] + p1.shape[0] + p2.shape[0]) // (4 * n))))
+        self.kernel(x, p0.raw, out[0], p0.nb, p0.f16, p1.raw, out[1], p1.nb, p1.f16, p2.raw, out[2], p2.nb, p2.f16,
+                    chunk)
         return out
 
 

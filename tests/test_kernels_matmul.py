@@ -17,7 +17,7 @@ from test_quants import random_tensor
 
 from moert.errors import UnsupportedTypeError
 from moert.kernels import matmul as mm
-from moert.kernels import qblocks
+from moert.kernels import qblocks, simd
 from moert.kernels.moe import QTensor
 from moert.quants import TYPES, dequantize, quantize
 
@@ -87,6 +87,25 @@ def test_rows_over_a_block_range(name, T):
     bound = np.abs(x[:, c0:c1]) @ np.abs(dense[3:20, c0:c1]).T
     assert np.all(np.abs(out[:, 3:20] - want) <= 1e-5 * bound)
     assert np.all(out[:, :3] == -7.0) and np.all(out[:, 20:] == -7.0)
+
+
+@pytest.mark.parametrize("act_quant", [None, pytest.param("int8", marks=pytest.mark.skipif(not simd.available(),
+                                                                                         reason="no AVX2"))])
+def test_group_is_three_calls_in_one_region(act_quant):
+    """q, k, v in one parallel region (PreparedGroup, mixed types) give each Prepared's numbers (the same row
+    kernels, inlined in another function: LLVM may order a batch's float sums differently there)."""
+    ws = [weight("Q4_K", 600, 1024, 1), weight("Q4_K", 100, 1024, 2), weight("Q6_K", 100, 1024, 3)]
+    g = mm.PreparedGroup(ws, act_quant)
+    assert g.kernel is not None and g.bytes >= 1 << 18                      # big enough to go parallel
+    before = numba.get_num_threads()
+    try:
+        numba.set_num_threads(min(2, numba.config.NUMBA_NUM_THREADS))
+        for T in (1, 5):
+            x = np.random.default_rng(T).standard_normal((T, 1024), dtype=np.float32)
+            for got, p, w in zip(g(x), g.parts, ws):
+                assert_close(got, p(x), x, w)
+    finally:
+        numba.set_num_threads(before)
 
 
 def test_f16_conversion_is_numpy_bit_for_bit():
