@@ -10,9 +10,12 @@ and its reference dequantizer from moert.quants.dequant, so each fact lives once
                          a per-type compiled copy of a template function: its free names bound to `bind`
 
 Adding a type is one entry: write its decoders (a `dot1` for one token if it pays, a `deq` for batches, with
-the block drawn as bytes), then `register(KernelType("MXFP4", decode=..., layout="chunked", dot1=...))` at
-the end of this file. Every driver (kernels/matmul.py) and the fused MoE layer (kernels/moe_fused.py) then
-take the type; tests/test_kernels_matmul.py's TYPES_UNDER_TEST checks it against the reference.
+the block drawn as bytes; signatures in kernels/qblocks.py), then, at the end of this file,
+    register(KernelType("MXFP4", decode=mxfp4.deq, layout="chunked", dot1=mxfp4.dot1, table=...))
+(`table`: the 16-bit -> float32 table its kernels get as `f16`, any float32 array; `quant={127: rows8}`: an
+int8-activation row kernel in matmul_q's signature, if it has one). Every driver (kernels/matmul.py), the
+q/k/v group kernel and the fused MoE layer (kernels/moe_fused.py) then take the type; add it to
+tests/test_kernels_matmul.py's TYPES_UNDER_TEST to check it against the reference twin.
 
 Why templates bound through globals and not closures: Numba keys its disk cache by a function's bytecode
 plus its closure cells, pickled. A Dispatcher pickles with a per-process uuid, so a closure over a kernel
