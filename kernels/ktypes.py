@@ -142,14 +142,17 @@ def register(entry: KernelType) -> KernelType:
 
 # ------------------------------------------------------------------------------------------ templates
 # Bound per type by KernelType.rows: BLOCK weights and BYTES bytes per block, decode, dot1, SUMS (per-32 sums
-# per block the one-token dot reads: 8 or 0), PER (blocks per chunk), one, batch. Each batch template is
-# compiled on its own: fused into one function with the one-token loop, LLVM gave up vectorizing it (5x).
+# per block the one-token dot reads: 8 or 0), PER (blocks per chunk), one, batch; the placeholders below only
+# name them (a template is never compiled as it stands). Each batch template is compiled on its own: fused
+# into one function with the one-token loop, LLVM gave up vectorizing it (5x).
+BLOCK = BYTES = SUMS = PER = 0
+decode = dot1 = one = batch = None
 
 def _rows_one(w, x, xs, out, r0, r1, b0, b1, f16):
     """One token: out[0, r] = dot1 of row r's blocks [b0, b1) with x[0] (xs: per-32 sums of x[0])."""
-    xv, sv = x[0, BLOCK * b0:BLOCK * b1], xs[0, SUMS * b0:SUMS * b1]                # noqa: F821
+    xv, sv = x[0, BLOCK * b0:BLOCK * b1], xs[0, SUMS * b0:SUMS * b1]
     for r in range(r0, r1):
-        out[0, r] = dot1(w[r, BYTES * b0:BYTES * b1], xv, sv, b1 - b0, f16)         # noqa: F821
+        out[0, r] = dot1(w[r, BYTES * b0:BYTES * b1], xv, sv, b1 - b0, f16)
 
 
 def _rows_paired(w, x, out, r0, r1, b0, b1, f16):
@@ -163,10 +166,10 @@ def _rows_paired(w, x, out, r0, r1, b0, b1, f16):
         r2 = min(r + 1, r1 - 1)
         acc0[:] = 0.0
         acc1[:] = 0.0
-        w0, w1 = w[r, BYTES * b0:BYTES * b1], w[r2, BYTES * b0:BYTES * b1]            # noqa: F821
+        w0, w1 = w[r, BYTES * b0:BYTES * b1], w[r2, BYTES * b0:BYTES * b1]
         for b in range(b1 - b0):
-            decode(w0, b, u, f16)                                                   # noqa: F821
-            decode(w1, b, v, f16)                                                   # noqa: F821
+            decode(w0, b, u, f16)
+            decode(w1, b, v, f16)
             block_dot2(u, v, 256, x, 256 * (b0 + b), acc0, acc1)
         out[:, r] = acc0
         out[:, r2] = acc1
@@ -178,11 +181,11 @@ def _rows_chunked(w, x, out, r0, r1, b0, b1, f16):
     buf = stack_f32(256)
     for r in range(r0, r1):
         acc[:] = 0.0
-        wr = w[r, BYTES * b0:BYTES * b1]                                            # noqa: F821
-        for b in range(0, b1 - b0, PER):                                            # noqa: F821
-            n = min(PER, b1 - b0 - b)                                               # noqa: F821
-            decode(wr, b, n, buf, f16)                                              # noqa: F821
-            block_dot(buf, BLOCK * n, x, BLOCK * (b0 + b), acc)                     # noqa: F821
+        wr = w[r, BYTES * b0:BYTES * b1]
+        for b in range(0, b1 - b0, PER):
+            n = min(PER, b1 - b0 - b)
+            decode(wr, b, n, buf, f16)
+            block_dot(buf, BLOCK * n, x, BLOCK * (b0 + b), acc)
         out[:, r] = acc
 
 
@@ -202,14 +205,14 @@ def _rows(w, x, xs, out, r0, r1, b0, b1, f16):
     type's sums_of(x); out (T, >= r1) float32. Serial: the parallel drivers (and the MoE kernel) call it
     on their share of rows. One token takes the fused one-token dot, a batch the block-decode kernel."""
     if x.shape[0] == 1:
-        one(w, x, xs, out, r0, r1, b0, b1, f16)                                     # noqa: F821
+        one(w, x, xs, out, r0, r1, b0, b1, f16)
     else:
-        batch(w, x, out, r0, r1, b0, b1, f16)                                       # noqa: F821
+        batch(w, x, out, r0, r1, b0, b1, f16)
 
 
 def _rows_batch(w, x, xs, out, r0, r1, b0, b1, f16):
     """As _rows, for a type without a one-token dot: every call takes the batch kernel."""
-    batch(w, x, out, r0, r1, b0, b1, f16)                                           # noqa: F821
+    batch(w, x, out, r0, r1, b0, b1, f16)
 
 
 # --------------------------------------------------------------------------------------------- entries

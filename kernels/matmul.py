@@ -45,43 +45,46 @@ _PARALLEL_MIN_BYTES = 1 << 18   # below this many weight bytes per call, run on 
 
 # --------------------------------------------------------------------------------------- the drivers
 # Bound per (type, mode) by kernels_for: rows (the type's row kernel), sums (its sums_of), and for the
-# quantized modes QMAX and rows_q (the type's quantized row kernel).
+# quantized modes QMAX and rows_q (the type's quantized row kernel); the group templates further down take
+# rows0..2, sums0..2, rows_q0..2 likewise. The placeholders only name them.
+QMAX = 0
+rows = sums = rows_q = rows0 = rows1 = rows2 = sums0 = sums1 = sums2 = rows_q0 = rows_q1 = rows_q2 = None
 
 def _serial(w, x, out, r0, r1, b0, b1, f16):
     """rows on the calling thread: rows [r0, r1), blocks [b0, b1)."""
-    rows(w, x, sums(x), out, r0, r1, b0, b1, f16)                                   # noqa: F821
+    rows(w, x, sums(x), out, r0, r1, b0, b1, f16)
 
 
 def _parallel(w, x, out, nb, f16, chunk):
     """All rows, `chunk` rows per task, one parallel region."""
-    xs = sums(x)                                                                    # noqa: F821
+    xs = sums(x)
     R = w.shape[0]
     n = (R + chunk - 1) // chunk
     for i in prange(n):
-        rows(w, x, xs, out, i * chunk, min(R, (i + 1) * chunk), 0, nb, f16)         # noqa: F821
+        rows(w, x, xs, out, i * chunk, min(R, (i + 1) * chunk), 0, nb, f16)
 
 
 def _serial_q(w, x, out, r0, r1, b0, b1, f16):
     """_serial with x quantized where matmul_q.quantized says so (int8: always; int16: one token)."""
-    if quantized(QMAX, x.shape[0]):                                                 # noqa: F821
-        xq, x8, xd, xb = quantize_rows(x, QMAX)                                     # noqa: F821
-        rows_q(w, xq, x8, xd, xb, out, r0, r1, b0, b1, f16)                         # noqa: F821
+    if quantized(QMAX, x.shape[0]):
+        xq, x8, xd, xb = quantize_rows(x, QMAX)
+        rows_q(w, xq, x8, xd, xb, out, r0, r1, b0, b1, f16)
     else:
-        rows(w, x, sums(x), out, r0, r1, b0, b1, f16)                               # noqa: F821
+        rows(w, x, sums(x), out, r0, r1, b0, b1, f16)
 
 
 def _parallel_q(w, x, out, nb, f16, chunk):
     """_parallel with x quantized as _serial_q."""
     R = w.shape[0]
     n = (R + chunk - 1) // chunk
-    if quantized(QMAX, x.shape[0]):                                                 # noqa: F821
-        xq, x8, xd, xb = quantize_rows(x, QMAX)                                     # noqa: F821
+    if quantized(QMAX, x.shape[0]):
+        xq, x8, xd, xb = quantize_rows(x, QMAX)
         for i in prange(n):
-            rows_q(w, xq, x8, xd, xb, out, i * chunk, min(R, (i + 1) * chunk), 0, nb, f16)   # noqa: F821
+            rows_q(w, xq, x8, xd, xb, out, i * chunk, min(R, (i + 1) * chunk), 0, nb, f16)
     else:
-        xs = sums(x)                                                                # noqa: F821
+        xs = sums(x)
         for i in prange(n):
-            rows(w, x, xs, out, i * chunk, min(R, (i + 1) * chunk), 0, nb, f16)     # noqa: F821
+            rows(w, x, xs, out, i * chunk, min(R, (i + 1) * chunk), 0, nb, f16)
 
 
 # Three weights that read the same x (q, k, v) in ONE parallel region: a region waits for its slowest
@@ -90,46 +93,46 @@ def _parallel_q(w, x, out, nb, f16, chunk):
 
 def _group3(x, w0, o0, nb0, f0, w1, o1, nb1, f1, w2, o2, nb2, f2, chunk):
     """o_k = x @ W_k.T for k < 3: chunks of `chunk` rows of all three weights as one prange."""
-    xs0, xs1, xs2 = sums0(x), sums1(x), sums2(x)                                    # noqa: F821
+    xs0, xs1, xs2 = sums0(x), sums1(x), sums2(x)
     R0, R1, R2 = w0.shape[0], w1.shape[0], w2.shape[0]
     n0, n1, n2 = (R0 + chunk - 1) // chunk, (R1 + chunk - 1) // chunk, (R2 + chunk - 1) // chunk
     for i in prange(n0 + n1 + n2):
         if i < n0:
-            rows0(w0, x, xs0, o0, i * chunk, min(R0, (i + 1) * chunk), 0, nb0, f0)   # noqa: F821
+            rows0(w0, x, xs0, o0, i * chunk, min(R0, (i + 1) * chunk), 0, nb0, f0)
         elif i < n0 + n1:
             j = i - n0
-            rows1(w1, x, xs1, o1, j * chunk, min(R1, (j + 1) * chunk), 0, nb1, f1)   # noqa: F821
+            rows1(w1, x, xs1, o1, j * chunk, min(R1, (j + 1) * chunk), 0, nb1, f1)
         else:
             j = i - n0 - n1
-            rows2(w2, x, xs2, o2, j * chunk, min(R2, (j + 1) * chunk), 0, nb2, f2)   # noqa: F821
+            rows2(w2, x, xs2, o2, j * chunk, min(R2, (j + 1) * chunk), 0, nb2, f2)
 
 
 def _group3_q(x, w0, o0, nb0, f0, w1, o1, nb1, f1, w2, o2, nb2, f2, chunk):
     """_group3 with x quantized once for all three where matmul_q.quantized says so."""
     R0, R1, R2 = w0.shape[0], w1.shape[0], w2.shape[0]
     n0, n1, n2 = (R0 + chunk - 1) // chunk, (R1 + chunk - 1) // chunk, (R2 + chunk - 1) // chunk
-    if quantized(QMAX, x.shape[0]):                                                 # noqa: F821
-        xq, x8, xd, xb = quantize_rows(x, QMAX)                                     # noqa: F821
+    if quantized(QMAX, x.shape[0]):
+        xq, x8, xd, xb = quantize_rows(x, QMAX)
         for i in prange(n0 + n1 + n2):
             if i < n0:
-                rows_q0(w0, xq, x8, xd, xb, o0, i * chunk, min(R0, (i + 1) * chunk), 0, nb0, f0)   # noqa: F821
+                rows_q0(w0, xq, x8, xd, xb, o0, i * chunk, min(R0, (i + 1) * chunk), 0, nb0, f0)
             elif i < n0 + n1:
                 j = i - n0
-                rows_q1(w1, xq, x8, xd, xb, o1, j * chunk, min(R1, (j + 1) * chunk), 0, nb1, f1)   # noqa: F821
+                rows_q1(w1, xq, x8, xd, xb, o1, j * chunk, min(R1, (j + 1) * chunk), 0, nb1, f1)
             else:
                 j = i - n0 - n1
-                rows_q2(w2, xq, x8, xd, xb, o2, j * chunk, min(R2, (j + 1) * chunk), 0, nb2, f2)   # noqa: F821
+                rows_q2(w2, xq, x8, xd, xb, o2, j * chunk, min(R2, (j + 1) * chunk), 0, nb2, f2)
     else:
-        xs0, xs1, xs2 = sums0(x), sums1(x), sums2(x)                                # noqa: F821
+        xs0, xs1, xs2 = sums0(x), sums1(x), sums2(x)
         for i in prange(n0 + n1 + n2):
             if i < n0:
-                rows0(w0, x, xs0, o0, i * chunk, min(R0, (i + 1) * chunk), 0, nb0, f0)   # noqa: F821
+                rows0(w0, x, xs0, o0, i * chunk, min(R0, (i + 1) * chunk), 0, nb0, f0)
             elif i < n0 + n1:
                 j = i - n0
-                rows1(w1, x, xs1, o1, j * chunk, min(R1, (j + 1) * chunk), 0, nb1, f1)   # noqa: F821
+                rows1(w1, x, xs1, o1, j * chunk, min(R1, (j + 1) * chunk), 0, nb1, f1)
             else:
                 j = i - n0 - n1
-                rows2(w2, x, xs2, o2, j * chunk, min(R2, (j + 1) * chunk), 0, nb2, f2)   # noqa: F821
+                rows2(w2, x, xs2, o2, j * chunk, min(R2, (j + 1) * chunk), 0, nb2, f2)
 
 
 _DRIVERS: dict[tuple[str, int], tuple] = {}

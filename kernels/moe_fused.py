@@ -136,7 +136,10 @@ def _no_rows_q(w, xq, x8, xd, xb, out, r0, r1, b0, b1, f16):
 
 
 # Bound per (gate/up type, down type, mode) by layer_kernel: g_rows, d_rows (the types' row kernels), g_sums,
-# d_sums (their sums_of), GQ, DQ (qmax of their quantized kernels, 0 for float) and g_rows_q, d_rows_q.
+# d_sums (their sums_of), GQ, DQ (qmax of their quantized kernels, 0 for float) and g_rows_q, d_rows_q; the
+# placeholders only name them.
+GQ = DQ = 0
+g_rows = d_rows = g_sums = d_sums = g_rows_q = d_rows_q = None
 
 def _moe_layer(x, ids, wts, g_raw, g_f16, u_raw, u_f16, d_raw, d_f16, nb_in, nb_down, block_down, parts,
                act, gb, ub, db, n_threads):
@@ -162,21 +165,21 @@ def _moe_layer(x, ids, wts, g_raw, g_f16, u_raw, u_f16, d_raw, d_f16, nb_in, nb_
             f0, f1 = p * Fp, (p + 1) * Fp
             g = np.zeros((n, F), dtype=np.float32)                      # (n, F), columns [f0, f1) used
             u = np.zeros((n, F), dtype=np.float32)
-            if quantized(GQ, T):                                        # noqa: F821  opt-in: x quantized
-                xq, x8, xd, xb = quantize_rows(xe, GQ)                  # noqa: F821
-                g_rows_q(g_raw[e], xq, x8, xd, xb, g, f0, f1, 0, nb_in, g_f16)     # noqa: F821
-                g_rows_q(u_raw[e], xq, x8, xd, xb, u, f0, f1, 0, nb_in, u_f16)     # noqa: F821
+            if quantized(GQ, T):                                        # opt-in: x quantized
+                xq, x8, xd, xb = quantize_rows(xe, GQ)
+                g_rows_q(g_raw[e], xq, x8, xd, xb, g, f0, f1, 0, nb_in, g_f16)
+                g_rows_q(u_raw[e], xq, x8, xd, xb, u, f0, f1, 0, nb_in, u_f16)
             else:
-                xs = g_sums(xe)                                         # noqa: F821
-                g_rows(g_raw[e], xe, xs, g, f0, f1, 0, nb_in, g_f16)    # noqa: F821
-                g_rows(u_raw[e], xe, xs, u, f0, f1, 0, nb_in, u_f16)    # noqa: F821
+                xs = g_sums(xe)
+                g_rows(g_raw[e], xe, xs, g, f0, f1, 0, nb_in, g_f16)
+                g_rows(u_raw[e], xe, xs, u, f0, f1, 0, nb_in, u_f16)
             _act_mul(g, u, f0, f1, act, gb, ub, e)                      # h = act(g + bg, u + bu)
             b0, b1 = f0 // block_down, f1 // block_down
-            if quantized(DQ, T):                                        # noqa: F821
-                hq, h8, hd, hb = quantize_rows(g, DQ)                   # noqa: F821  columns outside [f0, f1) are 0
-                d_rows_q(d_raw[e], hq, h8, hd, hb, Y[p, o0:o0 + n], 0, D, b0, b1, d_f16)   # noqa: F821
+            if quantized(DQ, T):
+                hq, h8, hd, hb = quantize_rows(g, DQ)                   # columns outside [f0, f1) are 0
+                d_rows_q(d_raw[e], hq, h8, hd, hb, Y[p, o0:o0 + n], 0, D, b0, b1, d_f16)
             else:
-                d_rows(d_raw[e], g, d_sums(g), Y[p, o0:o0 + n], 0, D, b0, b1, d_f16)       # noqa: F821
+                d_rows(d_raw[e], g, d_sums(g), Y[p, o0:o0 + n], 0, D, b0, b1, d_f16)
     out = np.zeros((T, D), dtype=np.float32)                            # (T, D)
     w = wts.reshape(-1)
     for e in range(E):                                                  # grouped order: by expert
