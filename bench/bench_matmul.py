@@ -75,7 +75,7 @@ _weights: dict[str, QTensor] = {}
 @pytest.mark.parametrize("impl", ["numba", "int8", "reference", "gguf-py"])
 @pytest.mark.parametrize("name", TYPES)
 def test_matmul_throughput(benchmark, name, impl, T):
-    if impl == "int8" and ("int8" not in QUANT_MODES or mm.TYPE_CODES[name] not in mq.QUANT_CODES | {7}):
+    if impl == "int8" and ("int8" not in QUANT_MODES or not (mm.TYPES[name].quant or mm.TYPES[name].q8_32)):
         pytest.skip(f"no int8 kernels for {name} on this CPU" if "int8" in QUANT_MODES else "no AVX2")
     w = _weights.setdefault(name, make_weight(name))
     x = np.random.default_rng(1).standard_normal((T, w.shape[1]), dtype=np.float32)
@@ -95,8 +95,8 @@ def measure(types, shape, rounds: int, threads: int, baselines: bool) -> list[di
     out = []
     for name in types:
         w = make_weight(name, shape)
-        quant = mm.TYPE_CODES[name] in mq.QUANT_CODES
-        modes = [m for m in QUANT_MODES if quant or (name == "MXFP4" and m == "int8")]   # MXFP4: int8 only
+        kt = mm.TYPES[name]
+        modes = [m for m in QUANT_MODES if kt.quant or (kt.q8_32 and m == "int8")]   # MXFP4: int8 only
         batch = [("int8", 16)] if "int8" in modes else []
         for mode, T in [("numba", 1), *[(m, 1) for m in modes], ("numba", 16), *batch]:
             x = np.random.default_rng(1).standard_normal((T, shape[1]), dtype=np.float32)
@@ -126,12 +126,12 @@ def asm_report(types) -> str:
         w = make_weight(name, (64, 1024))
         mm.matmul(np.ones((1, 1024), np.float32), w)
         mm.matmul(np.ones((4, 1024), np.float32), w)
-        if mm.TYPE_CODES[name] in mq.QUANT_CODES:
+        if mm.TYPES[name].quant:
             mm.Prepared(w, act_quant="int16")(np.ones((1, 1024), np.float32))
-        n = name.lower()
-        fns = [(f.__name__, f) for f in (getattr(mm, f"_rows1_{n}", None), getattr(mm, f"_rows_{n}"),
-                                         getattr(mq, f"_rows1q_{n}", None)) if f is not None]
-        if mm.TYPE_CODES[name] in mq.QUANT_CODES and "int8" in QUANT_MODES:
+        fns = [(f.py_func.__name__, f) for f in mm.TYPES[name].made()]
+        if mm.TYPES[name].quant:
+            fns.append((f"_rows1q_{name.lower()}", getattr(mq, f"_rows1q_{name.lower()}")))
+        if mm.TYPES[name].quant and "int8" in QUANT_MODES:
             p = mm.Prepared(w, act_quant="int8")                         # its row kernels are inlined here
             p(np.ones((1, 1024), np.float32))
             fns.append((f"int8 serial driver ({name})", p.serial))

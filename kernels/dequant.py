@@ -162,8 +162,8 @@ KERNELS = {
     "Q4_K": (q4_k, F16_TO_F32), "Q5_K": (q5_k, F16_TO_F32), "Q6_K": (q6_k, F16_TO_F32),
 }
 
-# MXFP4 (issue 15): kernels/mxfp4.py (its table is E8M0 -> float32); imported last, it imports matmul.py,
-# which imports this module's tables
+# MXFP4 (issue 15): kernels/mxfp4.py (its table is E8M0 -> float32; it registers itself in kernels/ktypes.py);
+# imported last: the kernel table it joins imports this module's tables
 from moert.kernels import mxfp4  # noqa: E402
 
 KERNELS["MXFP4"] = (mxfp4.dequant, mxfp4.E8M0_HALF)

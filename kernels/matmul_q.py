@@ -11,6 +11,8 @@ an exact int32 sum, and only then are the float scales applied (llama.cpp's Q8_K
     matvec_q(x, w, mode)     x (C,) or (T, C) -> (R,) or (T, R), the kernels, serial
     matvec_q_ref(x, w, mode) the NumPy reference twin: the same quantization in NumPy, then an exact dot
                              (float64) with the reference-dequantized W
+    rows8_<t>, rows16_<t>    the row kernels the kernel table (kernels/ktypes.py, an entry's `quant`) lists:
+                             (w, xq, x8, xd, xb, out, r0, r1, b0, b1, f16), x as quantize_rows gives it
 
 Why: the float kernels spend ~0.75 instructions per weight (nibble, int->float, FMA) and reach 15-30% of one
 thread's read bandwidth. vpmaddwd takes 16 weights per instruction, vpmaddubsw 32, with no conversion per
@@ -24,29 +26,22 @@ R rows, C columns, B blocks of 256 per row.
 
 from __future__ import annotations
 
-import hashlib
-from pathlib import Path
-
 import numpy as np
-from numba import njit, prange
+from numba import njit
 
 from moert.errors import KernelOptionError
 from moert.kernels import simd
-from moert.kernels.matmul import I32, _half, _i8, _scales_k4, _stack_f32, no_sums, rows, sums32
+from moert.kernels.blockdot import FM, I32, stack_f32
 from moert.kernels.moe import QTensor
+from moert.kernels.qblocks import half, i8, scales_k4
 from moert.quants.dequant import dequantize as _ref_dequantize
 
-__all__ = ["ACT_QUANT", "QMAX", "QUANT_CODES", "make_drivers", "matvec_q", "matvec_q_ref", "quantize_rows",
-           "quantize_x", "quantize_x_ref", "quantized", "rows_q"]
+__all__ = ["ACT_QUANT", "QMAX", "matvec_q", "matvec_q_ref", "quantize_rows", "quantize_x", "quantize_x_ref",
+           "quantized", "rows16_q4_k", "rows16_q6_k", "rows8_q4_k", "rows8_q6_k"]
 
 ACT_QUANT = {None: 0, "none": 0, "int16": 1, "int8": 2}   # act_quant option -> the int in the closure keys
 QMAX = {1: 32767, 2: 127}                                   # largest |quantized x| per mode
-QUANT_CODES = frozenset({4, 6})                 # type codes with quantized kernels: Q4_K, Q6_K
-_FM = {"reassoc", "contract"}
-
-# the closures here link matmul.py's code: its source is in their cache key (as moe_fused.py does)
-_LINKED_SOURCE = int(hashlib.sha1(b"".join((Path(__file__).parent / f).read_bytes()
-                                          for f in ("matmul.py", "simd.py"))).hexdigest()[:15], 16)
+_FM = FM
 
 
 def mode(act_quant) -> int:
@@ -127,12 +122,12 @@ def quantize_x_ref(x: np.ndarray, qmax: int) -> tuple[np.ndarray, np.ndarray, np
 @njit(cache=True, fastmath=_FM)
 def _dot1q_q4_k(w, xq, xd, xb, nb, f16):
     """w . x for nb Q4_K blocks, x given as (xq, xd, xb): sum_b xd_b (sum_j d*sc_j * isum_j - dmin*m_j * xb_j)."""
-    dsc = _stack_f32(8)
-    dmn = _stack_f32(8)
+    dsc = stack_f32(8)
+    dmn = stack_f32(8)
     s = np.float32(0.0)
     for b in range(nb):
         o = b * 144
-        _scales_k4(w, o, _half(w, o, f16), _half(w, o + 2, f16), dsc, dmn)
+        scales_k4(w, o, half(w, o, f16), half(w, o + 2, f16), dsc, dmn)
         a = np.float32(0.0)
         for p in range(4):
             c, q0 = 256 * b + 64 * p, o + 16 + 32 * p
@@ -177,9 +172,9 @@ def _dot1q_q6_k(w, xq, xd, xb, nb, f16):
                     s2 = I32(s2 + I32(v2 * I32(xq[c + 64 + l])))
                     s3 = I32(s3 + I32(v3 * I32(xq[c + 96 + l])))
                 sc = o + 192 + 8 * h + g
-                a += np.float32(_i8(w[sc])) * np.float32(s0) + np.float32(_i8(w[sc + 2])) * np.float32(s1) \
-                    + np.float32(_i8(w[sc + 4])) * np.float32(s2) + np.float32(_i8(w[sc + 6])) * np.float32(s3)
-        s += (xd[b] * _half(w, o + 208, f16)) * a
+                a += np.float32(i8(w[sc])) * np.float32(s0) + np.float32(i8(w[sc + 2])) * np.float32(s1) \
+                    + np.float32(i8(w[sc + 4])) * np.float32(s2) + np.float32(i8(w[sc + 6])) * np.float32(s3)
+        s += (xd[b] * half(w, o + 208, f16)) * a
     return s
 
 
@@ -198,7 +193,7 @@ def _rows1q_q6_k(w, xq, xd, xb, out, r0, r1, b0, b1, f16):
 
 
 @njit(cache=True, fastmath=_FM, inline="always")   # inlined: simd.py's code is in the callers' cache keys
-def _rowsq8_q4_k(w, x8, xd, xb, out, r0, r1, b0, b1, f16):
+def rows8_q4_k(w, xq, x8, xd, xb, out, r0, r1, b0, b1, f16):
     """out[t, r] for every token t of int8 x (T, C): simd.q4k_row sums a row's blocks [b0, b1) exactly in
     int32 per block, then in float vectors. Tokens go four at a time (one decode of each block feeds four
     accumulators), the last 1-3 in one call; a row's bytes stay in L1 while the tokens pass over them."""
@@ -225,8 +220,8 @@ def _rowsq8_q4_k(w, x8, xd, xb, out, r0, r1, b0, b1, f16):
 
 
 @njit(cache=True, fastmath=_FM, inline="always")
-def _rowsq8_q6_k(w, x8, xd, xb, out, r0, r1, b0, b1, f16):
-    """As _rowsq8_q4_k for Q6_K (simd.q6k_row; no min term)."""
+def rows8_q6_k(w, xq, x8, xd, xb, out, r0, r1, b0, b1, f16):
+    """As rows8_q4_k for Q6_K (simd.q6k_row; no min term)."""
     T, C, B = x8.shape[0], x8.shape[1], xd.shape[1]
     T4 = T - T % 4
     for r in range(r0, r1):
@@ -246,59 +241,21 @@ def _rowsq8_q6_k(w, x8, xd, xb, out, r0, r1, b0, b1, f16):
 
 
 @njit(cache=True, inline="always")
-def rows_q(code, qmax, w, xq, x8, xd, xb, out, r0, r1, b0, b1, f16):
-    """out[t, r] for r in [r0, r1), blocks [b0, b1), x given quantized (quantize_rows). code 4 or 6 only;
-    qmax 127: the int8 kernels, any number of tokens; else the int16 ones, one token (T == 1). Inlined so a
-    closure over `code` and `qmax` compiles one type (as matmul.rows)."""
-    if qmax <= 127:
-        if code == 4:
-            _rowsq8_q4_k(w, x8, xd, xb, out, r0, r1, b0, b1, f16)
-        else:
-            _rowsq8_q6_k(w, x8, xd, xb, out, r0, r1, b0, b1, f16)
-    elif code == 4:
-        _rows1q_q4_k(w, xq[0], xd[0], xb[0], out, r0, r1, b0, b1, f16)
-    else:
-        _rows1q_q6_k(w, xq[0], xd[0], xb[0], out, r0, r1, b0, b1, f16)
+def rows16_q4_k(w, xq, x8, xd, xb, out, r0, r1, b0, b1, f16):
+    """The int16 kernel in the table's signature (x given quantized, quantize_rows): one token (T == 1)."""
+    _rows1q_q4_k(w, xq[0], xd[0], xb[0], out, r0, r1, b0, b1, f16)
+
+
+@njit(cache=True, inline="always")
+def rows16_q6_k(w, xq, x8, xd, xb, out, r0, r1, b0, b1, f16):
+    """As rows16_q4_k for Q6_K."""
+    _rows1q_q6_k(w, xq[0], xd[0], xb[0], out, r0, r1, b0, b1, f16)
 
 
 @njit(cache=True, inline="always")
 def quantized(qmax, T):
     """Whether a call of T tokens takes the quantized kernels: int8 always, int16 for one token."""
     return qmax != 0 and (T == 1 or qmax <= 127)
-
-
-# ------------------------------------------------------------------------------------- drivers
-
-def make_drivers(code: int, aq: int) -> tuple:
-    """(serial, parallel) drivers as matmul.kernels_for's, for a type in QUANT_CODES and mode aq != 0:
-    quantize_rows + rows_q where `quantized` says so, else the float `rows`."""
-    from moert.kernels.matmul import variant
-
-    qmax, linked = QMAX[aq], _LINKED_SOURCE
-
-    def serial(w, x, out, r0, r1, b0, b1, f16):
-        assert linked != 0                                              # in the cache key; see above
-        if quantized(qmax, x.shape[0]):
-            xq, x8, xd, xb = quantize_rows(x, qmax)
-            rows_q(code, qmax, w, xq, x8, xd, xb, out, r0, r1, b0, b1, f16)
-        else:
-            rows(code, w, x, sums32(x) if code == 4 else no_sums(x), out, r0, r1, b0, b1, f16)
-
-    def parallel(w, x, out, nb, f16, chunk):
-        assert linked != 0
-        R = w.shape[0]
-        n = (R + chunk - 1) // chunk
-        if quantized(qmax, x.shape[0]):
-            xq, x8, xd, xb = quantize_rows(x, qmax)
-            for i in prange(n):
-                rows_q(code, qmax, w, xq, x8, xd, xb, out, i * chunk, min(R, (i + 1) * chunk), 0, nb, f16)
-        else:
-            xs = sums32(x) if code == 4 else no_sums(x)
-            for i in prange(n):
-                rows(code, w, x, xs, out, i * chunk, min(R, (i + 1) * chunk), 0, nb, f16)
-
-    return (variant(serial, f"serial_q_t{code}_aq{aq}"),
-            variant(parallel, f"parallel_q_t{code}_aq{aq}", parallel=True))
 
 
 def matvec_q(x: np.ndarray, w: QTensor, act_quant: str = "int16") -> np.ndarray:

@@ -16,10 +16,10 @@ least-loaded thread; each item writes its own rows of Y (P, T*K, D), and the rou
 into out (T, D) runs after the region (T*K*P*D adds, serially: microseconds at decode).
 Results do not depend on the thread count: every item is summed in the same order wherever it runs.
 
-Compiled per (gate/up type, down type) on first use (`layer_kernel`): a closure over the two type codes,
-so a Q4_K/Q6_K model compiles the Q4_K and Q6_K row kernels only. Numba's disk cache keys a function by
-its own file, and this kernel links code from kernels/matmul.py and kernels/moe.py: the closure also holds
-a hash of those two files' source, so editing them recompiles it instead of loading stale code.
+Compiled per (gate/up type, down type, act_quant mode) on first use (`layer_kernel`): a copy of one
+template with the two types' row kernels bound (kernels/ktypes.variant, whose name also carries a hash of
+the kernels' source, so editing a kernel it inlines recompiles it), so a Q4_K/Q6_K model compiles the Q4_K
+and Q6_K row kernels only.
 
 Dimension legend: T tokens, K experts per token, E experts, D hidden, F expert hidden, n tokens of one
 expert, P parts per expert.
@@ -27,26 +27,18 @@ expert, P parts per expert.
 
 from __future__ import annotations
 
-import hashlib
-from pathlib import Path
-
 import numpy as np
 from numba import njit, prange
 
-from moert.kernels import matmul_q, mxfp4
-from moert.kernels.matmul import BLOCK, TYPE_CODES, matmul_ref, no_sums, rows, sums32, table, threads, variant
-from moert.kernels.matmul_q import quantize_rows, quantized, rows_q
+from moert.kernels import matmul_q
+from moert.kernels.ktypes import TYPES, variant
+from moert.kernels.matmul import matmul_ref, table, threads
+from moert.kernels.matmul_q import quantize_rows, quantized
 from moert.kernels.moe import QTensor, check_biases, check_experts, check_inputs, group_by_expert
 from moert.layers import ACTS, OAI_ALPHA, OAI_LIMIT, glu
 from moert.quants.dequant import lookup, slice_expert
 
 __all__ = ["PreparedExperts", "layer_kernel", "moe_ffn_fused", "moe_ffn_fused_ref", "parts_for", "supports"]
-
-# what the compiled layer kernels link from other files: part of their cache key (see the docstring)
-_LINKED_FILES = ("matmul.py", "matmul_q.py", "moe.py", "simd.py", "mxfp4.py")   # mxfp4.py: issue 15
-_LINKED_SOURCE = int(hashlib.sha1(b"".join((Path(__file__).parent / f).read_bytes()
-                                          for f in _LINKED_FILES)).hexdigest()[:15], 16)
-
 
 ACT_CODES = {a: i for i, a in enumerate(ACTS)}     # swiglu 0, geglu 1, swiglu_oai 2 (moert.layers.ACTS)
 
@@ -116,93 +108,114 @@ def _plan(offsets, parts, n_threads, item_bytes, macs_per_token):
     return order, start
 
 
-_LAYERS: dict[tuple[int, int, int], object] = {}
+_LAYERS: dict[tuple[str, str, int], object] = {}
 
 
-def layer_kernel(g_code: int, d_code: int, aq: int = 0):
-    """The compiled layer kernel for gate/up of type code g_code and down of d_code (made on first use):
-    kernel(x, ids, wts, g_raw, g_f16, u_raw, u_f16, d_raw, d_f16, nb_in, nb_down, block_down, parts,
-    n_threads) -> (T, D). n_threads = matmul.threads(), passed in: called inside, it makes the
+def layer_kernel(g_type: str, d_type: str, aq: int = 0):
+    """The compiled layer kernel for gate/up of type g_type and down of d_type (made on first use):
+    kernel(x, ids, wts, g_raw, g_f16, u_raw, u_f16, d_raw, d_f16, nb_in, nb_down, block_down, parts, act,
+    gb, ub, db, n_threads) -> (T, D). n_threads = matmul.threads(), passed in: called inside, it makes the
     function uncacheable. parts = 0 picks them with parts_for. aq != 0 (kernels/matmul_q.py): an expert
     reads x quantized (matmul_q.quantized: int8 always, int16 when T == 1), for the types with quantized
-    kernels (MXFP4: int8 per 32, mxfp4.rows_q8, in int8 mode only); 0 compiles the float kernel."""
-    key = (g_code, d_code, aq)
+    kernels; 0 compiles the float kernel."""
+    key = (g_type, d_type, aq)
     if key not in _LAYERS:
-        _LAYERS[key] = _make_layer(g_code, d_code, _LINKED_SOURCE, aq)
+        g, d = TYPES[g_type], TYPES[d_type]
+        gq = matmul_q.QMAX[aq] if aq and matmul_q.QMAX[aq] in g.quant else 0    # 0: float kernels
+        dq = matmul_q.QMAX[aq] if aq and matmul_q.QMAX[aq] in d.quant else 0
+        gm, dm = aq == 2 and g.q8_32 is not None, aq == 2 and d.q8_32 is not None     # MXFP4: x per 32
+        g32, d32 = g.q8_32 or (_no_quant32, _no_rows32), d.q8_32 or (_no_quant32, _no_rows32)
+        _LAYERS[key] = variant(_moe_layer, f"moe_layer_{g_type.lower()}_{d_type.lower()}_aq{aq}", parallel=True,
+                               g_rows=g.rows, g_sums=g.sums_of, GQ=gq, g_rows_q=g.quant.get(gq, _no_rows_q),
+                               d_rows=d.rows, d_sums=d.sums_of, DQ=dq, d_rows_q=d.quant.get(dq, _no_rows_q),
+                               GM=gm, g_quant32=g32[0], g_rows32=g32[1], DM=dm, d_quant32=d32[0], d_rows32=d32[1])
     return _LAYERS[key]
 
 
-def _make_layer(g_code: int, d_code: int, linked_source: int, aq: int = 0):
-    gq = matmul_q.QMAX[aq] if aq and g_code in matmul_q.QUANT_CODES else 0    # 0: float kernels
-    dq = matmul_q.QMAX[aq] if aq and d_code in matmul_q.QUANT_CODES else 0
-    gm, dm = aq == 2 and g_code == 7, aq == 2 and d_code == 7    # MXFP4 (issue 15): int8 x per 32, mxfp4.rows_q8
+@njit(cache=True)
+def _no_quant32(x):
+    """Bound as the per-32 quantizer of a type without one (its branch never runs: GM or DM is False)."""
+    return np.zeros(x.shape, dtype=np.int8), np.zeros((x.shape[0], max(1, x.shape[1] // 32)), dtype=np.float32)
 
-    def moe_layer(x, ids, wts, g_raw, g_f16, u_raw, u_f16, d_raw, d_f16, nb_in, nb_down, block_down, parts,
-                  act, gb, ub, db, n_threads):
-        """The whole routed-expert layer; see the module docstring. Raw tensors (E, rows, row_bytes) uint8;
-        act an ACT_CODES code; gb, ub (E, F) and db (E, D) float32 biases, or (0, 0) arrays for none."""
-        assert linked_source != 0                                       # in the cache key; see above
-        T, K = ids.shape
-        E, F = g_raw.shape[0], g_raw.shape[1]
-        D = d_raw.shape[1]
-        offsets, slots = group_by_expert(ids, E)                        # (E+1,), (T*K,) flat t*K+k
-        if parts == 0:                                                  # auto: from the experts hit
-            parts = parts_for(np.count_nonzero(offsets[1:] - offsets[:-1]), nb_down, n_threads)
-        item_bytes = (2 * g_raw[0].size + d_raw[0].size) / parts
-        order, start = _plan(offsets, parts, n_threads, item_bytes, 3.0 * F * D / parts)
-        Y = np.zeros((parts, T * K, D), dtype=np.float32)              # each item's partial outputs
-        Fp = nb_down // parts * block_down                              # hidden units of a part
-        for th in prange(n_threads):
-            for j in range(start[th], start[th + 1]):
-                e, p = order[j] // parts, order[j] % parts
-                o0, n = offsets[e], offsets[e + 1] - offsets[e]
-                xe = np.empty((n, x.shape[1]), dtype=np.float32)        # (n, D) this expert's tokens
-                for i in range(n):
-                    xe[i] = x[slots[o0 + i] // K]
-                f0, f1 = p * Fp, (p + 1) * Fp
-                g = np.zeros((n, F), dtype=np.float32)                  # (n, F), columns [f0, f1) used
-                u = np.zeros((n, F), dtype=np.float32)
-                if gm:                                                  # MXFP4 (issue 15), int8 mode
-                    x8, xd = mxfp4.quantize_q8(xe)
-                    mxfp4.rows_q8(g_raw[e], x8, xd, g, f0, f1, 0, nb_in, g_f16)
-                    mxfp4.rows_q8(u_raw[e], x8, xd, u, f0, f1, 0, nb_in, u_f16)
-                elif quantized(gq, T):                                  # opt-in: x quantized (matmul_q)
-                    xq, x8, xd, xb = quantize_rows(xe, gq)
-                    rows_q(g_code, gq, g_raw[e], xq, x8, xd, xb, g, f0, f1, 0, nb_in, g_f16)
-                    rows_q(g_code, gq, u_raw[e], xq, x8, xd, xb, u, f0, f1, 0, nb_in, u_f16)
-                else:
-                    xs = sums32(xe) if g_code == 4 or g_code == 5 else no_sums(xe)
-                    rows(g_code, g_raw[e], xe, xs, g, f0, f1, 0, nb_in, g_f16)
-                    rows(g_code, u_raw[e], xe, xs, u, f0, f1, 0, nb_in, u_f16)
-                _act_mul(g, u, f0, f1, act, gb, ub, e)                  # h = act(g + bg, u + bu)
-                b0, b1 = f0 // block_down, f1 // block_down
-                if dm:                                                  # MXFP4 (issue 15), int8 mode
-                    h8, hd = mxfp4.quantize_q8(g)                       # columns outside [f0, f1) are 0
-                    mxfp4.rows_q8(d_raw[e], h8, hd, Y[p, o0:o0 + n], 0, D, b0, b1, d_f16)
-                elif quantized(dq, T):
-                    hq, h8, hd, hb = quantize_rows(g, dq)               # columns outside [f0, f1) are 0
-                    rows_q(d_code, dq, d_raw[e], hq, h8, hd, hb, Y[p, o0:o0 + n], 0, D, b0, b1, d_f16)
-                else:
-                    hs = sums32(g) if d_code == 4 or d_code == 5 else no_sums(g)
-                    rows(d_code, d_raw[e], g, hs, Y[p, o0:o0 + n], 0, D, b0, b1, d_f16)
-        out = np.zeros((T, D), dtype=np.float32)                        # (T, D)
-        w = wts.reshape(-1)
-        for e in range(E):                                              # grouped order: by expert
-            for q in range(offsets[e], offsets[e + 1]):
-                s = slots[q]
-                t, c = s // K, w[s]
-                for p in range(parts):
-                    for i in range(D):
-                        out[t, i] += c * Y[p, q, i]
-                if db.shape[1] > 0:
-                    for i in range(D):
-                        out[t, i] += c * db[e, i]
-        return out
 
-    # one name per variant (matmul.variant): two variants compiled first in two processes and then both
-    # loaded from the disk cache into a third collided there, and a call read the other's environment
-    # ("NRT_adapt_ndarray_to_python: descr is NULL", found by the semantic fuzzer)
-    return variant(moe_layer, f"moe_layer_g{g_code}_d{d_code}_aq{aq}", parallel=True)
+@njit(cache=True)
+def _no_rows32(w, x8, xd, out, r0, r1, b0, b1, f16):
+    """Bound as the per-32 int8 row kernel of a type without one (never runs)."""
+    out[:, r0:r1] = np.nan
+
+
+@njit(cache=True)
+def _no_rows_q(w, xq, x8, xd, xb, out, r0, r1, b0, b1, f16):
+    """Bound as the quantized row kernel of a type without one (its branch never runs: GQ or DQ is 0)."""
+    out[:, r0:r1] = np.nan
+
+
+# Bound per (gate/up type, down type, mode) by layer_kernel: g_rows, d_rows (the types' row kernels), g_sums,
+# d_sums (their sums_of), GQ, DQ (qmax of their quantized kernels, 0 for float) and g_rows_q, d_rows_q; the
+# placeholders only name them.
+GQ = DQ = 0
+GM = DM = False            # gate/up, down: int8 per 32 (a type's q8_32, MXFP4's) in the int8 mode
+g_rows = d_rows = g_sums = d_sums = g_rows_q = d_rows_q = g_quant32 = g_rows32 = d_quant32 = d_rows32 = None
+
+def _moe_layer(x, ids, wts, g_raw, g_f16, u_raw, u_f16, d_raw, d_f16, nb_in, nb_down, block_down, parts,
+               act, gb, ub, db, n_threads):
+    """The whole routed-expert layer; see the module docstring. Raw tensors (E, rows, row_bytes) uint8;
+    act an ACT_CODES code; gb, ub (E, F) and db (E, D) float32 biases, or (0, 0) arrays for none."""
+    T, K = ids.shape
+    E, F = g_raw.shape[0], g_raw.shape[1]
+    D = d_raw.shape[1]
+    offsets, slots = group_by_expert(ids, E)                            # (E+1,), (T*K,) flat t*K+k
+    if parts == 0:                                                      # auto: from the experts hit
+        parts = parts_for(np.count_nonzero(offsets[1:] - offsets[:-1]), nb_down, n_threads)
+    item_bytes = (2 * g_raw[0].size + d_raw[0].size) / parts
+    order, start = _plan(offsets, parts, n_threads, item_bytes, 3.0 * F * D / parts)
+    Y = np.zeros((parts, T * K, D), dtype=np.float32)                  # each item's partial outputs
+    Fp = nb_down // parts * block_down                                  # hidden units of a part
+    for th in prange(n_threads):
+        for j in range(start[th], start[th + 1]):
+            e, p = order[j] // parts, order[j] % parts
+            o0, n = offsets[e], offsets[e + 1] - offsets[e]
+            xe = np.empty((n, x.shape[1]), dtype=np.float32)            # (n, D) this expert's tokens
+            for i in range(n):
+                xe[i] = x[slots[o0 + i] // K]
+            f0, f1 = p * Fp, (p + 1) * Fp
+            g = np.zeros((n, F), dtype=np.float32)                      # (n, F), columns [f0, f1) used
+            u = np.zeros((n, F), dtype=np.float32)
+            if GM:                                                      # x rounded per 32 (MXFP4, int8 mode)
+                x8, xd = g_quant32(xe)
+                g_rows32(g_raw[e], x8, xd, g, f0, f1, 0, nb_in, g_f16)
+                g_rows32(u_raw[e], x8, xd, u, f0, f1, 0, nb_in, u_f16)
+            elif quantized(GQ, T):                                      # opt-in: x quantized
+                xq, x8, xd, xb = quantize_rows(xe, GQ)
+                g_rows_q(g_raw[e], xq, x8, xd, xb, g, f0, f1, 0, nb_in, g_f16)
+                g_rows_q(u_raw[e], xq, x8, xd, xb, u, f0, f1, 0, nb_in, u_f16)
+            else:
+                xs = g_sums(xe)
+                g_rows(g_raw[e], xe, xs, g, f0, f1, 0, nb_in, g_f16)
+                g_rows(u_raw[e], xe, xs, u, f0, f1, 0, nb_in, u_f16)
+            _act_mul(g, u, f0, f1, act, gb, ub, e)                      # h = act(g + bg, u + bu)
+            b0, b1 = f0 // block_down, f1 // block_down
+            if DM:
+                h8, hd = d_quant32(g)                                   # columns outside [f0, f1) are 0
+                d_rows32(d_raw[e], h8, hd, Y[p, o0:o0 + n], 0, D, b0, b1, d_f16)
+            elif quantized(DQ, T):
+                hq, h8, hd, hb = quantize_rows(g, DQ)                   # columns outside [f0, f1) are 0
+                d_rows_q(d_raw[e], hq, h8, hd, hb, Y[p, o0:o0 + n], 0, D, b0, b1, d_f16)
+            else:
+                d_rows(d_raw[e], g, d_sums(g), Y[p, o0:o0 + n], 0, D, b0, b1, d_f16)
+    out = np.zeros((T, D), dtype=np.float32)                            # (T, D)
+    w = wts.reshape(-1)
+    for e in range(E):                                                  # grouped order: by expert
+        for q in range(offsets[e], offsets[e + 1]):
+            s = slots[q]
+            t, c = s // K, w[s]
+            for p in range(parts):
+                for i in range(D):
+                    out[t, i] += c * Y[p, q, i]
+            if db.shape[1] > 0:
+                for i in range(D):
+                    out[t, i] += c * db[e, i]
+    return out
 
 
 def _raw3(t: QTensor) -> np.ndarray:
@@ -231,7 +244,7 @@ def parts_for(n_active, n_blocks_down, threads):
 
 def supports(gate: QTensor, up: QTensor, down: QTensor) -> bool:
     """Whether moe_ffn_fused takes these tensors: types with row kernels, gate and up of one type."""
-    return gate.type == up.type and gate.type in TYPE_CODES and down.type in TYPE_CODES
+    return gate.type == up.type and gate.type in TYPES and down.type in TYPES
 
 
 class PreparedExperts:
@@ -247,18 +260,18 @@ class PreparedExperts:
         float32 (bg (E, F), bu (E, F), bd (E, D)) added to gate, up and down outputs."""
         aq = matmul_q.mode(act_quant)
         for t in (gate, up, down):
-            if t.type not in TYPE_CODES:
-                lookup(t.type, frozenset(TYPE_CODES), "moert.kernels.moe_fused")   # raises UnsupportedTypeError
+            if t.type not in TYPES:
+                lookup(t.type, frozenset(TYPES), "moert.kernels.moe_fused")        # raises UnsupportedTypeError
         E, F, D = check_experts("PreparedExperts", gate, up, down)
         if gate.type != up.type:
             raise ValueError(f"gate is {gate.type} but up is {up.type}; the fused kernel reads both with one "
                              f"row kernel (use kernels.moe.moe_ffn for mixed gate/up types)")
-        bd = BLOCK[down.type]
+        bd = TYPES[down.type].block
         self.shape = (E, F, D)
         gb, ub, db = check_biases("PreparedExperts", biases, E, F, D)
         self.args = (_raw3(gate), table(gate.type), _raw3(up), table(up.type), _raw3(down), table(down.type),
-                     D // BLOCK[gate.type], F // bd, bd, 0, _act_code(act), gb, ub, db)
-        self.kernel = layer_kernel(TYPE_CODES[gate.type], TYPE_CODES[down.type], aq)
+                     D // TYPES[gate.type].block, F // bd, bd, 0, _act_code(act), gb, ub, db)
+        self.kernel = layer_kernel(gate.type, down.type, aq)
 
     def __call__(self, x: np.ndarray, ids: np.ndarray, weights: np.ndarray) -> np.ndarray:
         """sum_k weights[t, k] * expert_{ids[t, k]}(x[t]) -> (T, D) float32."""

@@ -25,16 +25,15 @@ GB/s, the value computed with shifts and selects 0.70, a block dequantized to th
 AVX2 pshufb decode 4.9 (Q4_K's float kernel: 2.2-2.6 in the same runs).
 
 The row kernels take the same arguments as kernels/matmul.py's, with the E8M0 table where those take the
-fp16 table, so matmul.rows and the fused MoE layer (kernels/moe_fused.py) call them as one more type code.
+fp16 table; `rows_entry` is MXFP4's row kernel in the kernel table (kernels/ktypes.py, the MXFP4 entry at the
+end of this file), so the drivers, the q/k/v group kernel and the fused MoE layer take MXFP4 as any type; its
+int8 mode rounds x per 32 (`quantize_q8`, `rows_q8`), which the table names as `q8_32`.
 Integers are explicit int32 (Numba widens to int64 otherwise: half the lanes).
 
 Dimension legend: T tokens, R rows, C columns, B = C / 32 blocks per row.
 """
 
 from __future__ import annotations
-
-import hashlib
-from pathlib import Path
 
 import numpy as np
 from llvmlite import ir
@@ -43,7 +42,7 @@ from numba.core import cgutils
 from numba.extending import intrinsic
 
 from moert.kernels import simd
-from moert.kernels.matmul import I32, _block_dot2, _stack_f32
+from moert.kernels.blockdot import I32, block_dot2, stack_f32
 from moert.quants.dequant import MXFP4_VALUES, e8m0_half
 
 __all__ = ["E8M0_HALF", "dequant", "dequant_ref", "make_drivers", "quantize_q8", "quantize_q8_ref", "rows", "rows1",
@@ -61,7 +60,7 @@ _IVALUES = np.array(MXFP4_VALUES, dtype=np.int32)
 @njit(cache=True, inline="always")
 def _table():
     """MXFP4_VALUES as a float32 array on the caller's stack (a gather-free lookup LLVM keeps in cache)."""
-    k = _stack_f32(16)
+    k = stack_f32(16)
     for i in range(16):
         k[i] = _VALUES[i]
     return k
@@ -96,7 +95,7 @@ def _dot1(w, x, nb, e8m0):
     """w . x for nb blocks: w (nb*17,) uint8 one row's bytes, x (nb*32,) float32. 32 lanes of accumulators on
     the stack (kept in vector registers), one horizontal sum at the end."""
     k = _table()
-    acc = _stack_f32(32)
+    acc = stack_f32(32)
     for l in range(32):
         acc[l] = 0.0
     for b in range(nb):
@@ -137,12 +136,12 @@ def rows1_table(w, x, out, r0, r1, b0, b1, e8m0):
 @njit(cache=True, fastmath=_FM)
 def rows_table(w, x, out, r0, r1, b0, b1, e8m0):
     """out[t, r] for every token t of x (T, C), as rows1_table: two rows at a time, each 8-block (256-weight) run
-    dequantized into a stack buffer and multiplied with every token (matmul._block_dot2: each load of x feeds
+    dequantized into a stack buffer and multiplied with every token (blockdot.block_dot2: each load of x feeds
     both rows)."""
     acc0 = np.empty(x.shape[0], dtype=np.float32)
     acc1 = np.empty(x.shape[0], dtype=np.float32)
-    u = _stack_f32(256)
-    v = _stack_f32(256)
+    u = stack_f32(256)
+    v = stack_f32(256)
     for r in range(r0, r1, 2):                          # rows in pairs; an odd last row pairs with itself
         r2 = min(r + 1, r1 - 1)
         acc0[:] = 0.0
@@ -152,7 +151,7 @@ def rows_table(w, x, out, r0, r1, b0, b1, e8m0):
             n = min(8, b1 - b)
             _deq8(w0, b, n, u, e8m0)
             _deq8(w1, b, n, v, e8m0)
-            _block_dot2(u, v, 32 * n, x, 32 * b, acc0, acc1)
+            block_dot2(u, v, 32 * n, x, 32 * b, acc0, acc1)
         out[:, r] = acc0
         out[:, r2] = acc1
 
@@ -395,7 +394,7 @@ def rows_q8_avx2(w, x8, xd, out, r0, r1, b0, b1, e8m0):
             out[t, r] = row_q8(wr, 17 * b0, b1 - b0, xf, t * C + 32 * b0, C, df, t * B + b0, B, e8m0, 1)
 
 
-# What matmul.rows, the drivers below and the fused MoE layer call: the AVX2 rows where the CPU has AVX2, else
+# What the table entry, the drivers below and the fused MoE layer call: the AVX2 rows where the CPU has AVX2, else
 # the portable ones (measured on a 4096 x 4096 matvec, one thread: 4.9 GB/s against 0.6-1.2; bench/RESULTS.md).
 if simd.available():
     rows1, rows, rows_q8 = rows1_avx2, rows_avx2, rows_q8_avx2
@@ -404,48 +403,62 @@ else:
 
 
 # ------------------------------------------------------------------------------------ drivers
-# matmul.kernels_for's (serial, parallel) pair for MXFP4, made here so that their Numba cache is keyed by this
-# file; they link matmul.py's _block_dot2 and simd.py's helpers, so those files' source is in the key too (as
-# moe_fused.py does).
+# matmul.kernels_for's (serial, parallel) pair for MXFP4 (the table entry's `drivers`). ktypes.variant names
+# each copy with a hash of kernels/*.py, so an edit to a kernel they inline recompiles them.
 
-_LINKED_SOURCE = int(hashlib.sha1(b"".join((Path(__file__).parent / f).read_bytes()
-                                          for f in ("matmul.py", "simd.py"))).hexdigest()[:15], 16)
+
+Q8 = False     # bound per copy by make_drivers (a placeholder: the templates below are never compiled as is)
+
+
+def _serial(w, x, out, r0, r1, b0, b1, e8m0):
+    if Q8:
+        x8, xd = quantize_q8(x)
+        rows_q8(w, x8, xd, out, r0, r1, b0, b1, e8m0)
+    elif x.shape[0] == 1:
+        rows1(w, x, out, r0, r1, b0, b1, e8m0)
+    else:
+        rows(w, x, out, r0, r1, b0, b1, e8m0)
+
+
+def _parallel(w, x, out, nb, e8m0, chunk):
+    R = w.shape[0]
+    n = (R + chunk - 1) // chunk
+    if Q8:
+        x8, xd = quantize_q8(x)
+        for i in prange(n):
+            rows_q8(w, x8, xd, out, i * chunk, min(R, (i + 1) * chunk), 0, nb, e8m0)
+    else:
+        for i in prange(n):
+            if x.shape[0] == 1:
+                rows1(w, x, out, i * chunk, min(R, (i + 1) * chunk), 0, nb, e8m0)
+            else:
+                rows(w, x, out, i * chunk, min(R, (i + 1) * chunk), 0, nb, e8m0)
 
 
 def make_drivers(aq: int = 0) -> tuple:
     """(serial, parallel) as kernels/matmul.py's drivers: serial(w, x, out, r0, r1, b0, b1, e8m0) and
     parallel(w, x, out, nb, e8m0, chunk), one parallel region over chunks of rows. aq = 2 (act_quant="int8"): x
     rounded to int8 per 32 first (quantize_q8, rows_q8); otherwise float (MXFP4 has no int16 kernels)."""
-    from moert.kernels.matmul import variant
+    from moert.kernels.ktypes import variant
 
-    linked, q8 = _LINKED_SOURCE, aq == 2
+    q8 = aq == 2
+    return (variant(_serial, f"serial_mxfp4_aq{int(q8) * 2}", Q8=q8),
+            variant(_parallel, f"parallel_mxfp4_aq{int(q8) * 2}", parallel=True, Q8=q8))
 
-    def serial(w, x, out, r0, r1, b0, b1, e8m0):
-        assert linked != 0                                              # in the cache key; see above
-        if q8:
-            x8, xd = quantize_q8(x)
-            rows_q8(w, x8, xd, out, r0, r1, b0, b1, e8m0)
-        elif x.shape[0] == 1:
-            rows1(w, x, out, r0, r1, b0, b1, e8m0)
-        else:
-            rows(w, x, out, r0, r1, b0, b1, e8m0)
 
-    def parallel(w, x, out, nb, e8m0, chunk):
-        assert linked != 0
-        R = w.shape[0]
-        n = (R + chunk - 1) // chunk
-        if q8:
-            x8, xd = quantize_q8(x)
-            for i in prange(n):
-                rows_q8(w, x8, xd, out, i * chunk, min(R, (i + 1) * chunk), 0, nb, e8m0)
-        else:
-            for i in prange(n):
-                if x.shape[0] == 1:
-                    rows1(w, x, out, i * chunk, min(R, (i + 1) * chunk), 0, nb, e8m0)
-                else:
-                    rows(w, x, out, i * chunk, min(R, (i + 1) * chunk), 0, nb, e8m0)
+@njit(cache=True, fastmath=_FM, inline="always")
+def rows_entry(w, x, xs, out, r0, r1, b0, b1, f16):
+    """MXFP4's row kernel in the kernel table's signature (xs: unused, MXFP4 has no per-32 minimum terms)."""
+    if x.shape[0] == 1:
+        rows1(w, x, out, r0, r1, b0, b1, f16)
+    else:
+        rows(w, x, out, r0, r1, b0, b1, f16)
 
-    return (variant(serial, f"serial_mxfp4_aq{int(q8) * 2}"),
-            variant(parallel, f"parallel_mxfp4_aq{int(q8) * 2}", parallel=True))
+
+# The kernel table's entry (kernels/ktypes.py): hand-written rows and drivers, int8 per 32 (llama.cpp's Q8_0)
+from moert.kernels.ktypes import KernelType, register  # noqa: E402
+
+register(KernelType("MXFP4", None, "chunked", table=E8M0_HALF, row_kernel=rows_entry, drivers=make_drivers,
+                    q8_32=(quantize_q8, rows_q8)))
 
 

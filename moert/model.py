@@ -461,6 +461,20 @@ class Model(TextAPI, Tracing):
                  for r in range(0, t.shape[0], rows)]                   # (T, rows) each
         return dev.xp.concatenate(parts, axis=1)
 
+    def linears(self, x, names: tuple[str, ...], dev: Device | None = None) -> tuple:
+        """linear(x, name, dev) for each of names, weights that read the same x (q, k, v): on the CPU, three
+        with fused kernels run as one parallel region (kernels.matmul.PreparedGroup), else one by one."""
+        g = self._prepared.get(names)
+        if g is None:
+            ts = [self.weights[self._name(n)] for n in names]
+            ok = len(ts) == 3 and all(t.device is CPU and t.type in kmatmul.FAST_TYPES and t.type != "F32"
+                                      and len(t.shape) == 2 for t in ts) and len({t.shape[1] for t in ts}) == 1
+            g = self._prepared[names] = kmatmul.PreparedGroup(
+                [QTensor(t.data, t.type, tuple(t.shape)) for t in ts], self.act_quant) if ok else False
+        if g and (dev is None or dev is CPU):
+            return g(x)
+        return tuple(self.linear(x, n, dev) for n in names)
+
     def _dense_bytes(self) -> int:
         return sum(a.nbytes for a in self._dense.values())
 

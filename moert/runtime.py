@@ -46,6 +46,9 @@ class Runtime(Protocol):
     def linear(self, x: Any, name: str, dev: Device | None = None) -> Any:
         """x (T, in) @ W.T for the 2-D weight `name` (out, in), from its quantized bytes: (T, out)."""
 
+    def linears(self, x: Any, names: tuple[str, ...], dev: Device | None = None) -> tuple:
+        """linear for several weights that read the same x (q, k, v), in one parallel region where it can."""
+
     def rope(self, dev: Device, head_dim: int, base: float, yarn: Any = None) -> tuple[Any, Any]:
         """cos, sin (T, head_dim / 2) for this chunk's positions; yarn: a layers.Yarn scaling, or None."""
 

@@ -17,6 +17,7 @@ from test_quants import random_tensor
 
 from moert.errors import UnsupportedTypeError
 from moert.kernels import matmul as mm
+from moert.kernels import qblocks, simd
 from moert.kernels.moe import QTensor
 from moert.quants import TYPES, dequantize, quantize
 
@@ -79,7 +80,7 @@ def test_rows_over_a_block_range(name, T):
     b0, b1 = (1, 3) if bs > 1 else (64, 192)
     c0, c1 = b0 * bs, b1 * bs
     out = np.full((T, 23), -7.0, np.float32)
-    serial, _ = mm.kernels_for(mm.TYPE_CODES[name])
+    serial, _ = mm.kernels_for(name)
     serial(mm.raw_rows(w), x, out, 3, 20, b0, b1, mm.table(name))
     dense = dequantize(w.raw, w.type, w.shape)
     want = x[:, c0:c1] @ dense[3:20, c0:c1].T
@@ -88,11 +89,30 @@ def test_rows_over_a_block_range(name, T):
     assert np.all(out[:, :3] == -7.0) and np.all(out[:, 20:] == -7.0)
 
 
+@pytest.mark.parametrize("act_quant", [None, pytest.param("int8", marks=pytest.mark.skipif(not simd.available(),
+                                                                                         reason="no AVX2"))])
+def test_group_is_three_calls_in_one_region(act_quant):
+    """q, k, v in one parallel region (PreparedGroup, mixed types) give each Prepared's numbers (the same row
+    kernels, inlined in another function: LLVM may order a batch's float sums differently there)."""
+    ws = [weight("Q4_K", 600, 1024, 1), weight("Q4_K", 100, 1024, 2), weight("Q6_K", 100, 1024, 3)]
+    g = mm.PreparedGroup(ws, act_quant)
+    assert g.kernel is not None and g.bytes >= 1 << 18                      # big enough to go parallel
+    before = numba.get_num_threads()
+    try:
+        numba.set_num_threads(min(2, numba.config.NUMBA_NUM_THREADS))
+        for T in (1, 5):
+            x = np.random.default_rng(T).standard_normal((T, 1024), dtype=np.float32)
+            for got, p, w in zip(g(x), g.parts, ws):
+                assert_close(got, p(x), x, w)
+    finally:
+        numba.set_num_threads(before)
+
+
 def test_f16_conversion_is_numpy_bit_for_bit():
     """The vectorizable fp16 -> float32 bit trick on all 65536 patterns: subnormals, inf, NaN payloads."""
     h = np.arange(1 << 16, dtype=np.uint32).astype(np.uint16)
     buf = np.empty(1 << 16, np.float32)
-    mm._deq_f16(h.view(np.uint8), 0, 1 << 16, buf)
+    qblocks.f16_bits(h.view(np.uint8), 0, 1 << 16, buf)
     np.testing.assert_array_equal(buf.view(np.uint32), h.view(np.float16).astype(np.float32).view(np.uint32))
 
 

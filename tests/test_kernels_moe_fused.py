@@ -135,7 +135,7 @@ def test_same_result_for_any_threads_and_parts():
     np.testing.assert_array_equal(one, two)
     assert mf.parts_for(8, 3, 2) == 1 and mf.parts_for(8, 3, 16) == 3 and mf.parts_for(1, 3, 2) == 3
     args = [a for t in (gate, up, down) for a in (mf._raw3(t), mf.table(t.type))]
-    kernel = mf.layer_kernel(mf.TYPE_CODES[gate.type], mf.TYPE_CODES[down.type])
+    kernel = mf.layer_kernel(gate.type, down.type)
     none = np.zeros((0, 0), np.float32)                                 # no biases
     split = kernel(x, ids, w, *args, D // 256, 3, 256, 3, 0, none, none, none, 2)   # 3 parts of 256 hidden units
     tol = 1e-4 * scale(x, ids, w, gate, up, down)
@@ -158,6 +158,8 @@ def test_every_compiled_variant_has_a_name_of_its_own():
     found by the semantic fuzzer). Each variant now has its own name, hence its own cache file and symbols."""
     from moert.kernels import matmul as mm
 
-    names = {mf.layer_kernel(a, b, q).py_func.__qualname__ for a, b, q in ((3, 3, 0), (4, 6, 0), (4, 6, 2))}
-    names |= {f.py_func.__qualname__ for code in (3, 4) for f in mm.kernels_for(code, 0)}
-    assert len(names) == 7 and all("<locals>" not in n for n in names)
+    names = {mf.layer_kernel(a, b, q).py_func.__qualname__
+             for a, b, q in (("Q8_0", "Q8_0", 0), ("Q4_K", "Q6_K", 0), ("Q4_K", "Q6_K", 2))}
+    names |= {f.py_func.__qualname__ for t in ("Q8_0", "Q4_K") for f in mm.kernels_for(t, 0)}
+    names |= {mm.TYPES[t].rows.py_func.__qualname__ for t in ("Q8_0", "Q4_K")}
+    assert len(names) == 9 and all("<locals>" not in n for n in names)

@@ -61,12 +61,12 @@ def test_a_type_compiles_only_its_own_row_kernels(tmp_path):
         e = quantize(rng.standard_normal((2 * 64, 64), dtype=np.float32), "Q8_0").reshape(2, 64, -1)
         t = QTensor(e, "Q8_0", (2, 64, 64))
         mf.moe_ffn_fused(np.ones((3, 64), np.float32), np.array([[0], [1], [0]]), np.ones((3, 1), np.float32), t, t, t)
-        print(sorted(n for n in dir(mm) if n.startswith("_rows") and getattr(mm, n).signatures))
+        print({n: t.compiled() for n, t in mm.TYPES.items() if t.compiled()})
     """)
     env = dict(os.environ, NUMBA_CACHE_DIR=str(tmp_path))
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stderr
-    assert out.stdout.split("\n")[-2] == "['_rows1_q8_0', '_rows_q8_0']"
+    assert out.stdout.split("\n")[-2] == "{'Q8_0': ['dot1_q8_0', 'rows1_q8_0', 'rowsb_q8_0']}"
 
 
 def test_warmup_near_a_full_context(path):

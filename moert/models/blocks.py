@@ -39,9 +39,10 @@ def qk_norm_attention(m, il: int, h, dev, rope_base: float, *, neox: bool = True
     h (T, D), already normed -> attn_output(attention) (T, D). Writes this chunk's k, v into layer il's cache."""
     c, b, xp = m.config, f"blk.{il}.", dev.xp
     T = h.shape[0]
-    q = m.linear(h, b + "attn_q.weight", dev).reshape(T, c.n_head, c.head_dim)          # (T, H, Dh)
-    k = m.linear(h, b + "attn_k.weight", dev).reshape(T, c.n_head_kv, c.head_dim)       # (T, Hk, Dh)
-    v = m.linear(h, b + "attn_v.weight", dev).reshape(T, c.n_head_kv, c.head_dim_v)     # (T, Hk, Dv)
+    q, k, v = m.linears(h, (b + "attn_q.weight", b + "attn_k.weight", b + "attn_v.weight"), dev)
+    q = q.reshape(T, c.n_head, c.head_dim)                                               # (T, H, Dh)
+    k = k.reshape(T, c.n_head_kv, c.head_dim)                                            # (T, Hk, Dh)
+    v = v.reshape(T, c.n_head_kv, c.head_dim_v)                                          # (T, Hk, Dv)
     qn, kn = m.w(b + "attn_q_norm.weight", dev), m.w(b + "attn_k_norm.weight", dev)    # (Dh,) each
     cos, sin = m.rope(dev, c.head_dim, rope_base)                                        # (T, Dh/2) each
     k_cache, v_cache = m.kv_cache(il)
@@ -90,9 +91,10 @@ def gqa_attention(m, il: int, h, dev, rope_base: float, *, neox: bool, qk_norm: 
     dev joining each softmax (gpt-oss); yarn: a layers.Yarn RoPE scaling, or None."""
     c, b, xp = m.config, f"blk.{il}.", dev.xp
     T = h.shape[0]
-    q = _biased(m, m.linear(h, b + "attn_q.weight", dev), b + "attn_q.bias", dev)      # (T, H*Dh)
-    k = _biased(m, m.linear(h, b + "attn_k.weight", dev), b + "attn_k.bias", dev)      # (T, Hk*Dh)
-    v = _biased(m, m.linear(h, b + "attn_v.weight", dev), b + "attn_v.bias", dev)      # (T, Hk*Dv)
+    q, k, v = m.linears(h, (b + "attn_q.weight", b + "attn_k.weight", b + "attn_v.weight"), dev)
+    q = _biased(m, q, b + "attn_q.bias", dev)                                           # (T, H*Dh)
+    k = _biased(m, k, b + "attn_k.bias", dev)                                           # (T, Hk*Dh)
+    v = _biased(m, v, b + "attn_v.bias", dev)                                           # (T, Hk*Dv)
     if qk_norm == "full":
         q = rms_norm(q, m.w(b + "attn_q_norm.weight", dev), c.rms_eps, xp)
         k = rms_norm(k, m.w(b + "attn_k_norm.weight", dev), c.rms_eps, xp)
