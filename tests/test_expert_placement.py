@@ -198,7 +198,7 @@ def trace(path):
     return m.trace
 
 
-@pytest.mark.parametrize("mem", ["780KiB", "820KiB", "880KiB"])
+@pytest.mark.parametrize("mem", ["844KiB", "884KiB", "944KiB"])
 def test_hot_experts_fills_the_gpu_with_the_most_selected_experts(path, trace, mem):
     from moert.placement import estimate, hot_experts, plan
 
@@ -218,7 +218,7 @@ def test_hot_experts_more_memory_never_fewer_hits(path, trace):
     from moert.placement import hot_experts, plan
 
     shares = []
-    for mem in ("770KiB", "800KiB", "850KiB", "900KiB", "1MiB"):
+    for mem in ("834KiB", "864KiB", "914KiB", "964KiB", "1100KiB"):
         p = plan(str(path), hot_experts(str(path), trace, gpu_memory=mem, context_size=64, gpu_backend="sim"),
                  gpu_backend="sim", gpu_memory=mem)
         shares.append(trace.hits(p).get("sim:0", 0.0))
