@@ -65,6 +65,9 @@ def _check_range(f: Any, value: Any, name: str) -> None:
             raise ConfigError(f"GGUF key {name!r} is {value}; it must be a finite number")
         if positive and value <= 0:
             raise ConfigError(f"GGUF key {name!r} is {value}; it must be > 0")
+        if hi is not None and value > hi:
+            raise ConfigError(f"GGUF key {name!r} is {value:g}; no model uses more than {hi:g} "
+                              f"(the file is corrupt or hostile)")
     if isinstance(value, int) and not isinstance(value, bool):
         hi = MAX_COUNT if hi is None else hi
         if value > hi:
@@ -97,10 +100,11 @@ class Config:
                              minimum=1, maximum=MAX_CONTEXT)
     yarn_beta_fast: float = key("{arch}.rope.scaling.yarn_beta_fast", 32.0, positive=True)
     yarn_beta_slow: float = key("{arch}.rope.scaling.yarn_beta_slow", 1.0, positive=True)
-    rope_attn_factor: float = key("{arch}.rope.scaling.attn_factor", 1.0, positive=True)
+    rope_attn_factor: float = key("{arch}.rope.scaling.attn_factor", 1.0, positive=True, maximum=100.0)
     yarn_attn_factor: float = key("{arch}.rope.scaling.yarn_attn_factor", lambda f: f["rope_attn_factor"],
-                                  positive=True)     # llama.cpp's newer key; else the older attn_factor
-    yarn_log_multiplier: float = key("{arch}.rope.scaling.yarn_log_multiplier", 0.0, minimum=0.0)
+                                  positive=True, maximum=100.0)   # llama.cpp's newer key; else the older one
+    # 0.1 * mscale_all_dim (DeepSeek: 0.1); it multiplies ln(factor) in the attention scale's square
+    yarn_log_multiplier: float = key("{arch}.rope.scaling.yarn_log_multiplier", 0.0, minimum=0.0, maximum=10.0)
     n_vocab: int = key("{arch}.vocab_size", lambda f: f["_n_tokens"], minimum=1, maximum=1 << 24)
 
     @classmethod
@@ -152,6 +156,8 @@ class Config:
         """Cross-field checks; subclasses extend them."""
         self._check(self.n_head % self.n_head_kv == 0, "attention.head_count_kv",
                     f"head_count {self.n_head} is not a multiple of head_count_kv {self.n_head_kv}")
+        self._check(self.rope_scaling != "yarn" or self.rope_base > 1.0, "rope.freq_base",
+                    f"YaRN needs a RoPE base above 1 (its ramp divides by ln(base)), not {self.rope_base:g}")
         self._check(self.rope_scaling in self.ROPE_SCALINGS, "rope.scaling.type",
                     f"RoPE scaling {self.rope_scaling!r} is not supported for {self.arch} (only "
                     f"{', '.join(self.ROPE_SCALINGS)}); use a GGUF converted without rope scaling")
