@@ -25,6 +25,7 @@ import numpy as np
 
 from moert import devices as _devices
 from moert.errors import MoertError
+from moert.layers import softmax
 
 
 @dataclass
@@ -156,11 +157,6 @@ def _layer_bytes(m, il: int, experts: list[int], expert_names) -> dict[str, int]
     return out
 
 
-def _softmax(z: np.ndarray) -> np.ndarray:
-    e = np.exp(z - z.max())
-    return e / e.sum()
-
-
 def explain(m, prompt: str | list[int], token: int = -1, top: int = 5) -> Trace:
     """Run `prompt` and trace its token `token` (an index into the prompt's ids, negative from the end)."""
     ids = m.tokenize(prompt) if isinstance(prompt, str) else [int(t) for t in prompt]
@@ -184,7 +180,7 @@ def explain(m, prompt: str | list[int], token: int = -1, top: int = 5) -> Trace:
         lt.residual_norm = _norm(xs[k])
         lt.attention_update = _norm(total - ffn) / max(lt.residual_norm, 1e-30)
         lt.ffn_update = _norm(ffn) / max(lt.residual_norm, 1e-30)
-    p = _softmax(np.asarray(logits[-1], np.float64))
+    p = softmax(np.asarray(logits[-1], np.float64))
     best = np.argsort(-p, kind="stable")[:top]
     tok = m.tokenizer
     text = (lambda t: tok.detokenize([t], special=True)) if tok.has_vocab else str
@@ -206,7 +202,7 @@ def _layer_trace(m, r: dict) -> LayerTrace:
         if f"blk.{il}.ffn_gate_inp.bias" in m.gguf.tensors:                        # gpt-oss's router bias
             logits = logits + m.gguf.dequantize(f"blk.{il}.ffn_gate_inp.bias").astype(np.float64)
         scores = getattr(m.arch, "router_scores", None)        # an architecture whose router is not a softmax
-        p, lt.router = scores(m.config, logits) if scores else (_softmax(logits), "")   # (E,)
+        p, lt.router = scores(m.config, logits) if scores else (softmax(logits), "")   # (E,)
         lt.ffn, lt.probs = "moe", np.asarray(p).tolist()
         lt.experts = [int(e) for e in _host(m, r["ids"])[0]]
         lt.weights = [float(w) for w in _host(m, r["w"])[0]]

@@ -18,6 +18,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from moert.kvcache import TypedKV, load, store
+
 FLASH_CHUNK = 256    # keys per step of flash_attention (memory.py's scratch term counts on it)
 _fast = None    # moert.kernels.layers, imported on first use (it imports Numba)
 
@@ -127,8 +129,6 @@ def attention(q, k, v, k_cache, v_cache, pos0: int, xp=np, *, scale: float | Non
     flash: never hold the (T, S) scores: on the CPU with f32 caches kernels/flash.py (a row at a time),
     elsewhere `flash_attention` below (its twin: (T, chunk) scores at a time).
     Returns (T, H * Dv)."""
-    from moert.kvcache import TypedKV, load, store
-
     T, H, Dh = q.shape
     Hk, Dv = k.shape[1], v.shape[2]
     G, S = H // Hk, pos0 + T
@@ -168,8 +168,6 @@ def flash_attention(qg, k_cache, v_cache, pos0: int, T: int, s0: int, scale: flo
     each chunk rescales them by exp(m_old - m_new). qg (Hk, G*T, Dh), rows ordered (g, t). The caches are
     read (dequantized, for a TypedKV) one chunk at a time. sinks (H,): a key of score sinks[h] and value 0
     seen first (m starts at the sink, l at 1). Returns (Hk, G*T, Dv)."""
-    from moert.kvcache import load
-
     Hk, R, _ = qg.shape
     S = pos0 + T
     m = xp.full((Hk, R, 1), -np.inf, dtype=np.float32)                  # running max per row
@@ -202,8 +200,6 @@ def latent_attention(q_lat, q_pe, c_kv, k_pe, cache, pos0: int, scale: float, xp
     cache (n_ctx, 1, R + P), an f32 array or a kvcache.TypedKV (-ctk). q_lat (H, T, R): the queries already
     multiplied into latent space (attn_k_b absorbed); q_pe (H, T, P) their rotated part. Returns the
     attention-weighted latents (H, T, R)."""
-    from moert.kvcache import load, store
-
     T, R = c_kv.shape
     S = pos0 + T
     store(cache, pos0, xp.concatenate([c_kv, k_pe], axis=-1)[:, None, :])

@@ -237,8 +237,7 @@ def router_scores(c: Config, logits: np.ndarray) -> tuple[np.ndarray, str]:
            + (f", x {c.expert_weights_scale:g}" if c.expert_weights_scale not in (0, 1) else ""))
     if GATING[c.expert_gating_func] == "sigmoid":
         return 1.0 / (1.0 + np.exp(-logits)), how
-    e = np.exp(logits - logits.max())
-    return e / e.sum(), how
+    return softmax(logits), how
 
 
 def route(c: Config, logits, bias, xp=np):

@@ -35,7 +35,7 @@ from typing import ClassVar
 import numpy as np
 
 from moert.config import MoEConfig, key
-from moert.layers import rms_norm
+from moert.layers import rms_norm, softmax
 from moert.models.blocks import decoder, gqa_attention
 from moert.models.spec import TensorSpec, io_tensors, spec
 from moert.moe import topk_softmax
@@ -101,8 +101,7 @@ def router_scores(c: Config, logits: np.ndarray) -> tuple[np.ndarray, str]:
     k, 0 elsewhere, as routing computes it."""
     top = np.argsort(-logits, kind="stable")[:c.n_expert_used]
     p = np.zeros_like(logits)
-    e = np.exp(logits[top] - logits[top].max())
-    p[top] = e / e.sum()
+    p[top] = softmax(logits[top])
     return p, f"top {c.n_expert_used} of (ffn_gate_inp . post_attention_norm(x) + bias), softmax over those"
 
 

@@ -159,11 +159,13 @@ def build(info: _Model, rules: list[TensorOverride], n_gpu: int, gpu_backend: st
     shadowed_by: list[int | None] = [None] * len(rules)
     t_match = time.perf_counter()
     exact: dict[str, list[int]] = {}             # ^<literal>$ rules: a lookup, not a search per tensor
+    searched: list[tuple[int, TensorOverride]] = []
     for i, r in enumerate(rules):
         lit = literal_name(r.pattern)
-        if lit is not None:
+        if lit is None:
+            searched.append((i, r))
+        else:
             exact.setdefault(lit, []).append(i)
-    searched = [(i, r) for i, r in enumerate(rules) if literal_name(r.pattern) is None]
     for name, (typ, shape, nbytes) in tensors.items():
         layer = _layer_of(name, info.n_layer)
         hits = sorted(exact.get(name, []) + [i for i, r in searched if r.matches(name)])
