@@ -22,6 +22,11 @@ from numba.extending import intrinsic
 __all__ = ["FM", "I32", "block_dot", "block_dot2", "no_sums", "stack_f32", "sums32"]
 
 FM = {"reassoc", "contract"}    # let LLVM reorder float sums (vector lanes) and fuse mul+add; no nnan/ninf
+# parallel= for every kernel with a parallel region (Numba's options): only explicit prange loops become parfors.
+# With parallel=True every array expression and np.zeros in the function is a parfor too, each compiled as
+# a gufunc of its own: seconds of first-run compile for work that is microseconds serially.
+PRANGE_ONLY = dict(prange=True, numpy=False, comprehension=False, reduction=False, setitem=False,
+                   stencil=False, fusion=False, inplace_binop=False)
 I32 = np.int32
 _FM = FM
 

@@ -19,11 +19,13 @@ from __future__ import annotations
 import numpy as np
 from numba import njit, prange
 
+from moert.kernels.blockdot import PRANGE_ONLY
+
 # Every fp16 / bf16 bit pattern -> float32, computed by NumPy (the reference's own conversion).
 F16_TO_F32 = np.arange(1 << 16, dtype=np.uint32).astype(np.uint16).view(np.float16).astype(np.float32)
 BF16_TO_F32 = (np.arange(1 << 16, dtype=np.uint32) << 16).view(np.float32)
 
-_JIT = dict(parallel=True, cache=True, fastmath=False)
+_JIT = dict(parallel=PRANGE_ONLY, cache=True, fastmath=False)
 
 
 @njit(cache=True, inline="always")

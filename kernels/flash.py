@@ -22,11 +22,12 @@ import numpy as np
 from numba import njit, prange
 
 from moert.errors import ShapeError
+from moert.kernels.blockdot import PRANGE_ONLY
 
 BLOCK = 64     # keys scored before the running max and sums are rescaled
 
 
-@njit(cache=True, parallel=True, fastmath={"reassoc", "contract"})
+@njit(cache=True, parallel=PRANGE_ONLY, fastmath={"reassoc", "contract"})
 def _flash(q, k_cache, v_cache, pos0, scale, window, sinks):
     T, H, Dh = q.shape
     Hk, Dv = k_cache.shape[1], v_cache.shape[2]

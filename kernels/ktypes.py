@@ -42,12 +42,12 @@ from numba import njit
 
 from moert.kernels import matmul_q as mq
 from moert.kernels import qblocks as qb
-from moert.kernels.blockdot import FM, block_dot, block_dot2, no_sums, stack_f32, sums32
+from moert.kernels.blockdot import FM, PRANGE_ONLY, block_dot, block_dot2, no_sums, stack_f32, sums32
 from moert.kernels.dequant import BF16_TO_F32, F16_TO_F32
 from moert.quants.dequant import DEQUANT
 from moert.quants.types import TYPES as GGML_TYPES
 
-__all__ = ["FAST_TYPES", "TYPES", "KernelType", "register", "variant"]
+__all__ = ["FAST_TYPES", "PRANGE_ONLY", "TYPES", "KernelType", "register", "variant"]
 
 LAYOUTS = ("paired", "chunked", "direct")
 _SOURCE = hashlib.sha1(b"".join(p.read_bytes() for p in sorted(Path(__file__).parent.glob("*.py")))).hexdigest()[:8]
@@ -178,8 +178,9 @@ def _rows_paired(w, x, out, r0, r1, b0, b1, f16):
             decode(w0, b, u, f16)
             decode(w1, b, v, f16)
             block_dot2(u, v, 256, x, 256 * (b0 + b), acc0, acc1)
-        out[:, r] = acc0
-        out[:, r2] = acc1
+        for t in range(x.shape[0]):                     # element loops, not out[:, r] = acc0: a slice
+            out[t, r] = acc0[t]                         # assignment from an array compiles numba's shape-
+            out[t, r2] = acc1[t]                        # error formatting (~2.7 s cold, per signature)
 
 
 def _rows_chunked(w, x, out, r0, r1, b0, b1, f16):
@@ -193,7 +194,8 @@ def _rows_chunked(w, x, out, r0, r1, b0, b1, f16):
             n = min(PER, b1 - b0 - b)
             decode(wr, b, n, buf, f16)
             block_dot(buf, BLOCK * n, x, BLOCK * (b0 + b), acc)
-        out[:, r] = acc
+        for t in range(x.shape[0]):
+            out[t, r] = acc[t]
 
 
 def _rows_direct(w, x, out, r0, r1, c0, c1, f16):
@@ -202,7 +204,8 @@ def _rows_direct(w, x, out, r0, r1, c0, c1, f16):
     for r in range(r0, r1):
         acc[:] = 0.0
         block_dot(w[r].view(np.float32)[c0:c1], c1 - c0, x, c0, acc)
-        out[:, r] = acc
+        for t in range(x.shape[0]):
+            out[t, r] = acc[t]
 
 
 def _rows(w, x, xs, out, r0, r1, b0, b1, f16):

@@ -20,6 +20,7 @@ import numpy as np
 from numba import njit, prange
 
 from moert.errors import ShapeError
+from moert.kernels.blockdot import PRANGE_ONLY
 
 from . import checks
 
@@ -127,7 +128,7 @@ def _attention1(q, k_cache, v_cache, s0, S, scale, sinks, out):
         _head(q[h], k_cache, v_cache, s0, S, h // G, scale, sinks[h], p, out[h])
 
 
-@njit(cache=True, fastmath=_FM, parallel=True)
+@njit(cache=True, fastmath=_FM, parallel=PRANGE_ONLY)
 def _attention1_parallel(q, k_cache, v_cache, s0, S, scale, sinks, out):
     H, Hk = q.shape[0], k_cache.shape[1]
     G = H // Hk
@@ -159,7 +160,9 @@ def _qk_into_cache(q, k, v, qn, kn, eps, cos, sin, neox, k_cache, v_cache, pos0)
     qr = np.empty_like(q)
     _norm_rope1(q, qn, eps, cos, sin, neox, qr)
     _norm_rope1(k, kn, eps, cos, sin, neox, k_cache[pos0])
-    v_cache[pos0] = v
+    for h in range(v.shape[0]):                 # element loops: a slice assignment from an array compiles
+        for i in range(v.shape[1]):             # numba's shape-error formatting (seconds on a first run)
+            v_cache[pos0, h, i] = v[h, i]
     return qr
 
 

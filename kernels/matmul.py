@@ -31,6 +31,7 @@ import numpy as np
 from numba import prange
 
 from moert.kernels import matmul_q
+from moert.kernels.blockdot import PRANGE_ONLY
 from moert.kernels.ktypes import FAST_TYPES, TYPES, KernelType, variant
 from moert.kernels.matmul_q import quantize_rows, quantized
 from moert.kernels.moe import QTensor
@@ -154,7 +155,7 @@ def group_kernel(type_names: tuple[str, str, str], aq: int = 0):
         bound = {f"{k}{i}": v for i, kt in enumerate(kts) for k, v in (("rows", kt.rows), ("sums", kt.sums_of))}
         if aq:
             bound.update({f"rows_q{i}": kt.quant[qmax] for i, kt in enumerate(kts)}, QMAX=qmax)
-        _GROUPS[key] = variant(_group3_q if aq else _group3, name, parallel=True, **bound)
+        _GROUPS[key] = variant(_group3_q if aq else _group3, name, parallel=PRANGE_ONLY, **bound)
     return _GROUPS[key]
 
 
@@ -174,10 +175,10 @@ def kernels_for(type_name: str, aq: int = 0) -> tuple:
         if aq:
             bound.update(QMAX=qmax, rows_q=kt.quant[qmax])
             _DRIVERS[type_name, aq] = (variant(_serial_q, f"serial_{n}_aq{aq}", **bound),
-                                       variant(_parallel_q, f"parallel_{n}_aq{aq}", parallel=True, **bound))
+                                       variant(_parallel_q, f"parallel_{n}_aq{aq}", parallel=PRANGE_ONLY, **bound))
         else:
             _DRIVERS[type_name, aq] = (variant(_serial, f"serial_{n}", **bound),
-                                       variant(_parallel, f"parallel_{n}", parallel=True, **bound))
+                                       variant(_parallel, f"parallel_{n}", parallel=PRANGE_ONLY, **bound))
     return _DRIVERS[type_name, aq]
 
 

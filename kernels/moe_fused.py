@@ -31,7 +31,7 @@ import numpy as np
 from numba import njit, prange
 
 from moert.kernels import matmul_q
-from moert.kernels.ktypes import TYPES, variant
+from moert.kernels.ktypes import PRANGE_ONLY, TYPES, variant
 from moert.kernels.matmul import matmul_ref, table, threads
 from moert.kernels.matmul_q import quantize_rows, quantized
 from moert.kernels.moe import QTensor, check_biases, check_experts, check_inputs, group_by_expert
@@ -125,10 +125,12 @@ def layer_kernel(g_type: str, d_type: str, aq: int = 0):
         dq = matmul_q.QMAX[aq] if aq and matmul_q.QMAX[aq] in d.quant else 0
         gm, dm = aq == 2 and g.q8_32 is not None, aq == 2 and d.q8_32 is not None     # MXFP4: x per 32
         g32, d32 = g.q8_32 or (_no_quant32, _no_rows32), d.q8_32 or (_no_quant32, _no_rows32)
-        _LAYERS[key] = variant(_moe_layer, f"moe_layer_{g_type.lower()}_{d_type.lower()}_aq{aq}", parallel=True,
+        name = f"{g_type.lower()}_{d_type.lower()}_aq{aq}"
+        items = variant(_moe_items, f"moe_items_{name}",
                                g_rows=g.rows, g_sums=g.sums_of, GQ=gq, g_rows_q=g.quant.get(gq, _no_rows_q),
                                d_rows=d.rows, d_sums=d.sums_of, DQ=dq, d_rows_q=d.quant.get(dq, _no_rows_q),
                                GM=gm, g_quant32=g32[0], g_rows32=g32[1], DM=dm, d_quant32=d32[0], d_rows32=d32[1])
+        _LAYERS[key] = variant(_moe_layer, f"moe_layer_{name}", parallel=PRANGE_ONLY, items=items)
     return _LAYERS[key]
 
 
@@ -156,6 +158,7 @@ def _no_rows_q(w, xq, x8, xd, xb, out, r0, r1, b0, b1, f16):
 GQ = DQ = 0
 GM = DM = False            # gate/up, down: int8 per 32 (a type's q8_32, MXFP4's) in the int8 mode
 g_rows = d_rows = g_sums = d_sums = g_rows_q = d_rows_q = g_quant32 = g_rows32 = d_quant32 = d_rows32 = None
+items = None              # _moe_layer's per-thread worker (_moe_items bound to the types)
 
 def _moe_layer(x, ids, wts, g_raw, g_f16, u_raw, u_f16, d_raw, d_f16, nb_in, nb_down, block_down, parts,
                act, gb, ub, db, n_threads):
@@ -166,49 +169,21 @@ def _moe_layer(x, ids, wts, g_raw, g_f16, u_raw, u_f16, d_raw, d_f16, nb_in, nb_
     D = d_raw.shape[1]
     offsets, slots = group_by_expert(ids, E)                            # (E+1,), (T*K,) flat t*K+k
     if parts == 0:                                                      # auto: from the experts hit
-        parts = parts_for(np.count_nonzero(offsets[1:] - offsets[:-1]), nb_down, n_threads)
+        hit = 0
+        for e in range(E):
+            hit += offsets[e + 1] > offsets[e]
+        parts = parts_for(hit, nb_down, n_threads)
     item_bytes = (2 * g_raw[0].size + d_raw[0].size) / parts
     order, start = _plan(offsets, parts, n_threads, item_bytes, 3.0 * F * D / parts)
     Y = np.zeros((parts, T * K, D), dtype=np.float32)                  # each item's partial outputs
-    Fp = nb_down // parts * block_down                                  # hidden units of a part
-    for th in prange(n_threads):
-        for j in range(start[th], start[th + 1]):
-            e, p = order[j] // parts, order[j] % parts
-            o0, n = offsets[e], offsets[e + 1] - offsets[e]
-            xe = np.empty((n, x.shape[1]), dtype=np.float32)            # (n, D) this expert's tokens
-            for i in range(n):
-                xe[i] = x[slots[o0 + i] // K]
-            f0, f1 = p * Fp, (p + 1) * Fp
-            g = np.zeros((n, F), dtype=np.float32)                      # (n, F), columns [f0, f1) used
-            u = np.zeros((n, F), dtype=np.float32)
-            if GM:                                                      # x rounded per 32 (MXFP4, int8 mode)
-                x8, xd = g_quant32(xe)
-                g_rows32(g_raw[e], x8, xd, g, f0, f1, 0, nb_in, g_f16)
-                g_rows32(u_raw[e], x8, xd, u, f0, f1, 0, nb_in, u_f16)
-            elif quantized(GQ, T):                                      # opt-in: x quantized
-                xq, x8, xd, xb = quantize_rows(xe, GQ)
-                g_rows_q(g_raw[e], xq, x8, xd, xb, g, f0, f1, 0, nb_in, g_f16)
-                g_rows_q(u_raw[e], xq, x8, xd, xb, u, f0, f1, 0, nb_in, u_f16)
-            else:
-                xs = g_sums(xe)
-                g_rows(g_raw[e], xe, xs, g, f0, f1, 0, nb_in, g_f16)
-                g_rows(u_raw[e], xe, xs, u, f0, f1, 0, nb_in, u_f16)
-            _act_mul(g, u, f0, f1, act, gb, ub, e)                      # h = act(g + bg, u + bu)
-            b0, b1 = f0 // block_down, f1 // block_down
-            if DM:
-                h8, hd = d_quant32(g)                                   # columns outside [f0, f1) are 0
-                d_rows32(d_raw[e], h8, hd, Y[p, o0:o0 + n], 0, D, b0, b1, d_f16)
-            elif quantized(DQ, T):
-                hq, h8, hd, hb = quantize_rows(g, DQ)                   # columns outside [f0, f1) are 0
-                d_rows_q(d_raw[e], hq, h8, hd, hb, Y[p, o0:o0 + n], 0, D, b0, b1, d_f16)
-            else:
-                d_rows(d_raw[e], g, d_sums(g), Y[p, o0:o0 + n], 0, D, b0, b1, d_f16)
+    for th in prange(n_threads):                                        # the region only calls the worker:
+        items(order[start[th]:start[th + 1]], offsets, slots, x, K, T, g_raw, g_f16, u_raw, u_f16, d_raw,
+              d_f16, nb_in, nb_down, block_down, parts, act, gb, ub, Y)  # a parfor body compiles slowly
     out = np.zeros((T, D), dtype=np.float32)                            # (T, D)
-    w = wts.reshape(-1)
     for e in range(E):                                                  # grouped order: by expert
         for q in range(offsets[e], offsets[e + 1]):
             s = slots[q]
-            t, c = s // K, w[s]
+            t, c = s // K, wts[s // K, s % K]
             for p in range(parts):
                 for i in range(D):
                     out[t, i] += c * Y[p, q, i]
@@ -216,6 +191,47 @@ def _moe_layer(x, ids, wts, g_raw, g_f16, u_raw, u_f16, d_raw, d_f16, nb_in, nb_
                 for i in range(D):
                     out[t, i] += c * db[e, i]
     return out
+
+
+def _moe_items(mine, offsets, slots, x, K, T, g_raw, g_f16, u_raw, u_f16, d_raw, d_f16, nb_in, nb_down,
+               block_down, parts, act, gb, ub, Y):
+    """One thread's items (ids e * parts + p in `mine`): expert e's tokens through part p of gate, up, act
+    and down, into Y[p] at e's rows of the grouped order. Serial; _moe_layer's region calls it per thread."""
+    F, D = g_raw.shape[1], d_raw.shape[1]
+    Fp = nb_down // parts * block_down                                  # hidden units of a part
+    for j in range(mine.shape[0]):
+        e, p = mine[j] // parts, mine[j] % parts
+        o0, n = offsets[e], offsets[e + 1] - offsets[e]
+        xe = np.empty((n, x.shape[1]), dtype=np.float32)                # (n, D) this expert's tokens
+        for i in range(n):
+            src = slots[o0 + i] // K
+            for c in range(x.shape[1]):                                 # not xe[i] = x[src]: see ktypes
+                xe[i, c] = x[src, c]
+        f0, f1 = p * Fp, (p + 1) * Fp
+        g = np.zeros((n, F), dtype=np.float32)                          # (n, F), columns [f0, f1) used
+        u = np.zeros((n, F), dtype=np.float32)
+        if GM:                                                          # x rounded per 32 (MXFP4, int8 mode)
+            x8, xd = g_quant32(xe)
+            g_rows32(g_raw[e], x8, xd, g, f0, f1, 0, nb_in, g_f16)
+            g_rows32(u_raw[e], x8, xd, u, f0, f1, 0, nb_in, u_f16)
+        elif quantized(GQ, T):                                          # opt-in: x quantized
+            xq, x8, xd, xb = quantize_rows(xe, GQ)
+            g_rows_q(g_raw[e], xq, x8, xd, xb, g, f0, f1, 0, nb_in, g_f16)
+            g_rows_q(u_raw[e], xq, x8, xd, xb, u, f0, f1, 0, nb_in, u_f16)
+        else:
+            xs = g_sums(xe)
+            g_rows(g_raw[e], xe, xs, g, f0, f1, 0, nb_in, g_f16)
+            g_rows(u_raw[e], xe, xs, u, f0, f1, 0, nb_in, u_f16)
+        _act_mul(g, u, f0, f1, act, gb, ub, e)                          # h = act(g + bg, u + bu)
+        b0, b1 = f0 // block_down, f1 // block_down
+        if DM:
+            h8, hd = d_quant32(g)                                       # columns outside [f0, f1) are 0
+            d_rows32(d_raw[e], h8, hd, Y[p, o0:o0 + n], 0, D, b0, b1, d_f16)
+        elif quantized(DQ, T):
+            hq, h8, hd, hb = quantize_rows(g, DQ)                       # columns outside [f0, f1) are 0
+            d_rows_q(d_raw[e], hq, h8, hd, hb, Y[p, o0:o0 + n], 0, D, b0, b1, d_f16)
+        else:
+            d_rows(d_raw[e], g, d_sums(g), Y[p, o0:o0 + n], 0, D, b0, b1, d_f16)
 
 
 def _raw3(t: QTensor) -> np.ndarray:

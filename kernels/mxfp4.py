@@ -42,7 +42,7 @@ from numba.core import cgutils
 from numba.extending import intrinsic
 
 from moert.kernels import simd
-from moert.kernels.blockdot import I32, block_dot2, stack_f32
+from moert.kernels.blockdot import I32, PRANGE_ONLY, block_dot2, stack_f32
 from moert.quants.dequant import MXFP4_VALUES, e8m0_half
 
 __all__ = ["E8M0_HALF", "dequant", "dequant_ref", "make_drivers", "quantize_q8", "quantize_q8_ref", "rows", "rows1",
@@ -68,7 +68,7 @@ def _table():
 
 # ------------------------------------------------------------------------------------ dequantization
 
-@njit(parallel=True, cache=True, fastmath=False)
+@njit(parallel=PRANGE_ONLY, cache=True, fastmath=False)
 def dequant(blocks, y, e8m0):
     """y[i] = the 32 weights of block i; blocks (n, 17) uint8, y (n, 32) float32, e8m0 = E8M0_HALF. Bit for bit
     ggml's dequantize_row_mxfp4: d * value is one exact float32 product."""
@@ -443,7 +443,7 @@ def make_drivers(aq: int = 0) -> tuple:
 
     q8 = aq == 2
     return (variant(_serial, f"serial_mxfp4_aq{int(q8) * 2}", Q8=q8),
-            variant(_parallel, f"parallel_mxfp4_aq{int(q8) * 2}", parallel=True, Q8=q8))
+            variant(_parallel, f"parallel_mxfp4_aq{int(q8) * 2}", parallel=PRANGE_ONLY, Q8=q8))
 
 
 @njit(cache=True, fastmath=_FM, inline="always")
