@@ -11,6 +11,8 @@ said, fails in the test suite the way it would on a real card.
 from __future__ import annotations
 
 import time
+import weakref
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -240,10 +242,28 @@ class SimDevice(Device):
     """A simulated GPU: NumPy storage, GPU rules (one device per array, explicit transfers, a capacity)."""
 
     kind = "sim"
+    MEMO_BYTES = 256 << 20      # host memory the memo of dequantized weights may keep, per device
 
     def __init__(self, index: int, capacity: int = DEFAULT_SIM_MEMORY):
         super().__init__(index, int(capacity))
         self.xp = SimNamespace(self)
+        self._memo: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+    def memo(self, owner: Any, make: Callable[[], SimArray]) -> SimArray:
+        """make(), a float32 SimArray computed from `owner` (a weight), computed once while the memo holds
+        under MEMO_BYTES of host memory. A real GPU dequantizes a weight per call, which is fast there and
+        the slowest part of a NumPy simulation; the memo keeps the result instead. Each call still returns a
+        fresh copy that counts against the capacity until it is collected, as the GPU's output would, so
+        memory accounting is the same as without the memo. The entry goes when the owner is collected."""
+        hit = self._memo.get(owner)
+        if hit is None:
+            out = make()
+            if sum(a.nbytes for a in self._memo.values()) + out._a.nbytes <= self.MEMO_BYTES:
+                hit = np.array(out._a, copy=True)
+                hit.flags.writeable = False
+                self._memo[owner] = hit
+            return out
+        return self._adopt(np.array(hit, copy=True), "a dequantized weight")
 
     def owns(self, arr: Any) -> bool:
         return isinstance(arr, SimArray) and arr.device is self

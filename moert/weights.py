@@ -65,7 +65,9 @@ class Weight:
             return quants.dequantize(raw.reshape(-1), self.type, shape, xp=self.device.xp)
 
     def dequantize(self) -> Any:
-        """The whole tensor as float32 on its own device (xp array)."""
+        """The whole tensor as float32 on its own device (xp array); a sim device memoizes it (SimDevice.memo)."""
+        if self.device.kind == "sim" and self.type != "F32":                # F32: a view, nothing to keep
+            return self.device.memo(self, lambda: self._dequantize(self.data, self.shape))
         return self._dequantize(self.data, self.shape)
 
     def raw_expert(self, e: int) -> Any:

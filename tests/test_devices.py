@@ -184,3 +184,37 @@ def test_array_namespace_of_sim_arrays(sims):
     assert xp_of(x).ascontiguousarray(x[:, ::2]).device is d  # what a dequantizer does with its input
     with pytest.raises(DeviceMismatchError):
         np.ascontiguousarray(x)  # numpy's own: an implicit device -> host conversion
+
+
+def test_sim_memo_of_dequantized_weights_keeps_accounting(sims):
+    """SimDevice.memo: make() runs once per owner; every call returns a fresh, counted, equal array; the memo
+    stays under MEMO_BYTES and forgets an owner that is collected."""
+    d, _ = sims
+
+    class Owner:                                        # any weak-referenceable object (a Weight)
+        pass
+
+    made = []
+
+    def make():
+        made.append(1)
+        return d.put(np.arange(64, dtype=np.float32))
+
+    w = Owner()
+    a = d.memo(w, make)
+    used = d.used
+    b = d.memo(w, make)
+    assert len(made) == 1 and np.array_equal(d.to_host(a), d.to_host(b))
+    assert d.used == used + b.nbytes                   # the copy counts, as a GPU's output would
+    b[0] = 5.0                                          # callers own their copy; the memo is unchanged
+    assert d.to_host(d.memo(w, make))[0] == 0.0 and len(made) == 1
+    del a, b
+    gc.collect()
+    assert d.used == 0
+    del w
+    gc.collect()
+    assert len(d._memo) == 0
+    d.MEMO_BYTES = 100                                  # under the budget only: 256 bytes do not fit
+    w2 = Owner()
+    d.memo(w2, make), d.memo(w2, make)
+    assert len(made) == 3
