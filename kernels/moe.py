@@ -48,20 +48,24 @@ def group_by_expert(ids, n_expert):
     """Counting sort of the T*K (token, slot) pairs by expert, stable; slots whose id is -1 are skipped (an
     expert of another device). ids (T, K) int32 -> offsets (E+1,) int64, slots (offsets[E],) int64 (flat
     index t*K + k)."""
-    flat = ids.reshape(-1)
+    T, K = ids.shape                                    # plain loops: no reshape or copy to compile
     offsets = np.zeros(n_expert + 1, dtype=np.int64)
-    for i in range(flat.shape[0]):
-        if flat[i] >= 0:
-            offsets[flat[i] + 1] += 1
+    for t in range(T):
+        for k in range(K):
+            if ids[t, k] >= 0:
+                offsets[ids[t, k] + 1] += 1
     for e in range(n_expert):
         offsets[e + 1] += offsets[e]
-    fill = offsets[:-1].copy()
+    fill = np.empty(n_expert, dtype=np.int64)
+    for e in range(n_expert):
+        fill[e] = offsets[e]
     slots = np.empty(offsets[n_expert], dtype=np.int64)
-    for i in range(flat.shape[0]):
-        e = flat[i]
-        if e >= 0:
-            slots[fill[e]] = i
-            fill[e] += 1
+    for t in range(T):
+        for k in range(K):
+            e = ids[t, k]
+            if e >= 0:
+                slots[fill[e]] = t * K + k
+                fill[e] += 1
     return offsets, slots
 
 

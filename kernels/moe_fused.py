@@ -69,7 +69,8 @@ def _act_mul(g, u, f0, f1, act, gb, ub, e):
 @njit(cache=True)
 def _plan(offsets, parts, n_threads, item_bytes, macs_per_token):
     """Items (expert, part) of the active experts, assigned largest-first to the least-loaded thread.
-    Returns order (n_items,) of item ids grouped by thread, start (n_threads + 1,) into order."""
+    Returns order (n_items,) of item ids grouped by thread, start (n_threads + 1,) into order. Plain loops
+    (no np.argmin, np.arange, copy): each NumPy function a kernel calls adds to its first-run compile."""
     E = offsets.shape[0] - 1
     active = np.empty(E, dtype=np.int64)
     n_act = 0
@@ -79,20 +80,22 @@ def _plan(offsets, parts, n_threads, item_bytes, macs_per_token):
             n_act += 1
     n_items = n_act * parts
     cost = np.empty(n_items, dtype=np.float64)
+    by_cost = np.empty(n_items, dtype=np.int64)                        # stable insertion sort, largest first
     for i in range(n_items):
         e = active[i // parts]
         cost[i] = item_bytes + macs_per_token * (offsets[e + 1] - offsets[e])
-    by_cost = np.arange(n_items)                                        # stable insertion sort, largest first
-    for i in range(1, n_items):
-        j, v = i, by_cost[i]
-        while j > 0 and cost[by_cost[j - 1]] < cost[v]:
+        j = i
+        while j > 0 and cost[by_cost[j - 1]] < cost[i]:
             by_cost[j] = by_cost[j - 1]
             j -= 1
-        by_cost[j] = v
+        by_cost[j] = i
     owner = np.empty(n_items, dtype=np.int64)
     load = np.zeros(n_threads, dtype=np.float64)
     for i in by_cost:
-        th = np.argmin(load)
+        th = 0
+        for k in range(1, n_threads):                                   # the least-loaded thread, lowest first
+            if load[k] < load[th]:
+                th = k
         owner[i] = th
         load[th] += cost[i]
     start = np.zeros(n_threads + 1, dtype=np.int64)
@@ -100,7 +103,9 @@ def _plan(offsets, parts, n_threads, item_bytes, macs_per_token):
         start[owner[i] + 1] += 1
     for th in range(n_threads):
         start[th + 1] += start[th]
-    fill = start[:-1].copy()
+    fill = np.empty(n_threads, dtype=np.int64)
+    for th in range(n_threads):
+        fill[th] = start[th]
     order = np.empty(n_items, dtype=np.int64)
     for i in range(n_items):
         order[fill[owner[i]]] = active[i // parts] * parts + i % parts
