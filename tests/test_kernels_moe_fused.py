@@ -14,7 +14,7 @@ import pytest
 from test_quants import random_tensor
 
 from moert.kernels import moe_fused as mf
-from moert.kernels.moe import QTensor, moe_ffn
+from moert.kernels.moe import QTensor, group_by_expert, group_by_expert_ref, moe_ffn
 from moert.quants import dequantize, quantize
 
 
@@ -163,3 +163,15 @@ def test_every_compiled_variant_has_a_name_of_its_own():
     names |= {f.py_func.__qualname__ for t in ("Q8_0", "Q4_K") for f in mm.kernels_for(t, 0)}
     names |= {mm.TYPES[t].rows.py_func.__qualname__ for t in ("Q8_0", "Q4_K")}
     assert len(names) == 9 and all("<locals>" not in n for n in names)
+
+
+@pytest.mark.parametrize("T,K,E", [(1, 2, 4), (7, 3, 16), (64, 8, 128)])
+def test_group_by_expert_matches_its_twin(T, K, E):
+    """The counting sort both MoE kernels group tokens with, against kernels.moe.group_by_expert_ref: -1 slots
+    (experts of another device) skipped, stable within an expert."""
+    rng = np.random.default_rng(T * K)
+    ids = rng.integers(-1, E, size=(T, K)).astype(np.int32)
+    offsets, slots = group_by_expert(ids, E)
+    ref_offsets, ref_slots = group_by_expert_ref(ids, E)
+    assert np.array_equal(offsets, ref_offsets) and np.array_equal(slots, ref_slots)
+    assert offsets[-1] == np.count_nonzero(ids >= 0)
