@@ -246,7 +246,7 @@ def format_layer(lt: LayerTrace) -> list[str]:
     if lt.ffn == "moe":
         how = lt.router or "softmax(ffn_gate_inp . ffn_norm(x))"
         lines.append(f"  router: {how} over {len(lt.probs)} experts, top {len(lt.experts)}"
-                     + ("" if lt.router else " renormalized"))
+                     + ("" if lt.router else ", renormalized to sum to 1"))
         lines += _bars(lt)
         lines.append("  chosen: " + ", ".join(f"e{e} x {w:.3f}" for e, w in zip(lt.experts, lt.weights))
                      + f"   (their gate/up/down slices live on {lt.expert_device})")

@@ -142,3 +142,19 @@ def test_a_sigmoid_router_is_shown_as_its_scores(tmp_path, one_numba_thread):
     p = np.asarray(lt.probs)
     assert ((p > 0) & (p < 1)).all() and abs(p.sum() - 1) > 0.1          # independent sigmoids, not a softmax
     assert "router: sigmoid(" in format_trace(explain(m, [1, 2, 3, 4]), layer=lt.layer)
+
+
+@pytest.mark.parametrize("arch,says", [("qwen3moe", "renormalized to sum to 1"),
+                                       ("qwen2moe", "not renormalized"), ("olmoe", "not renormalized")])
+def test_the_router_line_says_how_the_weights_are_made(arch, says, tmp_path, one_numba_thread):
+    # qwen3moe renormalizes its top k; qwen2moe and olmoe keep the softmax probabilities (read off the numbers)
+    from moert.testing import write_tiny
+
+    m = load(write_tiny(tmp_path / f"{arch}.gguf", arch, seed=2), context_size=16, warmup=False, progress=False,
+             gpu_layers=0)
+    tr = explain(m, [1, 2, 3, 4])
+    lt = [t for t in tr.layers if t.ffn == "moe"][0]
+    w, p = np.asarray(lt.weights), np.asarray(lt.probs)[list(lt.experts)]
+    assert np.allclose(w, p / p.sum() if arch == "qwen3moe" else p, rtol=1e-4)
+    assert says in format_trace(tr, layer=lt.layer)
+    m.close()

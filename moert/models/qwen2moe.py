@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from moert.config import MoEConfig, key
-from moert.layers import rms_norm
+from moert.layers import rms_norm, softmax
 from moert.models.blocks import (
     attention_tensors,
     decoder,
@@ -67,3 +67,9 @@ def block(m, il: int, x):
         x = x + gqa_attention(m, il, h, dev, c.rope_base, neox=ROPE_NEOX)
     h, y = routed_experts(m, il, x, dev, lambda logits: softmax_topk(logits, c.n_expert_used, xp, renorm=False))
     return x + y + shared_expert(m, b, h, dev, gated=True)
+
+
+def router_scores(c: Config, logits: np.ndarray) -> tuple[np.ndarray, str]:
+    """What `moert explain` shows of one token's router: the softmax over all experts (E,), and how the chosen
+    experts' weights come from it (here: as they are, not renormalized over the top k)."""
+    return softmax(logits), "softmax(ffn_gate_inp . ffn_norm(x)); the chosen keep their probabilities, not renormalized"
