@@ -19,7 +19,7 @@ from numba import njit, types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
-__all__ = ["FM", "I32", "block_dot", "block_dot2", "no_sums", "stack_f32", "sums32"]
+__all__ = ["FM", "I32", "PRANGE_ONLY", "Z0", "block_dot", "block_dot2", "no_sums", "stack_f32", "sums32"]
 
 FM = {"reassoc", "contract"}    # let LLVM reorder float sums (vector lanes) and fuse mul+add; no nnan/ninf
 # parallel= for every kernel with a parallel region (Numba's options): only explicit prange loops become parfors.
@@ -29,6 +29,9 @@ PRANGE_ONLY = dict(prange=True, numpy=False, comprehension=False, reduction=Fals
                    stencil=False, fusion=False, inplace_binop=False)
 I32 = np.int32
 _FM = FM
+# A zero to pass as a kernel's row or block bound. A literal 0 in a call makes Numba compile the callee once
+# more for the type Literal[int](0) beside int64 (seconds each for a row kernel); np.int64(0) is an int64.
+Z0 = np.int64(0)
 
 
 @intrinsic

@@ -31,7 +31,7 @@ import numpy as np
 from numba import prange
 
 from moert.kernels import matmul_q
-from moert.kernels.blockdot import PRANGE_ONLY
+from moert.kernels.blockdot import PRANGE_ONLY, Z0
 from moert.kernels.ktypes import FAST_TYPES, TYPES, KernelType, variant
 from moert.kernels.matmul_q import quantize_rows, quantized
 from moert.kernels.moe import QTensor
@@ -62,7 +62,7 @@ def _parallel(w, x, out, nb, f16, chunk):
     R = w.shape[0]
     n = (R + chunk - 1) // chunk
     for i in prange(n):
-        rows(w, x, xs, out, i * chunk, min(R, (i + 1) * chunk), 0, nb, f16)
+        rows(w, x, xs, out, i * chunk, min(R, (i + 1) * chunk), Z0, nb, f16)
 
 
 def _serial_q(w, x, out, r0, r1, b0, b1, f16):
@@ -81,11 +81,11 @@ def _parallel_q(w, x, out, nb, f16, chunk):
     if quantized(QMAX, x.shape[0]):
         xq, x8, xd, xb = quantize_rows(x, QMAX)
         for i in prange(n):
-            rows_q(w, xq, x8, xd, xb, out, i * chunk, min(R, (i + 1) * chunk), 0, nb, f16)
+            rows_q(w, xq, x8, xd, xb, out, i * chunk, min(R, (i + 1) * chunk), Z0, nb, f16)
     else:
         xs = sums(x)
         for i in prange(n):
-            rows(w, x, xs, out, i * chunk, min(R, (i + 1) * chunk), 0, nb, f16)
+            rows(w, x, xs, out, i * chunk, min(R, (i + 1) * chunk), Z0, nb, f16)
 
 
 # Three weights that read the same x (q, k, v) in ONE parallel region: a region waits for its slowest
@@ -99,13 +99,13 @@ def _group3(x, w0, o0, nb0, f0, w1, o1, nb1, f1, w2, o2, nb2, f2, chunk):
     n0, n1, n2 = (R0 + chunk - 1) // chunk, (R1 + chunk - 1) // chunk, (R2 + chunk - 1) // chunk
     for i in prange(n0 + n1 + n2):
         if i < n0:
-            rows0(w0, x, xs0, o0, i * chunk, min(R0, (i + 1) * chunk), 0, nb0, f0)
+            rows0(w0, x, xs0, o0, i * chunk, min(R0, (i + 1) * chunk), Z0, nb0, f0)
         elif i < n0 + n1:
             j = i - n0
-            rows1(w1, x, xs1, o1, j * chunk, min(R1, (j + 1) * chunk), 0, nb1, f1)
+            rows1(w1, x, xs1, o1, j * chunk, min(R1, (j + 1) * chunk), Z0, nb1, f1)
         else:
             j = i - n0 - n1
-            rows2(w2, x, xs2, o2, j * chunk, min(R2, (j + 1) * chunk), 0, nb2, f2)
+            rows2(w2, x, xs2, o2, j * chunk, min(R2, (j + 1) * chunk), Z0, nb2, f2)
 
 
 def _group3_q(x, w0, o0, nb0, f0, w1, o1, nb1, f1, w2, o2, nb2, f2, chunk):
@@ -116,24 +116,24 @@ def _group3_q(x, w0, o0, nb0, f0, w1, o1, nb1, f1, w2, o2, nb2, f2, chunk):
         xq, x8, xd, xb = quantize_rows(x, QMAX)
         for i in prange(n0 + n1 + n2):
             if i < n0:
-                rows_q0(w0, xq, x8, xd, xb, o0, i * chunk, min(R0, (i + 1) * chunk), 0, nb0, f0)
+                rows_q0(w0, xq, x8, xd, xb, o0, i * chunk, min(R0, (i + 1) * chunk), Z0, nb0, f0)
             elif i < n0 + n1:
                 j = i - n0
-                rows_q1(w1, xq, x8, xd, xb, o1, j * chunk, min(R1, (j + 1) * chunk), 0, nb1, f1)
+                rows_q1(w1, xq, x8, xd, xb, o1, j * chunk, min(R1, (j + 1) * chunk), Z0, nb1, f1)
             else:
                 j = i - n0 - n1
-                rows_q2(w2, xq, x8, xd, xb, o2, j * chunk, min(R2, (j + 1) * chunk), 0, nb2, f2)
+                rows_q2(w2, xq, x8, xd, xb, o2, j * chunk, min(R2, (j + 1) * chunk), Z0, nb2, f2)
     else:
         xs0, xs1, xs2 = sums0(x), sums1(x), sums2(x)
         for i in prange(n0 + n1 + n2):
             if i < n0:
-                rows0(w0, x, xs0, o0, i * chunk, min(R0, (i + 1) * chunk), 0, nb0, f0)
+                rows0(w0, x, xs0, o0, i * chunk, min(R0, (i + 1) * chunk), Z0, nb0, f0)
             elif i < n0 + n1:
                 j = i - n0
-                rows1(w1, x, xs1, o1, j * chunk, min(R1, (j + 1) * chunk), 0, nb1, f1)
+                rows1(w1, x, xs1, o1, j * chunk, min(R1, (j + 1) * chunk), Z0, nb1, f1)
             else:
                 j = i - n0 - n1
-                rows2(w2, x, xs2, o2, j * chunk, min(R2, (j + 1) * chunk), 0, nb2, f2)
+                rows2(w2, x, xs2, o2, j * chunk, min(R2, (j + 1) * chunk), Z0, nb2, f2)
 
 
 _DRIVERS: dict[tuple[str, int], tuple] = {}

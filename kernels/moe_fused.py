@@ -31,6 +31,7 @@ import numpy as np
 from numba import njit, prange
 
 from moert.kernels import matmul_q
+from moert.kernels.blockdot import Z0
 from moert.kernels.ktypes import PRANGE_ONLY, TYPES, variant
 from moert.kernels.matmul import matmul_ref, table, threads
 from moert.kernels.matmul_q import quantize_rows, quantized
@@ -174,7 +175,7 @@ def _moe_layer(x, ids, wts, g_raw, g_f16, u_raw, u_f16, d_raw, d_f16, nb_in, nb_
     D = d_raw.shape[1]
     offsets, slots = group_by_expert(ids, E)                            # (E+1,), (T*K,) flat t*K+k
     if parts == 0:                                                      # auto: from the experts hit
-        hit = 0
+        hit = Z0
         for e in range(E):
             hit += offsets[e + 1] > offsets[e]
         parts = parts_for(hit, nb_down, n_threads)
@@ -217,26 +218,26 @@ def _moe_items(mine, offsets, slots, x, K, T, g_raw, g_f16, u_raw, u_f16, d_raw,
         u = np.zeros((n, F), dtype=np.float32)
         if GM:                                                          # x rounded per 32 (MXFP4, int8 mode)
             x8, xd = g_quant32(xe)
-            g_rows32(g_raw[e], x8, xd, g, f0, f1, 0, nb_in, g_f16)
-            g_rows32(u_raw[e], x8, xd, u, f0, f1, 0, nb_in, u_f16)
+            g_rows32(g_raw[e], x8, xd, g, f0, f1, Z0, nb_in, g_f16)
+            g_rows32(u_raw[e], x8, xd, u, f0, f1, Z0, nb_in, u_f16)
         elif quantized(GQ, T):                                          # opt-in: x quantized
             xq, x8, xd, xb = quantize_rows(xe, GQ)
-            g_rows_q(g_raw[e], xq, x8, xd, xb, g, f0, f1, 0, nb_in, g_f16)
-            g_rows_q(u_raw[e], xq, x8, xd, xb, u, f0, f1, 0, nb_in, u_f16)
+            g_rows_q(g_raw[e], xq, x8, xd, xb, g, f0, f1, Z0, nb_in, g_f16)
+            g_rows_q(u_raw[e], xq, x8, xd, xb, u, f0, f1, Z0, nb_in, u_f16)
         else:
             xs = g_sums(xe)
-            g_rows(g_raw[e], xe, xs, g, f0, f1, 0, nb_in, g_f16)
-            g_rows(u_raw[e], xe, xs, u, f0, f1, 0, nb_in, u_f16)
+            g_rows(g_raw[e], xe, xs, g, f0, f1, Z0, nb_in, g_f16)
+            g_rows(u_raw[e], xe, xs, u, f0, f1, Z0, nb_in, u_f16)
         _act_mul(g, u, f0, f1, act, gb, ub, e)                          # h = act(g + bg, u + bu)
         b0, b1 = f0 // block_down, f1 // block_down
         if DM:
             h8, hd = d_quant32(g)                                       # columns outside [f0, f1) are 0
-            d_rows32(d_raw[e], h8, hd, Y[p, o0:o0 + n], 0, D, b0, b1, d_f16)
+            d_rows32(d_raw[e], h8, hd, Y[p, o0:o0 + n], Z0, D, b0, b1, d_f16)
         elif quantized(DQ, T):
             hq, h8, hd, hb = quantize_rows(g, DQ)                       # columns outside [f0, f1) are 0
-            d_rows_q(d_raw[e], hq, h8, hd, hb, Y[p, o0:o0 + n], 0, D, b0, b1, d_f16)
+            d_rows_q(d_raw[e], hq, h8, hd, hb, Y[p, o0:o0 + n], Z0, D, b0, b1, d_f16)
         else:
-            d_rows(d_raw[e], g, d_sums(g), Y[p, o0:o0 + n], 0, D, b0, b1, d_f16)
+            d_rows(d_raw[e], g, d_sums(g), Y[p, o0:o0 + n], Z0, D, b0, b1, d_f16)
 
 
 def _raw3(t: QTensor) -> np.ndarray:

@@ -42,7 +42,7 @@ from numba.core import cgutils
 from numba.extending import intrinsic
 
 from moert.kernels import simd
-from moert.kernels.blockdot import I32, PRANGE_ONLY, block_dot2, stack_f32
+from moert.kernels.blockdot import I32, PRANGE_ONLY, Z0, block_dot2, stack_f32
 from moert.quants.dequant import MXFP4_VALUES, e8m0_half
 
 __all__ = ["E8M0_HALF", "dequant", "dequant_ref", "make_drivers", "quantize_q8", "quantize_q8_ref", "rows", "rows1",
@@ -426,13 +426,13 @@ def _parallel(w, x, out, nb, e8m0, chunk):
     if Q8:
         x8, xd = quantize_q8(x)
         for i in prange(n):
-            rows_q8(w, x8, xd, out, i * chunk, min(R, (i + 1) * chunk), 0, nb, e8m0)
+            rows_q8(w, x8, xd, out, i * chunk, min(R, (i + 1) * chunk), Z0, nb, e8m0)
     else:
         for i in prange(n):
             if x.shape[0] == 1:
-                rows1(w, x, out, i * chunk, min(R, (i + 1) * chunk), 0, nb, e8m0)
+                rows1(w, x, out, i * chunk, min(R, (i + 1) * chunk), Z0, nb, e8m0)
             else:
-                rows(w, x, out, i * chunk, min(R, (i + 1) * chunk), 0, nb, e8m0)
+                rows(w, x, out, i * chunk, min(R, (i + 1) * chunk), Z0, nb, e8m0)
 
 
 def make_drivers(aq: int = 0) -> tuple:
