@@ -8,7 +8,7 @@
     quantize_q8(x)                             x (T, C) -> x8 (T, C) int8, xd (T, C/32) float32 steps
     dequant_ref, rows_ref, rows_q8_ref, quantize_q8_ref   the NumPy twins (moert/quants/dequant.py underneath)
 
-rows1, rows and rows_q8 are the AVX2 variants (`*_avx2`: pshufb decode, LLVM IR as kernels/simd.py) on a CPU
+rows1, rows and rows_q8 are the AVX2 variants (kernels/mxfp4_avx2.py: pshufb decode, LLVM IR as simd.py) on a CPU
 with AVX2, else the portable Numba ones (`*_table`); tests compare both with the twins. x (and x8, xd) must be
 C-contiguous, as every caller's is: the AVX2 variants read them at flat offsets (and refuse other layouts).
 
@@ -36,13 +36,11 @@ Dimension legend: T tokens, R rows, C columns, B = C / 32 blocks per row.
 from __future__ import annotations
 
 import numpy as np
-from llvmlite import ir
-from numba import njit, prange, types
-from numba.core import cgutils
-from numba.extending import intrinsic
+from numba import njit, prange
 
 from moert.kernels import simd
 from moert.kernels.blockdot import I32, PRANGE_ONLY, Z0, block_dot2, stack_f32
+from moert.kernels.mxfp4_avx2 import rows1_avx2, rows_avx2, rows_q8_avx2
 from moert.quants.dequant import MXFP4_VALUES, e8m0_half
 
 __all__ = ["E8M0_HALF", "dequant", "dequant_ref", "make_drivers", "quantize_q8", "quantize_q8_ref", "rows", "rows1",
@@ -227,175 +225,8 @@ def rows_q8_ref(w: np.ndarray, x8: np.ndarray, xd: np.ndarray, out: np.ndarray, 
     out[:, r0:r1] = (xf @ W.T).astype(np.float32)
 
 
+# ------------------------------------------------------------------------------------ AVX2 or portable
 
-# ------------------------------------------------------------------------------------ AVX2 rows
-# The loops above decode a weight with a table lookup per weight, which LLVM does not vectorize. ggml's AVX2
-# MXFP4 kernel decodes 16 nibbles per instruction with `pshufb` on a 16-byte table of the values (as int8),
-# which is what these intrinsics emit (simd.py's way: LLVM IR from Numba, x86 only, used when
-# simd.available()). Per 32-weight block: one 16-byte load, two pshufb, then
-#   row_f32: the values widened to float, times x (8 lanes at a time), the block's sum times its scale;
-#   row_q8:  the int8 values times int8 x (vpmaddubsw with the sign moved onto x, vpmaddwd), exact in int32,
-#            then times scale * x's step (ggml_vec_dot_mxfp4_q8_0, with float32 steps where ggml keeps fp16).
-# n tokens (a literal 1 to 4) share each block's decode.
-
-_I8, _I16, _I32 = ir.IntType(8), ir.IntType(16), ir.IntType(32)
-_F32 = ir.FloatType()
-_V16x8, _V32x8 = ir.VectorType(_I8, 16), ir.VectorType(_I8, 32)
-_F32x8, _F32x32 = ir.VectorType(_F32, 8), ir.VectorType(_F32, 32)
-
-
-def _values32(context, builder, aty, wa, ob):
-    """The 32 weights' values (int8, not yet scaled) of the block at w[ob]: <32 x i8>, weights 0..31 in order."""
-    q = simd._vload(context, builder, aty, wa, simd._at(builder, ob, 1), _V16x8)
-    m4 = ir.Constant(_V16x8, [15] * 16)
-    lo = builder.and_(q, m4)
-    hi = builder.and_(builder.lshr(q, ir.Constant(_V16x8, [4] * 16)), m4)
-    tab = ir.Constant(_V16x8, list(MXFP4_VALUES))
-    shuf = simd._fn(builder, "llvm.x86.ssse3.pshuf.b.128", _V16x8, [_V16x8, _V16x8])
-    vlo, vhi = builder.call(shuf, [tab, lo]), builder.call(shuf, [tab, hi])
-    return builder.shuffle_vector(vlo, vhi, ir.Constant(ir.VectorType(_I32, 32), list(range(32))))
-
-
-def _scale(context, builder, aty, wa, ob, tty, ta):
-    """E8M0_HALF[w[ob]]: the block's scale, a float."""
-    e = builder.zext(simd._vload(context, builder, aty, wa, ob, _I8), ir.IntType(64))
-    return simd._f32_at(context, builder, tty, ta, e)
-
-
-def _fold8(builder, v):
-    """<32 x float> -> <8 x float>: the four quarters added."""
-    q = [simd._lanes(builder, v, list(range(8 * i, 8 * i + 8))) for i in range(4)]
-    return builder.fadd(builder.fadd(q[0], q[1]), builder.fadd(q[2], q[3]))
-
-
-def _loop(builder, nb, n, body):
-    """sum over blocks b < nb of body(b) -> n (<8 x float> a, float f) terms, acc += a * f; the n float totals."""
-    accs = [cgutils.alloca_once_value(builder, ir.Constant(_F32x8, [0.0] * 8)) for _ in range(n)]
-    with cgutils.for_range(builder, nb) as loop:
-        for acc, (a, f) in zip(accs, body(loop.index)):
-            builder.store(builder.fadd(builder.load(acc), builder.fmul(a, simd._fsplat(builder, f))), acc)
-    return [simd._fhsum(builder, builder.load(acc)) for acc in accs]
-
-
-def _result(context, builder, sig, tot):
-    return tot[0] if len(tot) == 1 else context.make_tuple(builder, sig.return_type, tot)
-
-
-@intrinsic
-def row_f32(typingctx, w, o, nb, x, c, ld, e8m0, n):
-    """sum over the nb blocks from w[o] of scale_b * sum_l value_l x_l for n (a literal 1 to 4) float32 tokens
-    at x[c + t ld]: a float32 for n = 1, else an n-tuple."""
-    if not (isinstance(w, types.Array) and w.dtype == types.uint8 and isinstance(x, types.Array) and x.layout == "C"
-            and x.dtype == types.float32 and isinstance(n, types.IntegerLiteral) and 1 <= n.literal_value <= 4):
-        return None                                                     # x is read at flat offsets: C order only
-    N = n.literal_value
-
-    def codegen(context, builder, sig, args):
-        o_, nb_, c_, ld_ = simd._intp(context, builder, sig, args, 1, 2, 4, 5)
-
-        def body(b):
-            ob = builder.add(o_, builder.mul(b, ir.Constant(b.type, 17)))
-            v = builder.sitofp(_values32(context, builder, sig.args[0], args[0], ob), _F32x32)
-            d = _scale(context, builder, sig.args[0], args[0], ob, sig.args[6], args[6])
-            out = []
-            for ct in simd._offsets(builder, c_, ld_, N):
-                xv = simd._vload(context, builder, sig.args[3], args[3],
-                                 builder.add(ct, builder.mul(b, ir.Constant(b.type, 32))), _F32x32)
-                out.append((_fold8(builder, builder.fmul(v, xv)), d))
-            return out
-        return _result(context, builder, sig, _loop(builder, nb_, N, body))
-    ret = types.float32 if N == 1 else types.UniTuple(types.float32, N)
-    return ret(w, o, nb, x, c, ld, e8m0, n), codegen
-
-
-@intrinsic
-def row_q8(typingctx, w, o, nb, x8, c, ld, xd, cd, ldd, e8m0, n):
-    """sum over the nb blocks from w[o] of scale_b xd_b isum_b, isum_b the exact int32 dot of the block's values
-    with int8 x, for n (a literal 1 to 4) tokens at x8[c + t ld] with steps at xd[cd + t ldd]."""
-    if not (simd._row_check(w, x8, xd) and x8.layout == "C" and xd.layout == "C"
-            and isinstance(n, types.IntegerLiteral) and 1 <= n.literal_value <= 4):
-        return None
-    N = n.literal_value
-
-    def codegen(context, builder, sig, args):
-        o_, nb_, c_, ld_, cd_, ldd_ = simd._intp(context, builder, sig, args, 1, 2, 4, 5, 7, 8)
-        ones = ir.Constant(ir.VectorType(_I16, 16), [1] * 16)
-        sign = simd._fn(builder, "llvm.x86.avx2.psign.b", _V32x8, [_V32x8, _V32x8])
-
-        def body(b):
-            ob = builder.add(o_, builder.mul(b, ir.Constant(b.type, 17)))
-            v = _values32(context, builder, sig.args[0], args[0], ob)
-            av = builder.call(sign, [v, v])                                 # |v| as u8 for vpmaddubsw
-            d = _scale(context, builder, sig.args[0], args[0], ob, sig.args[9], args[9])
-            out = []
-            for ct, cdt in zip(simd._offsets(builder, c_, ld_, N), simd._offsets(builder, cd_, ldd_, N)):
-                xv = simd._vload(context, builder, sig.args[3], args[3],
-                                 builder.add(ct, builder.mul(b, ir.Constant(b.type, 32))), _V32x8)
-                sx = builder.call(sign, [xv, v])                            # sign(v) moved onto x (vpsignb)
-                isum = simd._madd(builder, simd._maddubs(builder, av, sx), ones)      # <8 x i32>
-                f = builder.fmul(d, simd._f32_at(context, builder, sig.args[6], args[6], builder.add(cdt, b)))
-                out.append((builder.sitofp(isum, _F32x8), f))
-            return out
-        return _result(context, builder, sig, _loop(builder, nb_, N, body))
-    ret = types.float32 if N == 1 else types.UniTuple(types.float32, N)
-    return ret(w, o, nb, x8, c, ld, xd, cd, ldd, e8m0, n), codegen
-
-
-@njit(cache=True, fastmath=_FM)
-def rows1_avx2(w, x, out, r0, r1, b0, b1, e8m0):
-    """rows1_table's result with row_f32 (AVX2)."""
-    for r in range(r0, r1):
-        out[0, r] = row_f32(w[r], 17 * b0, b1 - b0, x, 32 * b0, 0, e8m0, 1)
-
-
-@njit(cache=True, fastmath=_FM)
-def rows_avx2(w, x, out, r0, r1, b0, b1, e8m0):
-    """rows_table's result with row_f32 (AVX2): tokens four at a time share each block's decode, the last 1-3
-    in one call."""
-    T, C = x.shape
-    T4 = T - T % 4
-    xf = x.reshape(T * C)
-    for r in range(r0, r1):
-        wr = w[r]
-        for t in range(0, T4, 4):
-            s0, s1, s2, s3 = row_f32(wr, 17 * b0, b1 - b0, xf, t * C + 32 * b0, C, e8m0, 4)
-            out[t, r], out[t + 1, r], out[t + 2, r], out[t + 3, r] = s0, s1, s2, s3
-        t, n = T4, T - T4
-        if n == 3:
-            s0, s1, s2 = row_f32(wr, 17 * b0, b1 - b0, xf, t * C + 32 * b0, C, e8m0, 3)
-            out[t, r], out[t + 1, r], out[t + 2, r] = s0, s1, s2
-        elif n == 2:
-            s0, s1 = row_f32(wr, 17 * b0, b1 - b0, xf, t * C + 32 * b0, C, e8m0, 2)
-            out[t, r], out[t + 1, r] = s0, s1
-        elif n == 1:
-            out[t, r] = row_f32(wr, 17 * b0, b1 - b0, xf, t * C + 32 * b0, C, e8m0, 1)
-
-
-@njit(cache=True, fastmath=_FM)
-def rows_q8_avx2(w, x8, xd, out, r0, r1, b0, b1, e8m0):
-    """rows_q8_table's result with row_q8 (AVX2), tokens four at a time."""
-    T, C = x8.shape
-    B = xd.shape[1]
-    T4 = T - T % 4
-    xf, df = x8.reshape(T * C), xd.reshape(T * B)
-    for r in range(r0, r1):
-        wr = w[r]
-        for t in range(0, T4, 4):
-            s0, s1, s2, s3 = row_q8(wr, 17 * b0, b1 - b0, xf, t * C + 32 * b0, C, df, t * B + b0, B, e8m0, 4)
-            out[t, r], out[t + 1, r], out[t + 2, r], out[t + 3, r] = s0, s1, s2, s3
-        t, n = T4, T - T4
-        if n == 3:
-            s0, s1, s2 = row_q8(wr, 17 * b0, b1 - b0, xf, t * C + 32 * b0, C, df, t * B + b0, B, e8m0, 3)
-            out[t, r], out[t + 1, r], out[t + 2, r] = s0, s1, s2
-        elif n == 2:
-            s0, s1 = row_q8(wr, 17 * b0, b1 - b0, xf, t * C + 32 * b0, C, df, t * B + b0, B, e8m0, 2)
-            out[t, r], out[t + 1, r] = s0, s1
-        elif n == 1:
-            out[t, r] = row_q8(wr, 17 * b0, b1 - b0, xf, t * C + 32 * b0, C, df, t * B + b0, B, e8m0, 1)
-
-
-# What the table entry, the drivers below and the fused MoE layer call: the AVX2 rows where the CPU has AVX2, else
-# the portable ones (measured on a 4096 x 4096 matvec, one thread: 4.9 GB/s against 0.6-1.2; bench/RESULTS.md).
 if simd.available():
     rows1, rows, rows_q8 = rows1_avx2, rows_avx2, rows_q8_avx2
 else:
