@@ -181,16 +181,48 @@ def run(entries: list[dict], calibrate: tuple[str, ...], loo: bool = False) -> d
         p0, p1 = predict(e), predict(e, f_cpu, f_gpu)
         row = {"id": e["id"], "use": e["use"], "calibration": e["id"] in calibrate, "model": e["model"],
                "hardware": machine(e).name, "flags": e["flags"], "engine": e["engine"], "pair": e.get("pair"),
-               "bound": p0["bound"], "fits": p0["fits"]}
+               "bound": p0["bound"], "fits": p0["fits"], "kind": kind(e), "n_ubatch": e["test"].get("n_ubatch", 512)}
         for m in ("prompt", "gen"):
             meas = e.get(f"{m}_tok_s")
             row[m] = {"measured": meas, "predicted": p0[m], "calibrated": p1[m],
                       "error": math.expm1(log_err(p0[m], meas)) if p0[m] and meas else None,
                       "error_calibrated": math.expm1(log_err(p1[m], meas)) if p1[m] and meas else None}
         rows.append(row)
+    lo = leave_one_out(entries) if loo else None
     return {"calibrated_on": list(calibrate), "factors": {"cpu_bw_efficiency_x": f_cpu, "gpu_and_link_x": f_gpu},
-            "rows": rows, "summary": summary(rows), "ranking": ranking(rows),
-            "leave_one_out": leave_one_out(entries) if loo else None}
+            "rows": rows, "summary": summary(rows), "by_kind": by_kind(rows, lo), "ranking": ranking(rows),
+            "leave_one_out": lo}
+
+
+def kind(e: dict) -> str:
+    """"hybrid" (experts on the CPU, the rest on a GPU), or a control: "cpu-only" or "all-GPU"."""
+    p = e["placement"]
+    return "cpu-only" if p.get("cpu_only") else "all-GPU" if p.get("all_gpu") else "hybrid"
+
+
+def by_kind(rows: list[dict], lo: dict | None) -> list[dict]:
+    """Geometric means of |error| of the counted figures by phase and kind (hybrid prefill also by u-batch):
+    shipped, calibrated and, with --loo, leave-one-out."""
+    groups: dict[str, list[tuple]] = {}
+    for r in rows:
+        if r["use"] != "error":
+            continue
+        for m, phase in (("prompt", "prefill"), ("gen", "decode")):
+            c = r[m]
+            if c["error"] is None:
+                continue
+            label = f"{phase}, {r['kind']}"
+            if m == "prompt" and r["kind"] == "hybrid":
+                label += ", u-batch <= 1024" if r["n_ubatch"] <= 1024 else ", u-batch >= 2048"
+            one_out = lo["per_entry"][r["id"]][m] if lo else None
+            groups.setdefault(label, []).append((c["error"], c["error_calibrated"], one_out))
+    out = []
+    for label, xs in sorted(groups.items()):
+        col = [[x[i] for x in xs if x[i] is not None] for i in range(3)]
+        out.append({"figures": label, "n": len(xs),
+                    **{k: geomean_abs([math.log1p(v) for v in c]) for k, c in
+                       zip(("shipped", "calibrated", "leave_one_out"), col)}})
+    return out
 
 
 def summary(rows: list[dict]) -> dict:
@@ -221,7 +253,7 @@ def ranking(rows: list[dict]) -> list[dict]:
                     if not (ma and mb and pa and pb) or abs(math.log(ma / mb)) < NOISE:
                         continue
                     out.append({"pair": g, "a": a["id"], "b": b["id"], "metric": m, "measured": [ma, mb],
-                                "predicted": [pa, pb], "right": (ma > mb) == (pa > pb)})
+                                "predicted": [pa, pb], "right": pa != pb and (ma > mb) == (pa > pb)})   # a tie is no call
     return out
 
 
@@ -266,6 +298,10 @@ def table(res: dict) -> str:
                      f"{_f(lo['geomean_abs_error_all'], True).lstrip('+')} (n={lo['n']}); per entry (pp/tg):")
         lines += [f"    {k:<38} {_f(v['prompt'], True):>6} / {_f(v['gen'], True):>6}   (factors cpu x "
                   f"{v['factors'][0]:.2f}, gpu x {v['factors'][1]:.2f})" for k, v in lo["per_entry"].items()]
+    lines.append("by kind (geometric mean of |error|: shipped / calibrated / leave-one-out):")
+    lines += [f"  {k['figures']:<36} n={k['n']:<3} {_f(k['shipped'], True).lstrip('+'):>5} / "
+              f"{_f(k['calibrated'], True).lstrip('+'):>5} / {_f(k['leave_one_out'], True).lstrip('+'):>5}"
+              for k in res["by_kind"]]
     rk = res["ranking"]
     lines.append(f"ranking of placements on the same box (pairs > {NOISE:.0%} apart): "
                  f"{sum(x['right'] for x in rk)} of {len(rk)} in the measured order")

@@ -72,3 +72,23 @@ def test_the_validator_predicts_a_cpu_only_entry_with_its_threads(tmp_path):
     few = validate_published.predict(e)["gen"]
     e = {**e, "test": {**e["test"], "threads": 96}}            # all 96 cores stream more than the 44 it used
     assert 0 < few < validate_published.predict(e)["gen"]
+
+
+def test_ranking_scores_a_predicted_tie_as_no_call_and_rows_know_their_kind():
+    sys.path.insert(0, str(BENCH))
+    try:
+        import validate_published as v
+    finally:
+        sys.path.remove(str(BENCH))
+
+    def row(i, measured, predicted):
+        return {"id": i, "use": "error", "pair": "box", "gen": {"measured": None, "predicted": None},
+                "prompt": {"measured": measured, "predicted": predicted}}
+    (tie,) = v.ranking([row("a", 100.0, 50.0), row("b", 200.0, 50.0)])
+    assert not tie["right"]
+    (ok,) = v.ranking([row("a", 100.0, 50.0), row("b", 200.0, 90.0)])
+    assert ok["right"]
+    kinds = {e["id"]: v.kind(e) for e in _entries()}
+    assert kinds["reddit-qwen3-30b-epyc9b14-cpu"] == "cpu-only"
+    assert kinds["ik758-gptoss20b-4080-allgpu-llamacpp"] == "all-GPU"
+    assert kinds["ik841-gptoss20b-4080-7950x"] == "hybrid"
