@@ -40,8 +40,10 @@ class CPU:
     ghz: float = 3.0                    # all-core clock under load
     flops_per_cycle: int = 32           # fp32 FLOPs per core per cycle: 2 FMA units x 8 lanes x 2 (AVX2/Zen 4)
     # The share of peak DRAM bandwidth a many-thread read stream gets. 0.7: desktop DDR5 read tests land at
-    # 60-65 GB/s of 83-90 GB/s peak (Zen 4's Infinity Fabric caps one CCD at 32 B/clk x FCLK = 64 GB/s);
-    # an assumption until fitted to bench/published.json.
+    # 60-65 GB/s of 83-90 GB/s peak (Zen 4's Infinity Fabric caps one CCD at 32 B/clk x FCLK = 64 GB/s).
+    # Checked on bench/published.json: CPU-only llama.cpp / ik_llama.cpp decode on a Ryzen 7950X and an EPYC
+    # 9B14 lands at -19%..+13% of it; with a GPU beside it decode is slower, by box-dependent amounts no single
+    # factor captures (bench/RESULTS.md, "Published figures"), so 0.7 stays.
     bw_efficiency: float = 0.7
     # The share of peak FLOPs a quantized matmul gets (llama.cpp's int8 dot products do better than fp32
     # FMAs; 0.5 is the assumption).
@@ -115,7 +117,8 @@ class GPU:
     # data-sheet figure on large matrices (and a STREAM-like copy ~90%); 0.8 is the assumption.
     bw_efficiency: float = 0.8
     # The share of dense tensor-core peak a prefill GEMM of quantized weights gets (dequantize + mma,
-    # tiles that do not fill the card for small expert batches): 0.4, an assumption.
+    # tiles that do not fill the card for small expert batches): 0.4, an assumption. bench/published.json's
+    # hybrid prefill at u-batches >= 2048 wants ~0.7 x this (with the link's), at 512-1024 not: unchanged.
     compute_efficiency: float = 0.4
     # Per-kernel fixed cost: a launch is ~2-5 us; llama.cpp replays decode graphs with CUDA graphs, which
     # brings the per-node cost to ~2 us (the assumption here).
