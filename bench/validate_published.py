@@ -3,17 +3,19 @@
     python bench/validate_published.py [--json [OUT]] [--only ID] [--calibrate ID,ID] [--loo]
 
 For each entry: the zoo twin of its model, the hardware preset of its parts (a stated stand-in where the source
-names no GPU or CPU), the placement its flags describe (--cpu-moe, --n-cpu-moe N, -ot exps=CPU, or all on the
-GPU), and its test (prompt length, u-batch, generated tokens, depth; ik_llama.cpp's offload rule for its
-entries). Ends in one table: measured, predicted with the efficiencies as shipped in moert/hardware.py,
-predicted after calibration, and the errors, then:
+names no GPU or CPU), the placement its flags describe (--cpu-moe, --n-cpu-moe N, -ot exps=CPU, all on the
+GPU, or a CPU-only run), and its test (prompt length, u-batch, generated tokens, depth, threads and KV-cache
+bytes per element where stated; ik_llama.cpp's offload rule for its entries). Ends in one table: measured,
+predicted with the efficiencies as shipped in moert/hardware.py, predicted after calibration, and the errors,
+then:
 
   * the geometric mean of |error| over the counted figures, exp(mean |ln(predicted / measured)|) - 1, for
     every figure, for those the calibration did not see, and split by prefill and decode;
   * calibration: two factors fitted on the --calibrate entries (default: the two ik_llama.cpp entries, the
     only ones with a u-batch-exact prompt figure): one scales every CPU's bw_efficiency (decode), one the
     GPUs' compute_efficiency and the link's efficiency together (prefill), each chosen so that the fitted
-    entries' errors have a geometric mean ratio of 1;
+    entries' errors have a geometric mean ratio of 1 (each factor on the figures it can move: no all-GPU
+    decode for the CPU's, no CPU-only prefill for the GPUs');
   * --loo: each counted entry predicted with the factors fitted on all the other counted entries;
   * ranking: for every two placements measured on the same box ('pair'), whether the prediction orders them
     as the measurement does (pairs closer than 5% in the measurement are noise and skipped).
@@ -46,15 +48,23 @@ def load(path: Path = HERE / "published.json") -> list[dict]:
 
 
 def machine(e: dict) -> moert.Hardware:
-    """The preset of an entry's parts, stand-ins where the source names none."""
+    """The preset of an entry's parts, stand-ins where the source names none; no GPU for a CPU-only run, and
+    the stated RAM speed ("mem_mts") in place of the preset's where the source gives one."""
     h = e["hardware"]
     gpu, cpu = h.get("gpu") or h.get("stand_in_gpu"), h.get("cpu") or h.get("stand_in_cpu")
-    return hardware.preset(f"{gpu}+{cpu}")
+    hw = hardware.preset(f"{gpu}+{cpu}" if gpu and not e["placement"].get("cpu_only") else cpu)
+    if h.get("mem_mts"):
+        c = hw.cpu
+        c = replace(c, mem_mts=h["mem_mts"], mem_bw_gbs=hardware.ddr_gbs(c.mem_channels, h["mem_mts"]))
+        hw = replace(hw, cpu=c)
+    return hw
 
 
 def placement(e: dict) -> dict:
     """moert.plan's keyword arguments for the entry's flags."""
     p = e["placement"]
+    if p.get("cpu_only"):
+        return {"gpu_layers": 0}
     if p.get("all_gpu"):
         return {}
     if p.get("cpu_moe"):
@@ -78,7 +88,7 @@ def predict(e: dict, cpu: float = 1.0, gpu: float = 1.0) -> dict:
     t = e["test"]
     plan = _plan(e["model"], tuple(hw.gpu_memory()), tuple(placement(e).items()))
     r = moert.predict(plan, hw, n_prompt=t.get("n_prompt") or 0, n_gen=t.get("n_gen") or 1, depth=t.get("depth", 0),
-                      n_ubatch=t.get("n_ubatch", 512),
+                      n_ubatch=t.get("n_ubatch", 512), threads=t.get("threads"), kv_bytes=t.get("kv_bytes", 2),
                       policy="ik_llama.cpp" if e["engine"] == "ik_llama.cpp" else "llama.cpp")
     wanted = e.get("predict", ["prompt", "gen"])
     return {"prompt": r.prefill_tok_s if e.get("prompt_tok_s") and "prompt" in wanted else None,
@@ -89,10 +99,12 @@ def predict(e: dict, cpu: float = 1.0, gpu: float = 1.0) -> dict:
 @cache
 def _plan(model: str, gpu_memory: tuple, kw: tuple):
     """The entry's placement of the model's zoo twin on sim GPUs of the hardware's sizes (made once)."""
+    kw = {"gpu_layers": "all", **dict(kw)}
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        return moert.plan(zoo.path(model), gpu_backend="sim", gpu_memory=list(gpu_memory), gpu_layers="all",
-                          **dict(kw))
+        if not gpu_memory:                                       # a CPU-only run: no sim GPU at all
+            return moert.plan(zoo.path(model), gpu_layers=0)
+        return moert.plan(zoo.path(model), gpu_backend="sim", gpu_memory=list(gpu_memory), **kw)
 
 
 def log_err(pred: float | None, meas: float | None) -> float | None:
@@ -104,29 +116,43 @@ def geomean_abs(logs: list[float]) -> float | None:
     return math.exp(sum(abs(x) for x in logs) / len(logs)) - 1 if logs else None
 
 
+def moved_by(e: dict, key: str) -> bool:
+    """Whether factor `key` can move the entry's figures: the CPU's has nothing to do in an all-GPU run, the
+    GPUs' and the link's nothing in a CPU-only one (such figures would only bias the fit)."""
+    return not e["placement"].get("all_gpu" if key == "cpu" else "cpu_only")
+
+
+GRID = [0.25 * 16 ** (i / 16) for i in range(17)]   # factors 0.25 .. 4, 19% apart: the fit interpolates between
+_BY_ID: dict[str, dict] = {}                         # the entries fit() has seen, for _curve's cache key
+
+
+@cache
+def _curve(entry_id: str, metric: str, key: str) -> tuple[float, ...] | None:
+    """ln(predicted / measured) of one entry's `metric` at every GRID factor of `key` (None: no such figure)."""
+    e = _BY_ID[entry_id]
+    errs = [log_err(predict(e, **{key: f})[metric], e.get(f"{metric}_tok_s")) for f in GRID]
+    return None if errs[0] is None else tuple(errs)
+
+
 def fit(entries: list[dict], metric: str, key: str) -> float:
-    """The factor (cpu or gpu) that makes the entries' mean log error on `metric` zero (bisection in log space)."""
-    def mean_err(f: float) -> float:
-        errs = [log_err(predict(e, **{key: f})[metric], e[f"{metric}_tok_s"]) for e in entries]
-        errs = [x for x in errs if x is not None]
-        return sum(errs) / len(errs) if errs else 0.0
-    lo, hi = math.log(0.25), math.log(4.0)
-    if mean_err(math.exp(lo)) * mean_err(math.exp(hi)) > 0:       # no root in range: the nearer end
-        return math.exp(lo if abs(mean_err(math.exp(lo))) < abs(mean_err(math.exp(hi))) else hi)
-    for _ in range(16):                                          # ln 16 / 2^16: 0.004%
-        mid = (lo + hi) / 2
-        if (mean_err(math.exp(mid)) > 0) == (mean_err(math.exp(lo)) > 0):
-            lo = mid
-        else:
-            hi = mid
-    return math.exp((lo + hi) / 2)
+    """The factor (cpu or gpu) that makes the entries' mean log error on `metric` zero: each entry's log error is
+    computed at the GRID factors once and interpolated linearly in ln(factor) between them (a bisection over
+    exact predictions took minutes per leave-one-out fold); the nearer end of the grid if no factor in it does."""
+    _BY_ID.update((e["id"], e) for e in entries)
+    curves = [c for e in entries if moved_by(e, key) for c in [_curve(e["id"], metric, key)] if c is not None]
+    if not curves:
+        return 1.0
+    mean = [sum(c[i] for c in curves) / len(curves) for i in range(len(GRID))]   # rises with the factor
+    if mean[0] >= 0 or mean[-1] <= 0:
+        return GRID[0] if mean[0] >= 0 else GRID[-1]
+    i = next(i for i in range(len(GRID) - 1) if mean[i] < 0 <= mean[i + 1])
+    w = mean[i] / (mean[i] - mean[i + 1])
+    return math.exp(math.log(GRID[i]) + w * (math.log(GRID[i + 1]) - math.log(GRID[i])))
 
 
 def factors(cal: list[dict]) -> tuple[float, float]:
     """(cpu, gpu) factors fitted on the entries `cal` (1.0 where they have no figure of that kind)."""
-    f_cpu = fit(cal, "gen", "cpu") if any(e.get("gen_tok_s") for e in cal) else 1.0
-    f_gpu = fit(cal, "prompt", "gpu") if any(e.get("prompt_tok_s") for e in cal) else 1.0
-    return f_cpu, f_gpu
+    return fit(cal, "gen", "cpu"), fit(cal, "prompt", "gpu")
 
 
 def leave_one_out(entries: list[dict]) -> dict:
@@ -155,16 +181,48 @@ def run(entries: list[dict], calibrate: tuple[str, ...], loo: bool = False) -> d
         p0, p1 = predict(e), predict(e, f_cpu, f_gpu)
         row = {"id": e["id"], "use": e["use"], "calibration": e["id"] in calibrate, "model": e["model"],
                "hardware": machine(e).name, "flags": e["flags"], "engine": e["engine"], "pair": e.get("pair"),
-               "bound": p0["bound"], "fits": p0["fits"]}
+               "bound": p0["bound"], "fits": p0["fits"], "kind": kind(e), "n_ubatch": e["test"].get("n_ubatch", 512)}
         for m in ("prompt", "gen"):
             meas = e.get(f"{m}_tok_s")
             row[m] = {"measured": meas, "predicted": p0[m], "calibrated": p1[m],
                       "error": math.expm1(log_err(p0[m], meas)) if p0[m] and meas else None,
                       "error_calibrated": math.expm1(log_err(p1[m], meas)) if p1[m] and meas else None}
         rows.append(row)
+    lo = leave_one_out(entries) if loo else None
     return {"calibrated_on": list(calibrate), "factors": {"cpu_bw_efficiency_x": f_cpu, "gpu_and_link_x": f_gpu},
-            "rows": rows, "summary": summary(rows), "ranking": ranking(rows),
-            "leave_one_out": leave_one_out(entries) if loo else None}
+            "rows": rows, "summary": summary(rows), "by_kind": by_kind(rows, lo), "ranking": ranking(rows),
+            "leave_one_out": lo}
+
+
+def kind(e: dict) -> str:
+    """"hybrid" (experts on the CPU, the rest on a GPU), or a control: "cpu-only" or "all-GPU"."""
+    p = e["placement"]
+    return "cpu-only" if p.get("cpu_only") else "all-GPU" if p.get("all_gpu") else "hybrid"
+
+
+def by_kind(rows: list[dict], lo: dict | None) -> list[dict]:
+    """Geometric means of |error| of the counted figures by phase and kind (hybrid prefill also by u-batch):
+    shipped, calibrated and, with --loo, leave-one-out."""
+    groups: dict[str, list[tuple]] = {}
+    for r in rows:
+        if r["use"] != "error":
+            continue
+        for m, phase in (("prompt", "prefill"), ("gen", "decode")):
+            c = r[m]
+            if c["error"] is None:
+                continue
+            label = f"{phase}, {r['kind']}"
+            if m == "prompt" and r["kind"] == "hybrid":
+                label += ", u-batch <= 1024" if r["n_ubatch"] <= 1024 else ", u-batch >= 2048"
+            one_out = lo["per_entry"][r["id"]][m] if lo else None
+            groups.setdefault(label, []).append((c["error"], c["error_calibrated"], one_out))
+    out = []
+    for label, xs in sorted(groups.items()):
+        col = [[x[i] for x in xs if x[i] is not None] for i in range(3)]
+        out.append({"figures": label, "n": len(xs),
+                    **{k: geomean_abs([math.log1p(v) for v in c]) for k, c in
+                       zip(("shipped", "calibrated", "leave_one_out"), col)}})
+    return out
 
 
 def summary(rows: list[dict]) -> dict:
@@ -195,7 +253,7 @@ def ranking(rows: list[dict]) -> list[dict]:
                     if not (ma and mb and pa and pb) or abs(math.log(ma / mb)) < NOISE:
                         continue
                     out.append({"pair": g, "a": a["id"], "b": b["id"], "metric": m, "measured": [ma, mb],
-                                "predicted": [pa, pb], "right": (ma > mb) == (pa > pb)})
+                                "predicted": [pa, pb], "right": pa != pb and (ma > mb) == (pa > pb)})   # a tie is no call
     return out
 
 
@@ -240,6 +298,10 @@ def table(res: dict) -> str:
                      f"{_f(lo['geomean_abs_error_all'], True).lstrip('+')} (n={lo['n']}); per entry (pp/tg):")
         lines += [f"    {k:<38} {_f(v['prompt'], True):>6} / {_f(v['gen'], True):>6}   (factors cpu x "
                   f"{v['factors'][0]:.2f}, gpu x {v['factors'][1]:.2f})" for k, v in lo["per_entry"].items()]
+    lines.append("by kind (geometric mean of |error|: shipped / calibrated / leave-one-out):")
+    lines += [f"  {k['figures']:<36} n={k['n']:<3} {_f(k['shipped'], True).lstrip('+'):>5} / "
+              f"{_f(k['calibrated'], True).lstrip('+'):>5} / {_f(k['leave_one_out'], True).lstrip('+'):>5}"
+              for k in res["by_kind"]]
     rk = res["ranking"]
     lines.append(f"ranking of placements on the same box (pairs > {NOISE:.0%} apart): "
                  f"{sum(x['right'] for x in rk)} of {len(rk)} in the measured order")

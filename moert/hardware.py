@@ -40,8 +40,10 @@ class CPU:
     ghz: float = 3.0                    # all-core clock under load
     flops_per_cycle: int = 32           # fp32 FLOPs per core per cycle: 2 FMA units x 8 lanes x 2 (AVX2/Zen 4)
     # The share of peak DRAM bandwidth a many-thread read stream gets. 0.7: desktop DDR5 read tests land at
-    # 60-65 GB/s of 83-90 GB/s peak (Zen 4's Infinity Fabric caps one CCD at 32 B/clk x FCLK = 64 GB/s);
-    # an assumption until fitted to bench/published.json.
+    # 60-65 GB/s of 83-90 GB/s peak (Zen 4's Infinity Fabric caps one CCD at 32 B/clk x FCLK = 64 GB/s).
+    # Checked on bench/published.json: CPU-only llama.cpp / ik_llama.cpp decode on a Ryzen 7950X and an EPYC
+    # 9B14 lands at -19%..+13% of it; with a GPU beside it decode is slower, by box-dependent amounts no single
+    # factor captures (bench/RESULTS.md, "Published figures"), so 0.7 stays.
     bw_efficiency: float = 0.7
     # The share of peak FLOPs a quantized matmul gets (llama.cpp's int8 dot products do better than fp32
     # FMAs; 0.5 is the assumption).
@@ -115,7 +117,8 @@ class GPU:
     # data-sheet figure on large matrices (and a STREAM-like copy ~90%); 0.8 is the assumption.
     bw_efficiency: float = 0.8
     # The share of dense tensor-core peak a prefill GEMM of quantized weights gets (dequantize + mma,
-    # tiles that do not fill the card for small expert batches): 0.4, an assumption.
+    # tiles that do not fill the card for small expert batches): 0.4, an assumption. bench/published.json's
+    # hybrid prefill at u-batches >= 2048 wants ~0.7 x this (with the link's), at 512-1024 not: unchanged.
     compute_efficiency: float = 0.4
     # Per-kernel fixed cost: a launch is ~2-5 us; llama.cpp replays decode graphs with CUDA graphs, which
     # brings the per-node cost to ~2 us (the assumption here).
@@ -276,6 +279,21 @@ CPUS: dict[str, CPU] = {c.name: c for c in (
         source="ark.intel.com Core i9-10900X"),
     # AMD EPYC 7343: 16 cores (Zen 3), 8 channels DDR4-3200 = 204.8 GB/s per socket (amd.com EPYC 7003 series)
     CPU("epyc-7343", 16, ddr_gbs(8, 3200), 8, 3200, ddr=4, ghz=3.6, source="amd.com EPYC 7343 specifications"),
+    # Intel Core i5-12600K: 6 P-cores + 4 E-cores; llama.cpp's default thread count on a hybrid CPU is the P-cores,
+    # so the preset counts those (Golden Cove: 2 x 256-bit FMA = 32 fp32 FLOPs/cycle, ~4.5 GHz all-P-core);
+    # "Max Memory Speed Up to DDR5 4800 MT/s", "Max # of Memory Channels 2", "Max Memory Bandwidth 76.8 GB/s"
+    # (ark.intel.com, Core i5-12600K); PCIe 5.0 x16 from the CPU (LGA1700)
+    CPU("i5-12600k", 6, ddr_gbs(2, 4800), 2, 4800, ghz=4.5, source="ark.intel.com Core i5-12600K"),
+    # AMD Ryzen AI Max+ 395 (Strix Halo): 16 Zen 5 cores (512-bit FMA datapath: 64 fp32 FLOPs/cycle), up to 5.1 GHz;
+    # LPDDR5X-8000 on a 256-bit bus = four 64-bit channels' worth = 256 GB/s (amd.com Ryzen AI Max+ 395
+    # specifications: "LPDDR5x", 8000 MT/s, 256-bit)
+    CPU("ryzen-ai-max-395", 16, ddr_gbs(4, 8000), 4, 8000, ghz=4.5, flops_per_cycle=64,
+        source="amd.com Ryzen AI Max+ 395 specifications"),
+    # AMD EPYC 9B14 (Genoa, SP5, an OEM part of the 9004 series): 96 cores, 12 channels DDR5-4800 = 460.8 GB/s per
+    # socket (EPYC 9004 product brief: 12 x DDR5-4800 per socket; the cores and memory as the published run
+    # states them: "Epyc 9B14 so 96 cores [...] 12ch DDR5-4800"); ~3.1 GHz all-core
+    CPU("epyc-9b14", 96, ddr_gbs(12, 4800), 12, 4800, ghz=3.1, bw_efficiency=0.75,
+        source="amd.com EPYC 9004 series product brief; cores as stated by the published run"),
     # AMD EPYC 9554 (9004 series, Genoa): 64 cores, 12 channels DDR5-4800 = 460.8 GB/s per socket
     # (amd.com EPYC 9004 product brief). Server parts sustain ~75-80% of peak in STREAM.
     CPU("epyc-9554", 64, ddr_gbs(12, 4800), 12, 4800, ghz=3.5, bw_efficiency=0.75,
@@ -290,9 +308,11 @@ LINKS: dict[str, Link] = {
     "pcie5x16": Link(pcie_gbs(5), 10.0, "pcie5x16"),   # 63.0 GB/s per direction
 }
 
-# The CPUs' platforms: AM5 (Ryzen 7000/9000), LGA1700 (14th gen) and SP5 (EPYC 9004) have PCIe 5.0 x16; AM4 (Ryzen
-# 5000), WRX80 (Threadripper PRO 5000) and SP3 (EPYC 7003) PCIe 4.0; X299 (Core i9-10900X) PCIe 3.0.
+# The CPUs' platforms: AM5 (Ryzen 7000/9000), LGA1700 (12th-14th gen) and SP5 (EPYC 9004) have PCIe 5.0 x16; AM4
+# (Ryzen 5000), WRX80 (Threadripper PRO 5000) and SP3 (EPYC 7003) PCIe 4.0 (Strix Halo: x4 lanes of 4.0 for a card,
+# unused here, the entries with it are CPU-only); X299 (Core i9-10900X) PCIe 3.0.
 _PLATFORM_PCIE = {"ryzen-7600": 5, "ryzen-7950x": 5, "ryzen-9950x": 5, "i9-14900k": 5, "epyc-9554": 5,
+                  "i5-12600k": 5, "epyc-9b14": 5, "ryzen-ai-max-395": 4,
                   "ryzen-5900x": 4, "threadripper-pro-5975wx": 4, "epyc-7343": 4, "i9-10900x": 3}
 
 

@@ -32,12 +32,17 @@ def test_every_entry_has_a_source_a_quote_and_parts_moert_knows():
         assert e["model"] in zoo.names(), e["id"]
         assert e.get("prompt_tok_s") or e.get("gen_tok_s"), e["id"]
         h = e["hardware"]
-        hardware.preset(f"{h.get('gpu') or h['stand_in_gpu']}+{h.get('cpu') or h['stand_in_cpu']}")
+        cpu = h.get("cpu") or h["stand_in_cpu"]
+        if e["placement"].get("cpu_only"):                    # a CPU-only run names no GPU and needs none
+            assert not h.get("gpu") and not h.get("stand_in_gpu"), e["id"]
+            hardware.preset(cpu)
+        else:
+            hardware.preset(f"{h.get('gpu') or h['stand_in_gpu']}+{cpu}")
         if e["use"] == "excluded":
             assert e["why"]
         for figure in ("prompt_tok_s", "gen_tok_s"):           # every figure is written in its quote
             if e.get(figure):
-                assert f"{e[figure]:g}" in e["quote"].replace(",", ""), (e["id"], figure)
+                assert f"{e[figure]}" in e["quote"].replace(",", ""), (e["id"], figure)
     assert sum(e["use"] == "error" for e in entries) >= 5
     assert any(len([x for x in entries if x.get("pair") == e.get("pair")]) > 1 for e in entries if e.get("pair"))
 
@@ -54,3 +59,36 @@ def test_the_validator_predicts_one_entry(tmp_path):
     (row,) = res["rows"]
     assert row["gen"]["measured"] == 34.01 and row["gen"]["predicted"] > 0 and row["prompt"]["predicted"] > 0
     assert res["summary"]["all shipped prompt+gen"]["n"] == 2
+
+
+def test_the_validator_predicts_a_cpu_only_entry_with_its_threads(tmp_path):
+    sys.path.insert(0, str(BENCH))
+    try:
+        import validate_published
+    finally:
+        sys.path.remove(str(BENCH))
+    (e,) = [x for x in _entries() if x["id"] == "reddit-qwen3-30b-epyc9b14-cpu"]
+    assert validate_published.machine(e).gpus == ()
+    few = validate_published.predict(e)["gen"]
+    e = {**e, "test": {**e["test"], "threads": 96}}            # all 96 cores stream more than the 44 it used
+    assert 0 < few < validate_published.predict(e)["gen"]
+
+
+def test_ranking_scores_a_predicted_tie_as_no_call_and_rows_know_their_kind():
+    sys.path.insert(0, str(BENCH))
+    try:
+        import validate_published as v
+    finally:
+        sys.path.remove(str(BENCH))
+
+    def row(i, measured, predicted):
+        return {"id": i, "use": "error", "pair": "box", "gen": {"measured": None, "predicted": None},
+                "prompt": {"measured": measured, "predicted": predicted}}
+    (tie,) = v.ranking([row("a", 100.0, 50.0), row("b", 200.0, 50.0)])
+    assert not tie["right"]
+    (ok,) = v.ranking([row("a", 100.0, 50.0), row("b", 200.0, 90.0)])
+    assert ok["right"]
+    kinds = {e["id"]: v.kind(e) for e in _entries()}
+    assert kinds["reddit-qwen3-30b-epyc9b14-cpu"] == "cpu-only"
+    assert kinds["ik758-gptoss20b-4080-allgpu-llamacpp"] == "all-GPU"
+    assert kinds["ik841-gptoss20b-4080-7950x"] == "hybrid"
