@@ -14,7 +14,8 @@ item needs nothing from any other item: no barrier, one region. P = 1 unless the
 to keep every thread busy (decode with many threads). Items go to threads largest-first onto the
 least-loaded thread; each item writes its own rows of Y (P, T*K, D), and the router-weighted sum of Y
 into out (T, D) runs after the region (T*K*P*D adds, serially: microseconds at decode).
-Results do not depend on the thread count: every item is summed in the same order wherever it runs.
+Results do not depend on the thread count: every item is summed in the same order wherever it runs. On
+one thread PreparedExperts runs `serial_kernel`, the same code without the parallel region.
 
 Compiled per (gate/up type, down type, act_quant mode) on first use (`layer_kernel`): a copy of one
 template with the two types' row kernels bound (kernels/ktypes.variant, whose name also carries a hash of
@@ -137,7 +138,16 @@ def layer_kernel(g_type: str, d_type: str, aq: int = 0):
                                d_rows=d.rows, d_sums=d.sums_of, DQ=dq, d_rows_q=d.quant.get(dq, _no_rows_q),
                                GM=gm, g_quant32=g32[0], g_rows32=g32[1], DM=dm, d_quant32=d32[0], d_rows32=d32[1])
         _LAYERS[key] = variant(_moe_layer, f"moe_layer_{name}", parallel=PRANGE_ONLY, items=items)
+        _LAYERS[key + ("serial",)] = variant(_moe_layer, f"moe_layer_{name}_serial", items=items)
     return _LAYERS[key]
+
+
+def serial_kernel(g_type: str, d_type: str, aq: int = 0):
+    """layer_kernel's serial copy (the same code without a parallel region, same results), which
+    PreparedExperts runs on one thread: it compiles 3-4 s faster on a first run than the parallel one (which
+    a one-thread process, as `moert demo`, then never compiles)."""
+    layer_kernel(g_type, d_type, aq)
+    return _LAYERS[(g_type, d_type, aq, "serial")]
 
 
 @njit(cache=True)
@@ -273,7 +283,7 @@ class PreparedExperts:
     """One layer's gate/up/down made ready for repeated calls (a model keeps one per CPU expert layer): the
     checks, raw views, tables and the compiled kernel looked up once."""
 
-    __slots__ = ("shape", "args", "kernel")
+    __slots__ = ("shape", "args", "kernel", "serial")
 
     def __init__(self, gate: QTensor, up: QTensor, down: QTensor, act_quant: str | None = None,
                  act: str = "swiglu", biases: tuple | None = None):
@@ -294,6 +304,7 @@ class PreparedExperts:
         self.args = (_raw3(gate), table(gate.type), _raw3(up), table(up.type), _raw3(down), table(down.type),
                      D // TYPES[gate.type].block, F // bd, bd, 0, _act_code(act), gb, ub, db)
         self.kernel = layer_kernel(gate.type, down.type, aq)
+        self.serial = serial_kernel(gate.type, down.type, aq)      # for one thread: compiles without a region
 
     def __call__(self, x: np.ndarray, ids: np.ndarray, weights: np.ndarray) -> np.ndarray:
         """sum_k weights[t, k] * expert_{ids[t, k]}(x[t]) -> (T, D) float32."""
@@ -306,7 +317,8 @@ class PreparedExperts:
         check_inputs("moe_ffn_fused", x, ids, weights, self.shape[0], self.shape[2])   # its writes index by id
         if x.shape[0] == 0:
             return np.zeros((0, self.shape[2]), dtype=np.float32)
-        return self.kernel(x, ids, weights, *self.args, threads())
+        n = threads()
+        return (self.kernel if n > 1 else self.serial)(x, ids, weights, *self.args, n)
 
 
 def _act_code(act: str) -> int:

@@ -119,7 +119,8 @@ def test_random_bytes_and_odd_sizes():
 
 
 def test_same_result_for_any_threads_and_parts():
-    """Items are summed the same way wherever they run; parts split the down product exactly."""
+    """Items are summed the same way wherever they run (one thread takes the serial kernel, two the parallel
+    one: the same results, bit for bit); parts split the down product exactly."""
     E, F, D, K, T = 8, 768, 256, 2, 3
     gate, up, down = experts("Q4_K", "Q6_K", E, F, D)
     x = np.random.default_rng(1).standard_normal((T, D), dtype=np.float32)
