@@ -79,9 +79,12 @@ def main() -> None:
     print(common.machine_line(common.machine(with_bandwidth=False)))
     print(common.command())
     print(common.table(["run", "cold s", "of which warm-up", "warm s", "of which warm-up", "load avg"],
-                       [[r["what"], f"{r['cold']:.1f}", f"{r.get('cold_compile', float('nan')):.1f}",
-                         f"{r['warm']:.1f}", f"{r.get('warm_compile', float('nan')):.1f}", r["load_average"]]
-                        for r in rows]))
+                       [[r["what"], f"{r['cold']:.1f}", _s(r.get("cold_compile")), f"{r['warm']:.1f}",
+                         _s(r.get("warm_compile")), r["load_average"]] for r in rows]))
+
+
+def _s(seconds: float | None) -> str:
+    return "-" if seconds is None else f"{seconds:.1f}"
 
 
 if __name__ == "__main__":
