@@ -24,6 +24,7 @@ Dimension legend: T tokens, R rows (output features), C columns (input features)
 
 from __future__ import annotations
 
+import contextlib
 import math
 
 import numba
@@ -233,6 +234,23 @@ def threads() -> int:
 
 
 _num_threads = None
+_BLAS = None                                                            # threadpoolctl's view of NumPy's BLAS
+
+
+def blas_one_thread():
+    """A context in which NumPy's BLAS runs on one thread, while the kernels run on several (a no-op on one).
+    Both pools spin-wait between calls, so with a core each they take turns on the cores instead of working:
+    an int8 pp64 of the Qwen3-30B-A3B-shaped benchmark file on 2 threads went 170 -> 325 tok/s (its
+    attention, router and experts all faster; bench/RESULTS.md). Model.forward runs in it, so the setting
+    is scoped to moert's forward passes, not the process."""
+    global _BLAS
+    if threads() < 2:
+        return contextlib.nullcontext()
+    if _BLAS is None:
+        from threadpoolctl import ThreadpoolController
+
+        _BLAS = ThreadpoolController().select(user_api="blas")
+    return _BLAS.limit(limits=1)
 
 
 class Prepared:

@@ -209,14 +209,15 @@ class Model(TextAPI, Tracing):
         t0, start = time.perf_counter(), self.position
         out = []
         try:
-            for s in range(0, len(tokens), self.n_batch):
-                chunk = tokens[s:s + self.n_batch]
-                self._n, self._rope = len(chunk), {}
-                out.append(self.arch.forward(self, chunk))
-                if self._trace is not None:
-                    self._trace.end_chunk(self._position, len(chunk))
-                self._ids[self._position:self._position + len(chunk)] = chunk
-                self._position += len(chunk)
+            with kmatmul.blas_one_thread():     # NumPy's BLAS on one thread while the kernels' run (see there)
+                for s in range(0, len(tokens), self.n_batch):
+                    chunk = tokens[s:s + self.n_batch]
+                    self._n, self._rope = len(chunk), {}
+                    out.append(self.arch.forward(self, chunk))
+                    if self._trace is not None:
+                        self._trace.end_chunk(self._position, len(chunk))
+                    self._ids[self._position:self._position + len(chunk)] = chunk
+                    self._position += len(chunk)
         except BaseException:
             self._position = start   # all or nothing: KV entries past `position` are simply overwritten later
             if self._trace is not None:

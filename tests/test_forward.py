@@ -191,11 +191,47 @@ def test_threads_sets_numba_and_blas(tmp_path):
     with threadpool_limits(limits=None):  # restore BLAS afterwards
         load(write_qwen3moe(tmp_path / "t.gguf", n_layer=1), threads=1, progress=False, gpu_layers=0)
         assert numba.get_num_threads() == 1
-        assert all(p["num_threads"] == 1 for p in threadpool_info() if p["user_api"] == "blas")
+        assert all(p["num_threads"] == 1 for p in threadpool_info()                     # NumPy's BLAS (scipy's,
+                   if p["user_api"] == "blas" and "numpy" in p["filepath"])         # loaded later by Numba,
+        #                                                                             serves no moert kernel)
         assert set_threads(10_000) == numba.config.NUMBA_NUM_THREADS  # capped at the cores Numba saw
         with pytest.raises(ValueError, match=">= 1"):
             set_threads(0)
     numba.set_num_threads(before)
+
+
+def test_forward_runs_blas_on_one_thread_beside_the_kernels(path, monkeypatch):
+    """With the kernels on 2 threads, a forward pass runs NumPy's BLAS on one (their spin-waits fought over
+    the cores), and gives BLAS its threads back after, also when the pass fails; on one thread: untouched."""
+    from threadpoolctl import threadpool_info, threadpool_limits
+
+    def blas_threads():
+        return {p["num_threads"] for p in threadpool_info() if p["user_api"] == "blas" and "numpy" in p["filepath"]}
+
+    m = load(path, gpu_layers=0, context_size=32, progress=False, warmup=False)
+    seen = []
+    forward = m.arch.forward
+
+    def watched(rt, tokens):
+        seen.append(blas_threads())
+        return forward(rt, tokens)
+
+    monkeypatch.setattr(m.arch, "forward", watched)
+    with threadpool_limits(limits=2, user_api="blas"):
+        assert blas_threads() == {2}                                    # NumPy's OpenBLAS is there to limit
+        numba.set_num_threads(min(2, numba.config.NUMBA_NUM_THREADS))
+        try:
+            m.forward(np.array([1, 2]))
+            assert seen[-1] == ({1} if numba.get_num_threads() > 1 else {2}) and blas_threads() == {2}
+            numba.set_num_threads(1)
+            m.forward(np.array([3]))
+            assert seen[-1] == {2}
+            with pytest.raises(InvalidTokenError):
+                m.forward(np.array([10**9]))
+            assert blas_threads() == {2}
+        finally:
+            numba.set_num_threads(1)
+    m.close()
 
 
 def test_generation_reuses_the_cached_prefix(tmp_path):
