@@ -201,7 +201,7 @@ def _layer_trace(m, r: dict) -> LayerTrace:
         logits = w_router @ h                                                      # (E,)
         if f"blk.{il}.ffn_gate_inp.bias" in m.gguf.tensors:                        # gpt-oss's router bias
             logits = logits + m.gguf.dequantize(f"blk.{il}.ffn_gate_inp.bias").astype(np.float64)
-        scores = getattr(m.arch, "router_scores", None)        # an architecture whose router is not a softmax
+        scores = getattr(m.arch, "router_scores", None)        # an architecture whose router is not qwen3moe's
         p, lt.router = scores(m.config, logits) if scores else (softmax(logits), "")   # (E,)
         lt.ffn, lt.probs = "moe", np.asarray(p).tolist()
         lt.experts = [int(e) for e in _host(m, r["ids"])[0]]

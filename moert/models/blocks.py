@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from moert.layers import attention, cpu_arrays, glu, rms_norm, rope
+from moert.layers import attention, cpu_arrays, glu, rms_norm, rope, softmax
 from moert.models.spec import TensorSpec, spec
 
 
@@ -131,6 +131,13 @@ def routed_experts(m, il: int, x, dev, route):
         ids, weights = route(logits)                                    # (T, K), (T, K)
     names = (b + "ffn_gate_exps.weight", b + "ffn_up_exps.weight", b + "ffn_down_exps.weight")
     return h, m.experts(il, h, ids, weights, names, logits=logits)     # (T, D) on dev
+
+
+def unrenormalized_router_scores(c, logits: np.ndarray) -> tuple[np.ndarray, str]:
+    """`router_scores` (what `moert explain` shows of one token's router) of an architecture whose chosen
+    experts keep their softmax probabilities, not renormalized over the top k (qwen2moe, olmoe): the softmax
+    over all experts (E,) and how the weights come from it."""
+    return softmax(logits), "softmax(ffn_gate_inp . ffn_norm(x)); the chosen keep their probabilities, not renormalized"
 
 
 # ----------------------------------------------------------------------------- FFNs: dense, shared expert

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from moert.config import MoEConfig, key
-from moert.layers import rms_norm, softmax
+from moert.layers import rms_norm
 from moert.models.blocks import (
     attention_tensors,
     decoder,
@@ -24,6 +24,7 @@ from moert.models.blocks import (
     routed_expert_tensors,
     routed_experts,
     shared_expert,
+    unrenormalized_router_scores,
 )
 from moert.models.spec import TensorSpec, io_tensors, spec
 from moert.moe import softmax_topk
@@ -69,7 +70,4 @@ def block(m, il: int, x):
     return x + y + shared_expert(m, b, h, dev, gated=True)
 
 
-def router_scores(c: Config, logits: np.ndarray) -> tuple[np.ndarray, str]:
-    """What `moert explain` shows of one token's router: the softmax over all experts (E,), and how the chosen
-    experts' weights come from it (here: as they are, not renormalized over the top k)."""
-    return softmax(logits), "softmax(ffn_gate_inp . ffn_norm(x)); the chosen keep their probabilities, not renormalized"
+router_scores = unrenormalized_router_scores     # what `moert explain` shows of the router
