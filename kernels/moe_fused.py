@@ -115,7 +115,7 @@ def _plan(offsets, parts, n_threads, item_bytes, macs_per_token):
     return order, start
 
 
-_LAYERS: dict[tuple[str, str, int], object] = {}
+_LAYERS: dict[tuple[str, str, int], tuple] = {}     # (g_type, d_type, aq) -> (parallel kernel, serial copy)
 
 
 def layer_kernel(g_type: str, d_type: str, aq: int = 0):
@@ -137,9 +137,9 @@ def layer_kernel(g_type: str, d_type: str, aq: int = 0):
                                g_rows=g.rows, g_sums=g.sums_of, GQ=gq, g_rows_q=g.quant.get(gq, _no_rows_q),
                                d_rows=d.rows, d_sums=d.sums_of, DQ=dq, d_rows_q=d.quant.get(dq, _no_rows_q),
                                GM=gm, g_quant32=g32[0], g_rows32=g32[1], DM=dm, d_quant32=d32[0], d_rows32=d32[1])
-        _LAYERS[key] = variant(_moe_layer, f"moe_layer_{name}", parallel=PRANGE_ONLY, items=items)
-        _LAYERS[key + ("serial",)] = variant(_moe_layer, f"moe_layer_{name}_serial", items=items)
-    return _LAYERS[key]
+        _LAYERS[key] = (variant(_moe_layer, f"moe_layer_{name}", parallel=PRANGE_ONLY, items=items),
+                        variant(_moe_layer, f"moe_layer_{name}_serial", items=items))
+    return _LAYERS[key][0]
 
 
 def serial_kernel(g_type: str, d_type: str, aq: int = 0):
@@ -147,7 +147,7 @@ def serial_kernel(g_type: str, d_type: str, aq: int = 0):
     PreparedExperts runs on one thread: it compiles 3-4 s faster on a first run than the parallel one (which
     a one-thread process, as `moert demo`, then never compiles)."""
     layer_kernel(g_type, d_type, aq)
-    return _LAYERS[(g_type, d_type, aq, "serial")]
+    return _LAYERS[g_type, d_type, aq][1]
 
 
 @njit(cache=True)
