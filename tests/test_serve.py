@@ -171,18 +171,33 @@ def test_malformed_requests_are_400_with_a_reason(served, path, body, says):
         assert h.get("/health").json()["status"] == "ok"            # and the server is still there
 
 
-def test_full_queue_is_503_and_the_rest_complete(served):
+def test_full_queue_is_503_and_the_rest_complete(served, monkeypatch):
     url, refs, server, _ = served
     rejected = server.counts["rejected"]
+    # The worker's first job is held until all 14 requests are in, so the outcome does not depend on how fast
+    # a generation is (a quick one freed a slot while the others still arrived: 10 served, not 9).
+    gate, generate = threading.Event(), server._generate
+
+    def held(job):
+        gate.wait(60)
+        return generate(job)
+
+    monkeypatch.setattr(server, "_generate", held)
 
     def ask(i):
         with httpx.Client(base_url=url, timeout=60) as h:
             return h.post("/v1/completions", json={"prompt": PROMPTS[i % 8], "max_tokens": 24, "temperature": 0})
 
     with ThreadPoolExecutor(14) as pool:
-        rs = list(pool.map(ask, range(14)))
+        futures = [pool.submit(ask, i) for i in range(14)]
+        for _ in range(3000):                                           # 1 held + 8 waiting; 5 refused
+            if server.counts["rejected"] - rejected >= 5 or all(f.done() for f in futures):
+                break
+            time.sleep(0.01)
+        gate.set()
+        rs = [f.result() for f in futures]
     codes = [r.status_code for r in rs]
-    assert set(codes) == {200, 503} and codes.count(200) <= 9, codes     # 1 running + 8 waiting at most
+    assert codes.count(200) == 9 and codes.count(503) == 5, codes       # 1 running + 8 waiting, the rest 503
     assert "--queue 8" in next(r for r in rs if r.status_code == 503).json()["error"]["message"]
     assert server.counts["rejected"] == rejected + codes.count(503)
 
