@@ -138,13 +138,15 @@ class Moert:
         import moert
 
         self.name = "moert" if act_quant == "none" else f"moert {act_quant}"
+        repack = act_quant == "int8r"                     # int8 with the CPU Q4_K weights repacked at load
+        act_quant = "int8" if repack else act_quant
 
         if experts == "grouped":                          # for comparison only: the pre-fused CPU path
             import moert.model as mm
             mm.fused_supports = lambda *qs: False
         t0 = time.perf_counter()
         self.m = moert.load(path, gpu_layers=0, threads=threads, context_size=n_ctx, progress=False,
-                            act_quant=act_quant)
+                            act_quant=act_quant, repack=repack)
         self.load_s = time.perf_counter() - t0
         t0 = time.perf_counter()
         self.m.forward([1])                               # cold start: JIT cache load + first touch
@@ -276,7 +278,7 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--no-llama", action="store_true", help="moert only")
     ap.add_argument("--act-quant", default="none", type=lambda s: s.split(","),
                     help="moert's activation modes, comma-separated, each its own engine in the same run: none "
-                         "(float, the default), int16, int8 (opt-in kernels/matmul_q.py), e.g. none,int8")
+                         "(float, the default), int16, int8 (opt-in kernels/matmul_q.py), int8r (int8 with Q4_K repacked at load, kernels/repack.py), e.g. none,int8")
     ap.add_argument("--overhead", action="store_true", help="also measure Python overhead per token per layer")
     ap.add_argument("--profile", action="store_true", help="also profile one moert decode step")
     ap.add_argument("--json", type=Path, help="write all results here")
@@ -289,8 +291,8 @@ def main(argv: list[str] | None = None) -> dict:
     mach = common.machine(args.threads)
 
     for aq in args.act_quant:
-        if aq not in ("none", "int16", "int8"):
-            ap.error(f"--act-quant: {aq!r} is not one of none, int16, int8")
+        if aq not in ("none", "int16", "int8", "int8r"):
+            ap.error(f"--act-quant: {aq!r} is not one of none, int16, int8, int8r")
     engines = [Moert(path, args.threads, n_ctx, args.experts, aq) for aq in args.act_quant]
     moerts = [e.name for e in engines]
     n_ids = max(min(4000, engines[0].m.n_vocab - 10), 1)       # --model: a smaller vocabulary than the built one

@@ -42,6 +42,7 @@ from numba import njit
 
 from moert.kernels import matmul_q as mq
 from moert.kernels import qblocks as qb
+from moert.kernels import repack, simd
 from moert.kernels.blockdot import FM, PRANGE_ONLY, block_dot, block_dot2, no_sums, stack_f32, sums32
 from moert.kernels.dequant import BF16_TO_F32, F16_TO_F32
 from moert.quants.dequant import DEQUANT
@@ -83,6 +84,8 @@ class KernelType:
     drivers: Callable | None = None         # aq -> (serial, parallel) as matmul.kernels_for returns them
     q8_32: tuple | None = None              # (quantize(x) -> (x8, xd per 32), rows_q8(w, x8, xd, out, r0, r1,
     #                                         b0, b1, f16)): act_quant="int8" rounds x per 32, as llama.cpp's Q8_0
+    packed: tuple | None = None             # (repack(raw) -> raw, int8 row kernel over the repacked blocks): a
+    #                                         load-time layout for act_quant="int8" (kernels/repack.py; opt-in)
 
     @property
     def block(self) -> int:
@@ -129,7 +132,8 @@ class KernelType:
 
     def compiled(self) -> list[str]:
         """Names of this type's kernels compiled in this process (tests check a type compiles only its own)."""
-        fns = [self.decode, self.dot1, *self.quant.values(), *self.made(), self.row_kernel, *(self.q8_32 or ())]
+        fns = [self.decode, self.dot1, *self.quant.values(), *self.made(), self.row_kernel, *(self.q8_32 or ()),
+               *(self.packed or ())[1:]]
         return sorted(f.py_func.__name__ for f in fns if f is not None and f.signatures)
 
 
@@ -232,7 +236,9 @@ register(KernelType("F16", qb.deq_f16, "chunked"))
 register(KernelType("BF16", qb.deq_bf16, "chunked", table=BF16_TO_F32))
 register(KernelType("Q8_0", qb.deq_q8_0, "chunked", dot1=qb.dot1_q8_0))
 register(KernelType("Q4_K", qb.deq_q4_k, "paired", dot1=qb.dot1_q4_k, sums=True,
-                    quant={mq.QMAX[1]: mq.rows16_q4_k, mq.QMAX[2]: mq.rows8_q4_k}))
+                    quant={mq.QMAX[1]: mq.rows16_q4_k, mq.QMAX[2]: mq.rows8_q4_k},
+                    packed=(repack.repacked, variant(mq.rows8_q4_k.py_func, "rows8_q4_kr", inline=True, fastmath=FM,
+                                                     Q4K_ROW=simd.q4kr_row, Q4K_BYTES=repack.PACKED_BYTES))))
 register(KernelType("Q5_K", qb.deq_q5_k, "paired", dot1=qb.dot1_q5_k, sums=True))
 register(KernelType("Q6_K", qb.deq_q6_k, "paired", dot1=qb.dot1_q6_k,
                     quant={mq.QMAX[1]: mq.rows16_q6_k, mq.QMAX[2]: mq.rows8_q6_k}))

@@ -40,7 +40,7 @@ from moert.quants.dequant import dequantize as _ref_dequantize
 from moert.quants.dequant import lookup
 
 __all__ = ["FAST_TYPES", "TYPES", "Prepared", "PreparedGroup", "group_kernel", "kernels_for", "matmul", "matmul_ref",
-           "matvec", "matvec_ref", "weight_bytes"]
+           "matvec", "matvec_ref", "packs", "weight_bytes"]
 
 _PARALLEL_MIN_BYTES = 1 << 18   # below this many weight bytes per call, run on the calling thread
 
@@ -137,50 +137,62 @@ def _group3_q(x, w0, o0, nb0, f0, w1, o1, nb1, f1, w2, o2, nb2, f2, chunk):
                 rows2(w2, x, xs2, o2, j * chunk, min(R2, (j + 1) * chunk), Z0, nb2, f2)
 
 
-_DRIVERS: dict[tuple[str, int], tuple] = {}
-_GROUPS: dict[tuple[tuple[str, ...], int], object] = {}
+_DRIVERS: dict[tuple[str, int, bool], tuple] = {}
+_GROUPS: dict[tuple[tuple[str, ...], int, tuple[bool, ...]], object] = {}
 
 
-def group_kernel(type_names: tuple[str, str, str], aq: int = 0):
+def group_kernel(type_names: tuple[str, str, str], aq: int = 0, packed: tuple[bool, ...] = (False,) * 3):
     """The one-region kernel of three weights of these types (made on first use), or None when mode aq has
-    quantized kernels for some of the types and not others (their calls would quantize x differently)."""
+    quantized kernels for some of the types and not others (their calls would quantize x differently).
+    packed[i]: weight i is repacked (kernels/repack.py; int8 mode only)."""
     kts = [TYPES[t] for t in type_names]
     qmax = matmul_q.QMAX[aq] if aq else 0
     has = [qmax in kt.quant for kt in kts]
     if aq and any(has) and not all(has):
         return None
     aq = aq if all(has) else 0
-    key = (tuple(type_names), aq)
+    packed = tuple(bool(p) for p in packed)
+    key = (tuple(type_names), aq, packed)
     if key not in _GROUPS:
-        name = "group_" + "_".join(t.lower() for t in type_names) + (f"_aq{aq}" if aq else "")
+        name = "group_" + "_".join(t.lower() + ("r" if p else "") for t, p in zip(type_names, packed)) \
+            + (f"_aq{aq}" if aq else "")
         bound = {f"{k}{i}": v for i, kt in enumerate(kts) for k, v in (("rows", kt.rows), ("sums", kt.sums_of))}
         if aq:
-            bound.update({f"rows_q{i}": kt.quant[qmax] for i, kt in enumerate(kts)}, QMAX=qmax)
+            bound.update({f"rows_q{i}": kt.packed[1] if p else kt.quant[qmax]
+                          for i, (kt, p) in enumerate(zip(kts, packed))}, QMAX=qmax)
         _GROUPS[key] = variant(_group3_q if aq else _group3, name, parallel=PRANGE_ONLY, **bound)
     return _GROUPS[key]
 
 
-def kernels_for(type_name: str, aq: int = 0) -> tuple:
+def kernels_for(type_name: str, aq: int = 0, packed: bool = False) -> tuple:
     """(serial, parallel) drivers of one type, made on first use:
     serial(w, x, out, r0, r1, b0, b1, f16): the type's rows on the calling thread (xs computed inside);
     parallel(w, x, out, nb, f16, chunk): all rows, `chunk` rows per task, one parallel region.
     aq != 0 (matmul_q.ACT_QUANT): the quantized-activation kernels, for the types that have them; aq = 0
-    (default) compiles exactly the float drivers."""
+    (default) compiles exactly the float drivers. packed: the weight is repacked (kernels/repack.py; only
+    with aq = 2, int8, for a type with a packed layout)."""
     kt = TYPES[type_name]
     qmax = matmul_q.QMAX[aq] if aq else 0
     aq = aq if qmax in kt.quant or (kt.q8_32 and qmax == 127) else 0
-    if (type_name, aq) not in _DRIVERS and kt.drivers is not None:       # a type with its own (MXFP4)
-        _DRIVERS[type_name, aq] = kt.drivers(aq)
-    if (type_name, aq) not in _DRIVERS:
-        n, bound = type_name.lower(), dict(rows=kt.rows, sums=kt.sums_of)
+    key = (type_name, aq, packed)
+    if key not in _DRIVERS and kt.drivers is not None:                  # a type with its own (MXFP4)
+        _DRIVERS[key] = kt.drivers(aq)
+    if key not in _DRIVERS:
+        n, bound = type_name.lower() + ("r" if packed else ""), dict(rows=kt.rows, sums=kt.sums_of)
         if aq:
-            bound.update(QMAX=qmax, rows_q=kt.quant[qmax])
-            _DRIVERS[type_name, aq] = (variant(_serial_q, f"serial_{n}_aq{aq}", **bound),
-                                       variant(_parallel_q, f"parallel_{n}_aq{aq}", parallel=PRANGE_ONLY, **bound))
+            bound.update(QMAX=qmax, rows_q=kt.packed[1] if packed else kt.quant[qmax])
+            _DRIVERS[key] = (variant(_serial_q, f"serial_{n}_aq{aq}", **bound),
+                             variant(_parallel_q, f"parallel_{n}_aq{aq}", parallel=PRANGE_ONLY, **bound))
         else:
-            _DRIVERS[type_name, aq] = (variant(_serial, f"serial_{n}", **bound),
-                                       variant(_parallel, f"parallel_{n}", parallel=PRANGE_ONLY, **bound))
-    return _DRIVERS[type_name, aq]
+            _DRIVERS[key] = (variant(_serial, f"serial_{n}", **bound),
+                             variant(_parallel, f"parallel_{n}", parallel=PRANGE_ONLY, **bound))
+    return _DRIVERS[key]
+
+
+def packs(w: QTensor, act_quant: str | None, repack: bool) -> bool:
+    """Whether a weight is repacked at load (kernels/repack.py): asked for, act_quant "int8", and a type
+    with a packed layout (Q4_K); every other weight stays a zero-copy view whatever `repack` says."""
+    return bool(repack) and matmul_q.mode(act_quant) == 2 and w.type in TYPES and TYPES[w.type].packed is not None
 
 
 def raw_rows(w: QTensor) -> np.ndarray:
@@ -257,17 +269,21 @@ class Prepared:
     """A weight made ready for repeated matmuls (a model keeps one per CPU weight): its raw rows, type code,
     table and drivers looked up once, so a call costs one Numba dispatch plus a few checks."""
 
-    __slots__ = ("shape", "type", "raw", "nb", "f16", "serial", "parallel")
+    __slots__ = ("shape", "type", "raw", "nb", "f16", "serial", "parallel", "packed")
 
-    def __init__(self, w: QTensor, act_quant: str | None = None):
+    def __init__(self, w: QTensor, act_quant: str | None = None, repack: bool = False):
         """act_quant: None (float, default), "int16" (one-token calls round x per 256-block) or "int8" (every
-        call does); see matmul_q.py."""
+        call does); see matmul_q.py. repack: with "int8", a Q4_K weight is copied into kernels/repack.py's
+        layout (same results, fewer instructions; `packs` says which weights)."""
         aq = matmul_q.mode(act_quant)
         kt = _check_weight(w)
+        self.packed = packs(w, act_quant, repack)
         self.shape, self.type, self.raw = tuple(w.shape), w.type, raw_rows(w)
+        if self.packed:
+            self.raw = kt.packed[0](self.raw)
         self.nb = w.shape[1] // kt.block
         self.f16 = kt.table
-        self.serial, self.parallel = kernels_for(w.type, aq)
+        self.serial, self.parallel = kernels_for(w.type, aq, self.packed)
 
     def __call__(self, x: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
         """x (T, C) @ W.T -> (T, R) float32."""
@@ -296,11 +312,12 @@ class PreparedGroup:
 
     __slots__ = ("parts", "kernel", "bytes")
 
-    def __init__(self, ws: list[QTensor], act_quant: str | None = None):
+    def __init__(self, ws: list[QTensor], act_quant: str | None = None, repack: bool = False):
         if len(ws) != 3 or len({w.shape[1] for w in ws}) != 1:
             raise ValueError(f"PreparedGroup takes three weights of one input width, got {[w.shape for w in ws]}")
-        self.parts = [Prepared(w, act_quant) for w in ws]
-        self.kernel = group_kernel(tuple(p.type for p in self.parts), matmul_q.mode(act_quant))
+        self.parts = [Prepared(w, act_quant, repack) for w in ws]
+        self.kernel = group_kernel(tuple(p.type for p in self.parts), matmul_q.mode(act_quant),
+                                   tuple(p.packed for p in self.parts))
         self.bytes = sum(p.raw.nbytes for p in self.parts)
 
     def __call__(self, x: np.ndarray) -> tuple[np.ndarray, ...]:

@@ -192,6 +192,11 @@ def _rows1q_q6_k(w, xq, xd, xb, out, r0, r1, b0, b1, f16):
         out[0, r] = _dot1q_q6_k(w[r, 210 * b0:210 * b1], qv, dv, xb, b1 - b0, f16)
 
 
+# rows8_q4_k reads GGUF's blocks through these two names; kernels/ktypes.py binds simd.q4kr_row and 148 in a
+# copy of it (rows8_q4_kr) for kernels/repack.py's blocks.
+Q4K_ROW, Q4K_BYTES = simd.q4k_row, 144
+
+
 @njit(cache=True, fastmath=_FM, inline="always")   # inlined: simd.py's code is in the callers' cache keys
 def rows8_q4_k(w, xq, x8, xd, xb, out, r0, r1, b0, b1, f16):
     """out[t, r] for every token t of int8 x (T, C): simd.q4k_row sums a row's blocks [b0, b1) exactly in
@@ -202,20 +207,20 @@ def rows8_q4_k(w, xq, x8, xd, xb, out, r0, r1, b0, b1, f16):
     for r in range(r0, r1):
         wr = w[r]
         for t in range(0, T4, 4):
-            s0, s1, s2, s3 = simd.q4k_row(wr, 144 * b0, b1 - b0, x8, t * C + 256 * b0, C, xd, t * B + b0, B,
+            s0, s1, s2, s3 = Q4K_ROW(wr, Q4K_BYTES * b0, b1 - b0, x8, t * C + 256 * b0, C, xd, t * B + b0, B,
                                           xb, t * Cb + 8 * b0, Cb, 4)
             out[t, r], out[t + 1, r], out[t + 2, r], out[t + 3, r] = s0, s1, s2, s3
         t, n = T4, T - T4                                               # the last 1-3 tokens in one call
         if n == 3:
-            s0, s1, s2 = simd.q4k_row(wr, 144 * b0, b1 - b0, x8, t * C + 256 * b0, C, xd, t * B + b0, B,
+            s0, s1, s2 = Q4K_ROW(wr, Q4K_BYTES * b0, b1 - b0, x8, t * C + 256 * b0, C, xd, t * B + b0, B,
                                       xb, t * Cb + 8 * b0, Cb, 3)
             out[t, r], out[t + 1, r], out[t + 2, r] = s0, s1, s2
         elif n == 2:
-            s0, s1 = simd.q4k_row(wr, 144 * b0, b1 - b0, x8, t * C + 256 * b0, C, xd, t * B + b0, B,
+            s0, s1 = Q4K_ROW(wr, Q4K_BYTES * b0, b1 - b0, x8, t * C + 256 * b0, C, xd, t * B + b0, B,
                                   xb, t * Cb + 8 * b0, Cb, 2)
             out[t, r], out[t + 1, r] = s0, s1
         elif n == 1:
-            out[t, r] = simd.q4k_row(wr, 144 * b0, b1 - b0, x8, t * C + 256 * b0, C, xd, t * B + b0, B,
+            out[t, r] = Q4K_ROW(wr, Q4K_BYTES * b0, b1 - b0, x8, t * C + 256 * b0, C, xd, t * B + b0, B,
                                      xb, t * Cb + 8 * b0, Cb, 1)
 
 

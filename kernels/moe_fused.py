@@ -34,7 +34,7 @@ from numba import njit, prange
 from moert.kernels import matmul_q
 from moert.kernels.blockdot import Z0
 from moert.kernels.ktypes import PRANGE_ONLY, TYPES, variant
-from moert.kernels.matmul import matmul_ref, table, threads
+from moert.kernels.matmul import matmul_ref, packs, table, threads
 from moert.kernels.matmul_q import quantize_rows, quantized
 from moert.kernels.moe import QTensor, check_biases, check_experts, check_inputs, group_by_expert
 from moert.layers import ACTS, OAI_ALPHA, OAI_LIMIT, glu
@@ -115,39 +115,42 @@ def _plan(offsets, parts, n_threads, item_bytes, macs_per_token):
     return order, start
 
 
-_LAYERS: dict[tuple[str, str, int], tuple] = {}     # (g_type, d_type, aq) -> (parallel kernel, serial copy)
+_LAYERS: dict[tuple[str, str, int, bool, bool], tuple] = {}   # (g_type, d_type, aq, g_packed, d_packed) ->
+#                                                               (parallel kernel, serial copy)
 
 
-def layer_kernel(g_type: str, d_type: str, aq: int = 0):
+def layer_kernel(g_type: str, d_type: str, aq: int = 0, g_packed: bool = False, d_packed: bool = False):
     """The compiled layer kernel for gate/up of type g_type and down of d_type (made on first use):
     kernel(x, ids, wts, g_raw, g_f16, u_raw, u_f16, d_raw, d_f16, nb_in, nb_down, block_down, parts, act,
     gb, ub, db, n_threads) -> (T, D). n_threads = matmul.threads(), passed in: called inside, it makes the
     function uncacheable. parts = 0 picks them with parts_for. aq != 0 (kernels/matmul_q.py): an expert
     reads x quantized (matmul_q.quantized: int8 always, int16 when T == 1), for the types with quantized
-    kernels; 0 compiles the float kernel."""
-    key = (g_type, d_type, aq)
+    kernels; 0 compiles the float kernel. g_packed, d_packed: gate/up, down repacked (kernels/repack.py; int8)."""
+    key = (g_type, d_type, aq, g_packed, d_packed)
     if key not in _LAYERS:
         g, d = TYPES[g_type], TYPES[d_type]
         gq = matmul_q.QMAX[aq] if aq and matmul_q.QMAX[aq] in g.quant else 0    # 0: float kernels
         dq = matmul_q.QMAX[aq] if aq and matmul_q.QMAX[aq] in d.quant else 0
         gm, dm = aq == 2 and g.q8_32 is not None, aq == 2 and d.q8_32 is not None     # MXFP4: x per 32
         g32, d32 = g.q8_32 or (_no_quant32, _no_rows32), d.q8_32 or (_no_quant32, _no_rows32)
-        name = f"{g_type.lower()}_{d_type.lower()}_aq{aq}"
+        name = f"{g_type.lower()}{'r' * g_packed}_{d_type.lower()}{'r' * d_packed}_aq{aq}"
+        g_q = g.packed[1] if g_packed else g.quant.get(gq, _no_rows_q)
+        d_q = d.packed[1] if d_packed else d.quant.get(dq, _no_rows_q)
         items = variant(_moe_items, f"moe_items_{name}",
-                               g_rows=g.rows, g_sums=g.sums_of, GQ=gq, g_rows_q=g.quant.get(gq, _no_rows_q),
-                               d_rows=d.rows, d_sums=d.sums_of, DQ=dq, d_rows_q=d.quant.get(dq, _no_rows_q),
+                               g_rows=g.rows, g_sums=g.sums_of, GQ=gq, g_rows_q=g_q,
+                               d_rows=d.rows, d_sums=d.sums_of, DQ=dq, d_rows_q=d_q,
                                GM=gm, g_quant32=g32[0], g_rows32=g32[1], DM=dm, d_quant32=d32[0], d_rows32=d32[1])
         _LAYERS[key] = (variant(_moe_layer, f"moe_layer_{name}", parallel=PRANGE_ONLY, items=items),
                         variant(_moe_layer, f"moe_layer_{name}_serial", items=items))
     return _LAYERS[key][0]
 
 
-def serial_kernel(g_type: str, d_type: str, aq: int = 0):
+def serial_kernel(g_type: str, d_type: str, aq: int = 0, g_packed: bool = False, d_packed: bool = False):
     """layer_kernel's serial copy (the same code without a parallel region, same results), which
     PreparedExperts runs on one thread: it compiles 3-4 s faster on a first run than the parallel one (which
     a one-thread process, as `moert demo`, then never compiles)."""
-    layer_kernel(g_type, d_type, aq)
-    return _LAYERS[g_type, d_type, aq][1]
+    layer_kernel(g_type, d_type, aq, g_packed, d_packed)
+    return _LAYERS[g_type, d_type, aq, g_packed, d_packed][1]
 
 
 @njit(cache=True)
@@ -283,13 +286,14 @@ class PreparedExperts:
     """One layer's gate/up/down made ready for repeated calls (a model keeps one per CPU expert layer): the
     checks, raw views, tables and the compiled kernel looked up once."""
 
-    __slots__ = ("shape", "args", "kernel", "serial")
+    __slots__ = ("shape", "args", "kernel", "serial", "packed_bytes")
 
     def __init__(self, gate: QTensor, up: QTensor, down: QTensor, act_quant: str | None = None,
-                 act: str = "swiglu", biases: tuple | None = None):
+                 act: str = "swiglu", biases: tuple | None = None, repack: bool = False):
         """act_quant: None (float, default), "int16" (one-token calls read x quantized) or "int8" (every
         call does); see kernels/matmul_q.py. act: the gated activation (moert.layers.ACTS); biases: None or
-        float32 (bg (E, F), bu (E, F), bd (E, D)) added to gate, up and down outputs."""
+        float32 (bg (E, F), bu (E, F), bd (E, D)) added to gate, up and down outputs. repack: with "int8",
+        Q4_K tensors are copied into kernels/repack.py's layout (same results; `packed_bytes` of memory)."""
         aq = matmul_q.mode(act_quant)
         for t in (gate, up, down):
             if t.type not in TYPES:
@@ -301,10 +305,13 @@ class PreparedExperts:
         bd = TYPES[down.type].block
         self.shape = (E, F, D)
         gb, ub, db = check_biases("PreparedExperts", biases, E, F, D)
-        self.args = (_raw3(gate), table(gate.type), _raw3(up), table(up.type), _raw3(down), table(down.type),
+        gp, dp = packs(gate, act_quant, repack), packs(down, act_quant, repack)
+        raws = [TYPES[t.type].packed[0](_raw3(t)) if p else _raw3(t) for t, p in ((gate, gp), (up, gp), (down, dp))]
+        self.packed_bytes = sum(r.nbytes for r, p in zip(raws, (gp, gp, dp)) if p)
+        self.args = (raws[0], table(gate.type), raws[1], table(up.type), raws[2], table(down.type),
                      D // TYPES[gate.type].block, F // bd, bd, 0, _act_code(act), gb, ub, db)
-        self.kernel = layer_kernel(gate.type, down.type, aq)
-        self.serial = serial_kernel(gate.type, down.type, aq)      # for one thread: compiles without a region
+        self.kernel = layer_kernel(gate.type, down.type, aq, gp, dp)
+        self.serial = serial_kernel(gate.type, down.type, aq, gp, dp)   # for one thread: compiles without a region
 
     def __call__(self, x: np.ndarray, ids: np.ndarray, weights: np.ndarray) -> np.ndarray:
         """sum_k weights[t, k] * expert_{ids[t, k]}(x[t]) -> (T, D) float32."""

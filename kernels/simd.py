@@ -12,6 +12,9 @@ row (the structure of ggml's AVX2 `ggml_vec_dot_q4_K_q8_K`).
         per block), its per-32 sums at xb[cb + t ldb]. The block's 6-bit scales and mins are decoded here.
         A float32 for n = 1, an n-tuple otherwise: the block's nibbles and scales are decoded once for all
         n tokens.
+    q4kr_row(...)
+        the same over kernels/repack.py's Q4_K blocks (148 bytes: the scales and mins one byte each), bit
+        for bit the same sums with one load for the 16 scales instead of the 6-bit unpacking.
     q6k_row(w, o, nb, xq, c, ld, xd, cd, ldd, n)
         sum over the nb Q6_K blocks from w[o] of xd_b d_b sum_g scale_g sum_{l<16} (q6 - 32) xq, likewise.
 
@@ -31,7 +34,7 @@ from numba import types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
-__all__ = ["available", "q4k_row", "q6k_row"]
+__all__ = ["available", "q4k_row", "q4kr_row", "q6k_row"]
 
 _I8, _I16, _I32 = ir.IntType(8), ir.IntType(16), ir.IntType(32)
 _V8x32, _V16x16, _V32x8 = ir.VectorType(_I8, 32), ir.VectorType(_I16, 16), ir.VectorType(_I32, 8)
@@ -84,11 +87,9 @@ def _at(builder, base, k):
     return builder.add(base, ir.Constant(base.type, k))
 
 
-def _q4k(context, builder, aty, wa, o, xty, xa, cs, bty, ba, cbs):
-    """IR for one Q4_K block at w[o:] against len(cs) int8 token vectors at xq[c] (xb sums at xb[cb]):
-    [isum_0, msum_0, isum_1, msum_1, ...], each an <8 x i32> whose lanes add up to the sum. The weights
-    and scales are decoded once for all tokens."""
-    # the 12 scale bytes at o + 4 as three u32 -> (8 scales, 8 mins) as bytes, as ggml's AVX2 Q4_K dot
+def _scales_mins(context, builder, aty, wa, o):
+    """The Q4_K block's 8 scales and 8 mins at w[o + 4:] as <16 x i16> (lanes 0-7 sc, 8-15 m): the 12
+    packed 6-bit bytes as three u32, unpacked as ggml's AVX2 Q4_K dot does."""
     u = [_vload(context, builder, aty, wa, _at(builder, o, 4 + 4 * i), _I32) for i in range(3)]
 
     def k(v):
@@ -102,14 +103,26 @@ def _q4k(context, builder, aty, wa, o, xty, xa, cs, bty, ba, cbs):
     v4 = ir.Constant(ir.VectorType(_I32, 4), None)
     for i, ui in enumerate((u0, u1, u2, u3)):
         v4 = builder.insert_element(v4, ui, k(i))
-    sm = builder.zext(builder.bitcast(v4, ir.VectorType(_I8, 16)), _V16x16)   # lanes 0-7 sc, 8-15 m
+    return builder.zext(builder.bitcast(v4, ir.VectorType(_I8, 16)), _V16x16)
+
+
+def _q4k(context, builder, aty, wa, o, xty, xa, cs, bty, ba, cbs, packed=False):
+    """IR for one Q4_K block at w[o:] against len(cs) int8 token vectors at xq[c] (xb sums at xb[cb]):
+    [isum_0, msum_0, isum_1, msum_1, ...], each an <8 x i32> whose lanes add up to the sum. The weights
+    and scales are decoded once for all tokens. packed: the block is kernels/repack.py's (148 bytes, the
+    16 scales and mins one byte each at o + 4, one load and a widening instead of the 6-bit unpacking)."""
+    if packed:
+        sm = builder.zext(_vload(context, builder, aty, wa, _at(builder, o, 4), ir.VectorType(_I8, 16)), _V16x16)
+    else:
+        sm = _scales_mins(context, builder, aty, wa, o)               # lanes 0-7 sc, 8-15 m
+    qs = 20 if packed else 16                                         # where the 128 nibble bytes start
     mins = builder.zext(_lanes(builder, sm, list(range(8, 16))), _V32x8)
     msums = [builder.mul(mins, _vload(context, builder, bty, ba, cb, _V32x8)) for cb in cbs]
     accs = [_const(_V32x8, 0)] * len(cs)
     m4 = _const(_V8x32, 15)
     for p in range(4):                                                   # 64 weights: sub-blocks 2p, 2p+1
-        q = _vload(context, builder, aty, wa, _at(builder, o, 16 + 32 * p), _V8x32)
-        lo, hi = b_and(q, m4), b_and(shr(q, _const(_V8x32, 4)), m4)
+        q = _vload(context, builder, aty, wa, _at(builder, o, qs + 32 * p), _V8x32)
+        lo, hi = builder.and_(q, m4), builder.and_(builder.lshr(q, _const(_V8x32, 4)), m4)
         slo, shi = _lanes(builder, sm, [2 * p] * 16), _lanes(builder, sm, [2 * p + 1] * 16)
         for i, c in enumerate(cs):
             xlo = _vload(context, builder, xty, xa, _at(builder, c, 64 * p), _V8x32)
@@ -207,35 +220,46 @@ def _row_check(w, xq, xd):
     return _check(w, xq) and isinstance(xd, types.Array) and xd.dtype == types.float32
 
 
-@intrinsic
-def q4k_row(typingctx, w, o, nb, xq, c, ld, xd, cd, ldd, xb, cb, ldb, n):
-    """sum over nb Q4_K blocks from w[o] of d_b xd_b isum_b - dmin_b xd_b msum_b, for n (a literal 1 to 4)
-    tokens t at xq[c + t ld], xd[cd + t ldd], xb[cb + t ldb]: a float32 for n = 1, else an n-tuple."""
-    if not (_row_check(w, xq, xd) and isinstance(n, types.IntegerLiteral) and 1 <= n.literal_value <= 4):
-        return None
-    N = n.literal_value
+def _q4k_row_intrinsic(packed: bool):
+    """q4k_row (GGUF's 144-byte Q4_K blocks) or q4kr_row (kernels/repack.py's 148-byte ones)."""
+    size = 148 if packed else 144
 
-    def codegen(context, builder, sig, args):
-        o_, nb_, c_, ld_, cd_, ldd_, cb_, ldb_ = _intp(context, builder, sig, args, 1, 2, 4, 5, 7, 8, 10, 11)
+    def row(typingctx, w, o, nb, xq, c, ld, xd, cd, ldd, xb, cb, ldb, n):
+        if not (_row_check(w, xq, xd) and isinstance(n, types.IntegerLiteral) and 1 <= n.literal_value <= 4):
+            return None
+        N = n.literal_value
 
-        def body(b):
-            ob = builder.add(o_, builder.mul(b, ir.Constant(b.type, 144)))
-            cs = [builder.add(c, builder.mul(b, ir.Constant(b.type, 256))) for c in _offsets(builder, c_, ld_, N)]
-            cbs = [builder.add(c, builder.mul(b, ir.Constant(b.type, 8))) for c in _offsets(builder, cb_, ldb_, N)]
-            vals = _q4k(context, builder, sig.args[0], args[0], ob, sig.args[3], args[3], cs, sig.args[9], args[9],
-                        cbs)
-            d, dmin = _half_at(context, builder, sig.args[0], args[0], ob), \
-                _half_at(context, builder, sig.args[0], args[0], _at(builder, ob, 2))
-            out = []
-            for i, cd in enumerate(_offsets(builder, cd_, ldd_, N)):
-                x = _f32_at(context, builder, sig.args[6], args[6], builder.add(cd, b))
-                out.append([(vals[2 * i], builder.fmul(d, x)),
-                            (vals[2 * i + 1], builder.fneg(builder.fmul(dmin, x)))])
-            return out
-        tot = _row_loop(context, builder, nb_, N, body)
-        return tot[0] if N == 1 else context.make_tuple(builder, sig.return_type, tot)
-    ret = types.float32 if N == 1 else types.UniTuple(types.float32, N)
-    return ret(w, o, nb, xq, c, ld, xd, cd, ldd, xb, cb, ldb, n), codegen
+        def codegen(context, builder, sig, args):
+            o_, nb_, c_, ld_, cd_, ldd_, cb_, ldb_ = _intp(context, builder, sig, args, 1, 2, 4, 5, 7, 8, 10, 11)
+
+            def body(b):
+                ob = builder.add(o_, builder.mul(b, ir.Constant(b.type, size)))
+                cs = [builder.add(c, builder.mul(b, ir.Constant(b.type, 256))) for c in _offsets(builder, c_, ld_, N)]
+                cbs = [builder.add(c, builder.mul(b, ir.Constant(b.type, 8))) for c in _offsets(builder, cb_, ldb_, N)]
+                vals = _q4k(context, builder, sig.args[0], args[0], ob, sig.args[3], args[3], cs, sig.args[9],
+                            args[9], cbs, packed)
+                d, dmin = _half_at(context, builder, sig.args[0], args[0], ob), \
+                    _half_at(context, builder, sig.args[0], args[0], _at(builder, ob, 2))
+                out = []
+                for i, cd in enumerate(_offsets(builder, cd_, ldd_, N)):
+                    x = _f32_at(context, builder, sig.args[6], args[6], builder.add(cd, b))
+                    out.append([(vals[2 * i], builder.fmul(d, x)),
+                                (vals[2 * i + 1], builder.fneg(builder.fmul(dmin, x)))])
+                return out
+            tot = _row_loop(context, builder, nb_, N, body)
+            return tot[0] if N == 1 else context.make_tuple(builder, sig.return_type, tot)
+        ret = types.float32 if N == 1 else types.UniTuple(types.float32, N)
+        return ret(w, o, nb, xq, c, ld, xd, cd, ldd, xb, cb, ldb, n), codegen
+    row.__name__ = row.__qualname__ = "q4kr_row" if packed else "q4k_row"
+    return intrinsic(row)
+
+
+q4k_row = _q4k_row_intrinsic(False)
+q4k_row.__doc__ = """sum over nb Q4_K blocks from w[o] of d_b xd_b isum_b - dmin_b xd_b msum_b, for n (a literal 1
+to 4) tokens t at xq[c + t ld], xd[cd + t ldd], xb[cb + t ldb]: a float32 for n = 1, else an n-tuple."""
+q4kr_row = _q4k_row_intrinsic(True)
+q4kr_row.__doc__ = """q4k_row over kernels/repack.py's Q4_K blocks (148 bytes, scales and mins unpacked): the same
+sums, bit for bit, without the 6-bit unpacking per block."""
 
 
 @intrinsic

@@ -117,7 +117,7 @@ def _cpu_layer(m, ffn):
         qs = [QTensor(_cpu_view(m.weights[n]), m.weights[n].type, tuple(m.weights[n].shape)) for n in names]
         b = None if not biases else tuple(_cpu_floats(m.weights[n]) for n in biases)
         if fused_supports(*qs):
-            return PreparedExperts(*qs, act_quant=m.act_quant, act=act, biases=b)
+            return PreparedExperts(*qs, act_quant=m.act_quant, act=act, biases=b, repack=m.repack)
         return lambda x, ids, weights: moe_ffn(x, ids, weights, *qs, act=act, biases=b)
     return m.cached(("cpu experts", ffn), make)
 

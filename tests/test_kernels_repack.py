@@ -1,0 +1,92 @@
+"""The load-time Q4_K repack (kernels/repack.py) and the int8 kernels that read it (kernels/simd.py q4kr_row).
+
+The repack only moves bytes (d, dmin and the nibbles copied, the 6-bit scales and mins one byte each), and
+the repacked kernel sums the same int32 products in the same order, so every result must be equal BIT FOR
+BIT to the int8 kernel over GGUF's blocks, which tests/test_kernels_matmul_q.py checks against the NumPy twin.
+The unpacked bytes are checked against the reference dequantizer's own 6-bit decoder (moert.quants).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from test_kernels_matmul import weight
+
+from moert.errors import KernelOptionError
+from moert.kernels import matmul as mm
+from moert.kernels import repack, simd
+from moert.quants.dequant import _scale_min_k4
+
+pytestmark = pytest.mark.skipif(not simd.available(), reason="the int8 kernels need AVX2")
+
+
+def test_repack_matches_twin_and_reference_scales():
+    raw = np.random.default_rng(0).integers(0, 256, (37, 5 * 144), dtype=np.uint8)   # every bit pattern
+    got = repack.repack_q4_k(raw)
+    assert got.shape == (37, 5 * 148)
+    np.testing.assert_array_equal(got, repack.repack_q4_k_ref(raw))
+    blocks, packed = raw.reshape(-1, 144), got.reshape(-1, 148)
+    sc, m = _scale_min_k4(np, blocks[:, 4:16])                          # moert.quants' decoder, (n, 8) each
+    np.testing.assert_array_equal(packed[:, 4:12], sc)
+    np.testing.assert_array_equal(packed[:, 12:20], m)
+    np.testing.assert_array_equal(packed[:, :4], blocks[:, :4])         # d, dmin
+    np.testing.assert_array_equal(packed[:, 20:], blocks[:, 16:])       # the nibbles
+    three = repack.repacked(raw.reshape(1, 37, -1))                     # an expert stack keeps its shape
+    assert three.shape == (1, 37, 5 * 148) and not three.flags.writeable
+
+
+@pytest.mark.parametrize("rows,cols", [(37, 768), (5, 256), (130, 1280)])
+def test_prepared_repacked_equals_int8(rows, cols):
+    w = weight("Q4_K", rows, cols, seed=rows)
+    X = np.random.default_rng(cols).standard_normal((9, cols)).astype(np.float32) * 3
+    plain, packed = mm.Prepared(w, "int8"), mm.Prepared(w, "int8", repack=True)
+    assert packed.packed and not plain.packed and packed.raw.nbytes == plain.raw.nbytes * 148 // 144
+    for T in (1, 2, 3, 4, 5, 9):                                        # 4 tokens a call, then the last 1-3
+        np.testing.assert_array_equal(packed(X[:T]), plain(X[:T]))
+
+
+def test_only_q4_k_in_int8_is_repacked():
+    q6 = weight("Q6_K", 8, 256)
+    q4 = weight("Q4_K", 8, 256)
+    assert not mm.Prepared(q6, "int8", repack=True).packed              # no packed layout: stays a view
+    assert not mm.Prepared(q4, None, repack=True).packed                # float kernels read GGUF's blocks
+    assert not mm.Prepared(q4, "int16", repack=True).packed
+
+
+def test_group_and_experts_repacked_equal_int8():
+    from test_kernels_moe_fused import experts, routing
+
+    from moert.kernels import moe_fused as mf
+    ws = [weight("Q4_K", 512, 512, seed=1), weight("Q6_K", 256, 512, seed=2), weight("Q4_K", 256, 512, seed=3)]
+    x = np.random.default_rng(5).standard_normal((3, 512)).astype(np.float32)
+    for T in (1, 3):
+        a = mm.PreparedGroup(ws, "int8")(x[:T])
+        b = mm.PreparedGroup(ws, "int8", repack=True)(x[:T])
+        for u, v in zip(a, b):
+            np.testing.assert_array_equal(u, v)
+    gate, up, down = experts("Q4_K", "Q4_K", 5, 512, 256, seed=4)
+    pe = mf.PreparedExperts(gate, up, down, act_quant="int8", repack=True)
+    assert pe.packed_bytes == sum(t.raw.nbytes for t in (gate, up, down)) * 148 // 144
+    for T in (1, 6):
+        xt = np.random.default_rng(T).standard_normal((T, 256), dtype=np.float32)
+        ids, wt = routing(T, 5, 3, seed=T)
+        np.testing.assert_array_equal(pe(xt, ids, wt), mf.PreparedExperts(gate, up, down, act_quant="int8")(xt, ids, wt))
+
+
+def test_model_repack(tmp_path):
+    """moert.load(act_quant="int8", repack=True): the same logits bit for bit, the copy's bytes reported;
+    repack without int8 is refused before anything loads."""
+    from moert import load
+    from moert.testing import write_qwen3moe
+
+    p = write_qwen3moe(tmp_path / "q.gguf", n_embd=256, head_dim=64, n_ff_exp=256, qtype="Q4_K",
+                       types={r"ffn_down": "Q6_K", r"output\.": "Q6_K"}, seed=3)
+    tokens = [5, 17, 99, 3, 250, 42]
+    a = load(p, gpu_layers=0, progress=False, act_quant="int8")
+    b = load(p, gpu_layers=0, progress=False, act_quant="int8", repack=True)
+    np.testing.assert_array_equal(b.forward(tokens), a.forward(tokens))
+    np.testing.assert_array_equal(b.forward([7]), a.forward([7]))
+    q4 = sum(t.data.nbytes for t in b.weights.values() if t.type == "Q4_K" and "token_embd" not in t.name)
+    assert a.repacked_bytes == 0 and b.repacked_bytes == q4 * 148 // 144
+    with pytest.raises(KernelOptionError, match="act_quant='int8'"):
+        load(p, gpu_layers=0, progress=False, repack=True)
