@@ -181,7 +181,8 @@ def run(entries: list[dict], calibrate: tuple[str, ...], loo: bool = False) -> d
         p0, p1 = predict(e), predict(e, f_cpu, f_gpu)
         row = {"id": e["id"], "use": e["use"], "calibration": e["id"] in calibrate, "model": e["model"],
                "hardware": machine(e).name, "flags": e["flags"], "engine": e["engine"], "pair": e.get("pair"),
-               "bound": p0["bound"], "fits": p0["fits"], "kind": kind(e), "n_ubatch": e["test"].get("n_ubatch", 512)}
+               "bound": p0["bound"], "fits": p0["fits"], "kind": kind(e), "n_ubatch": e["test"].get("n_ubatch", 512),
+               "held_out": bool(e.get("collected"))}
         for m in ("prompt", "gen"):
             meas = e.get(f"{m}_tok_s")
             row[m] = {"measured": meas, "predicted": p0[m], "calibrated": p1[m],
@@ -201,8 +202,9 @@ def kind(e: dict) -> str:
 
 
 def by_kind(rows: list[dict], lo: dict | None) -> list[dict]:
-    """Geometric means of |error| of the counted figures by phase and kind (hybrid prefill also by u-batch):
-    shipped, calibrated and, with --loo, leave-one-out."""
+    """Geometric means of |error| of the counted figures by phase and kind (hybrid prefill also by u-batch; the
+    entries with a "collected" note, read after the launch-cost model was proposed, apart): shipped, calibrated
+    and, with --loo, leave-one-out."""
     groups: dict[str, list[tuple]] = {}
     for r in rows:
         if r["use"] != "error":
@@ -214,6 +216,8 @@ def by_kind(rows: list[dict], lo: dict | None) -> list[dict]:
             label = f"{phase}, {r['kind']}"
             if m == "prompt" and r["kind"] == "hybrid":
                 label += ", u-batch <= 1024" if r["n_ubatch"] <= 1024 else ", u-batch >= 2048"
+            if r["held_out"]:                 # collected after the launch-cost model was proposed
+                label += ", held out"
             one_out = lo["per_entry"][r["id"]][m] if lo else None
             groups.setdefault(label, []).append((c["error"], c["error_calibrated"], one_out))
     out = []

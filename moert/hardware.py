@@ -273,6 +273,10 @@ CPUS: dict[str, CPU] = {c.name: c for c in (
     # AMD Ryzen Threadripper PRO 5975WX: 32 cores (Zen 3), 8 channels DDR4-3200 (amd.com) = 204.8 GB/s
     CPU("threadripper-pro-5975wx", 32, ddr_gbs(8, 3200), 8, 3200, ddr=4, ghz=4.0,
         source="amd.com Ryzen Threadripper PRO 5975WX specifications"),
+    # AMD Ryzen Threadripper PRO 3995WX: 64 cores (Zen 2, AVX2), 8 channels DDR4-3200 = 204.8 GB/s (amd.com Ryzen
+    # Threadripper PRO 3995WX specifications); WRX80, PCIe 4.0
+    CPU("threadripper-pro-3995wx", 64, ddr_gbs(8, 3200), 8, 3200, ddr=4, ghz=3.2,
+        source="amd.com Ryzen Threadripper PRO 3995WX specifications"),
     # Intel Core i9-10900X: 10 cores, 2 AVX-512 FMA units (64 fp32 FLOPs/cycle), 4 channels DDR4-2933, "Max Memory
     # Bandwidth 94 GB/s" (ark.intel.com, Core i9-10900X); PCIe 3.0 (X299)
     CPU("i9-10900x", 10, ddr_gbs(4, 2933), 4, 2933, ddr=4, ghz=4.0, flops_per_cycle=64,
@@ -309,11 +313,12 @@ LINKS: dict[str, Link] = {
 }
 
 # The CPUs' platforms: AM5 (Ryzen 7000/9000), LGA1700 (12th-14th gen) and SP5 (EPYC 9004) have PCIe 5.0 x16; AM4
-# (Ryzen 5000), WRX80 (Threadripper PRO 5000) and SP3 (EPYC 7003) PCIe 4.0 (Strix Halo: x4 lanes of 4.0 for a card,
+# (Ryzen 5000), WRX80 (Threadripper PRO 3000/5000) and SP3 (EPYC 7003) PCIe 4.0 (Strix Halo: x4 lanes of 4.0 for a card,
 # unused here, the entries with it are CPU-only); X299 (Core i9-10900X) PCIe 3.0.
 _PLATFORM_PCIE = {"ryzen-7600": 5, "ryzen-7950x": 5, "ryzen-9950x": 5, "i9-14900k": 5, "epyc-9554": 5,
                   "i5-12600k": 5, "epyc-9b14": 5, "ryzen-ai-max-395": 4,
-                  "ryzen-5900x": 4, "threadripper-pro-5975wx": 4, "epyc-7343": 4, "i9-10900x": 3}
+                  "ryzen-5900x": 4, "threadripper-pro-5975wx": 4, "threadripper-pro-3995wx": 4, "epyc-7343": 4,
+                  "i9-10900x": 3}
 
 
 def preset(name: str) -> Hardware:
