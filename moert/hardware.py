@@ -123,13 +123,17 @@ class GPU:
     # Per-kernel fixed cost: a launch is ~2-5 us; llama.cpp replays decode graphs with CUDA graphs, which
     # brings the per-node cost to ~2 us (the assumption here).
     launch_us: float = 2.0
+    # Per-kernel cost when decode cannot replay a graph (moert/predict_launch.py: llama.cpp before PR 18934 turns
+    # graphs off for a token with CPU splits): a plain launch, the top of the ~2-5 us above; the launch-bound GPU
+    # splits then run one kernel per launch. An assumption, not fitted on any figure.
+    launch_us_nograph: float = 5.0
     # Memory the CUDA context, cuBLAS workspace and driver take before any tensor: ~0.3-0.6 GiB on these cards
     # (what nvidia-smi shows for an idle llama.cpp process); moert.fit keeps 512MiB free on CUDA for the same.
     reserved_gib: float = 0.5
     source: str = ""
 
     def __post_init__(self):
-        _positive(self, "mem_gib", "bw_gbs", "fp16_tflops")
+        _positive(self, "mem_gib", "bw_gbs", "fp16_tflops", "launch_us_nograph")
         _share(self, "bw_efficiency", "compute_efficiency")
 
     @property
