@@ -1,6 +1,6 @@
 """moert.predict against published llama.cpp / ik_llama.cpp figures with MoE experts on the CPU (bench/published.json).
 
-    python bench/validate_published.py [--json [OUT]] [--only ID] [--calibrate ID,ID] [--loo]
+    python bench/validate_published.py [--json [OUT]] [--only ID] [--calibrate ID,ID] [--loo] [--graphs POLICY]
 
 For each entry: the zoo twin of its model, the hardware preset of its parts (a stated stand-in where the source
 names no GPU or CPU), the placement its flags describe (--cpu-moe, --n-cpu-moe N, -ot exps=CPU, all on the
@@ -34,9 +34,11 @@ from functools import cache
 from pathlib import Path
 
 import moert
+import moert.predict_launch
 from moert import hardware, zoo
 
 HERE = Path(__file__).resolve().parent
+GRAPHS = os.environ.get("MOERT_GRAPHS", "per-split")   # --graphs: moert.predict's CUDA-graph launch policy
 DEFAULT_CALIBRATE = ("ik829-gptoss120b-4080-5975wx", "ik841-gptoss20b-4080-7950x")
 NOISE = 0.05                                   # measured differences below this do not rank two placements
 
@@ -89,7 +91,7 @@ def predict(e: dict, cpu: float = 1.0, gpu: float = 1.0) -> dict:
     plan = _plan(e["model"], tuple(hw.gpu_memory()), tuple(placement(e).items()))
     r = moert.predict(plan, hw, n_prompt=t.get("n_prompt") or 0, n_gen=t.get("n_gen") or 1, depth=t.get("depth", 0),
                       n_ubatch=t.get("n_ubatch", 512), threads=t.get("threads"), kv_bytes=t.get("kv_bytes", 2),
-                      policy="ik_llama.cpp" if e["engine"] == "ik_llama.cpp" else "llama.cpp")
+                      policy="ik_llama.cpp" if e["engine"] == "ik_llama.cpp" else "llama.cpp", graphs=GRAPHS)
     wanted = e.get("predict", ["prompt", "gen"])
     return {"prompt": r.prefill_tok_s if e.get("prompt_tok_s") and "prompt" in wanted else None,
             "gen": r.decode_tok_s if e.get("gen_tok_s") and "gen" in wanted else None,
@@ -181,7 +183,8 @@ def run(entries: list[dict], calibrate: tuple[str, ...], loo: bool = False) -> d
         p0, p1 = predict(e), predict(e, f_cpu, f_gpu)
         row = {"id": e["id"], "use": e["use"], "calibration": e["id"] in calibrate, "model": e["model"],
                "hardware": machine(e).name, "flags": e["flags"], "engine": e["engine"], "pair": e.get("pair"),
-               "bound": p0["bound"], "fits": p0["fits"], "kind": kind(e), "n_ubatch": e["test"].get("n_ubatch", 512)}
+               "bound": p0["bound"], "fits": p0["fits"], "kind": kind(e), "n_ubatch": e["test"].get("n_ubatch", 512),
+               "held_out": bool(e.get("collected"))}
         for m in ("prompt", "gen"):
             meas = e.get(f"{m}_tok_s")
             row[m] = {"measured": meas, "predicted": p0[m], "calibrated": p1[m],
@@ -201,8 +204,9 @@ def kind(e: dict) -> str:
 
 
 def by_kind(rows: list[dict], lo: dict | None) -> list[dict]:
-    """Geometric means of |error| of the counted figures by phase and kind (hybrid prefill also by u-batch):
-    shipped, calibrated and, with --loo, leave-one-out."""
+    """Geometric means of |error| of the counted figures by phase and kind (hybrid prefill also by u-batch; the
+    entries with a "collected" note, read after the launch-cost model was proposed, apart): shipped, calibrated
+    and, with --loo, leave-one-out."""
     groups: dict[str, list[tuple]] = {}
     for r in rows:
         if r["use"] != "error":
@@ -214,6 +218,8 @@ def by_kind(rows: list[dict], lo: dict | None) -> list[dict]:
             label = f"{phase}, {r['kind']}"
             if m == "prompt" and r["kind"] == "hybrid":
                 label += ", u-batch <= 1024" if r["n_ubatch"] <= 1024 else ", u-batch >= 2048"
+            if r["held_out"]:                 # collected after the launch-cost model was proposed
+                label += ", held out"
             one_out = lo["per_entry"][r["id"]][m] if lo else None
             groups.setdefault(label, []).append((c["error"], c["error_calibrated"], one_out))
     out = []
@@ -322,8 +328,11 @@ def main(argv: list[str] | None = None) -> int:
                     help="entries to fit the efficiency factors on ('' for none)")
     ap.add_argument("--loo", action="store_true", help="also leave-one-out: each entry predicted with the factors "
                     "fitted on all the others (~1 min)")
+    ap.add_argument("--graphs", default=GRAPHS, choices=moert.predict_launch.GRAPHS,
+                    help="moert.predict's CUDA-graph launch policy (moert/predict_launch.py)")
     ap.add_argument("--published", default=str(HERE / "published.json"), help=argparse.SUPPRESS)
     a = ap.parse_args(argv)
+    globals()["GRAPHS"] = a.graphs
     entries = load(Path(a.published))
     if a.only:
         keep = set(a.only.split(","))

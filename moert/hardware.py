@@ -123,13 +123,17 @@ class GPU:
     # Per-kernel fixed cost: a launch is ~2-5 us; llama.cpp replays decode graphs with CUDA graphs, which
     # brings the per-node cost to ~2 us (the assumption here).
     launch_us: float = 2.0
+    # Per-kernel cost when decode cannot replay a graph (moert/predict_launch.py: llama.cpp before PR 18934 turns
+    # graphs off for a token with CPU splits): a plain launch, the top of the ~2-5 us above; the launch-bound GPU
+    # splits then run one kernel per launch. An assumption, not fitted on any figure.
+    launch_us_nograph: float = 5.0
     # Memory the CUDA context, cuBLAS workspace and driver take before any tensor: ~0.3-0.6 GiB on these cards
     # (what nvidia-smi shows for an idle llama.cpp process); moert.fit keeps 512MiB free on CUDA for the same.
     reserved_gib: float = 0.5
     source: str = ""
 
     def __post_init__(self):
-        _positive(self, "mem_gib", "bw_gbs", "fp16_tflops")
+        _positive(self, "mem_gib", "bw_gbs", "fp16_tflops", "launch_us_nograph")
         _share(self, "bw_efficiency", "compute_efficiency")
 
     @property
@@ -273,6 +277,10 @@ CPUS: dict[str, CPU] = {c.name: c for c in (
     # AMD Ryzen Threadripper PRO 5975WX: 32 cores (Zen 3), 8 channels DDR4-3200 (amd.com) = 204.8 GB/s
     CPU("threadripper-pro-5975wx", 32, ddr_gbs(8, 3200), 8, 3200, ddr=4, ghz=4.0,
         source="amd.com Ryzen Threadripper PRO 5975WX specifications"),
+    # AMD Ryzen Threadripper PRO 3995WX: 64 cores (Zen 2, AVX2), 8 channels DDR4-3200 = 204.8 GB/s (amd.com Ryzen
+    # Threadripper PRO 3995WX specifications); WRX80, PCIe 4.0
+    CPU("threadripper-pro-3995wx", 64, ddr_gbs(8, 3200), 8, 3200, ddr=4, ghz=3.2,
+        source="amd.com Ryzen Threadripper PRO 3995WX specifications"),
     # Intel Core i9-10900X: 10 cores, 2 AVX-512 FMA units (64 fp32 FLOPs/cycle), 4 channels DDR4-2933, "Max Memory
     # Bandwidth 94 GB/s" (ark.intel.com, Core i9-10900X); PCIe 3.0 (X299)
     CPU("i9-10900x", 10, ddr_gbs(4, 2933), 4, 2933, ddr=4, ghz=4.0, flops_per_cycle=64,
@@ -309,11 +317,12 @@ LINKS: dict[str, Link] = {
 }
 
 # The CPUs' platforms: AM5 (Ryzen 7000/9000), LGA1700 (12th-14th gen) and SP5 (EPYC 9004) have PCIe 5.0 x16; AM4
-# (Ryzen 5000), WRX80 (Threadripper PRO 5000) and SP3 (EPYC 7003) PCIe 4.0 (Strix Halo: x4 lanes of 4.0 for a card,
+# (Ryzen 5000), WRX80 (Threadripper PRO 3000/5000) and SP3 (EPYC 7003) PCIe 4.0 (Strix Halo: x4 lanes of 4.0 for a card,
 # unused here, the entries with it are CPU-only); X299 (Core i9-10900X) PCIe 3.0.
 _PLATFORM_PCIE = {"ryzen-7600": 5, "ryzen-7950x": 5, "ryzen-9950x": 5, "i9-14900k": 5, "epyc-9554": 5,
                   "i5-12600k": 5, "epyc-9b14": 5, "ryzen-ai-max-395": 4,
-                  "ryzen-5900x": 4, "threadripper-pro-5975wx": 4, "epyc-7343": 4, "i9-10900x": 3}
+                  "ryzen-5900x": 4, "threadripper-pro-5975wx": 4, "threadripper-pro-3995wx": 4, "epyc-7343": 4,
+                  "i9-10900x": 3}
 
 
 def preset(name: str) -> Hardware:

@@ -19,6 +19,9 @@ under uniform routing, else from a trace of selection counts):
     there when B >= 32 (ggml-cuda offload_op; only the used experts since llama.cpp PR #15346);
     "ik_llama.cpp" does so for MoE matmuls only when B >= 32 E/K (ik_llama.cpp PR #520); "none" never.
   * no overlap: ggml_backend_sched runs a graph's splits one after another, so CPU and GPU times add.
+  * decode kernel launches (`graphs`, moert/predict_launch.py): a GPU replaying a CUDA graph pays `launch_us` a
+    kernel, one that cannot `launch_us_nograph` (graphs="one-per-device": llama.cpp before PR 18934 with experts on
+    the CPU; selectable, not the default, which replays every decode kernel).
 
 A plan's GPU i (sim:i or cuda:i) is the hardware's GPU i. `Prediction.parts` keeps every term, so a table
 can say what bounds each part. The terms come from `CostModel` (one plan on one machine: a stage of a layer
@@ -39,6 +42,7 @@ from dataclasses import asdict, dataclass, field, replace
 
 import numpy as np
 
+from moert import predict_launch as launch
 from moert.errors import PlacementError
 from moert.hardware import Hardware
 
@@ -157,14 +161,19 @@ def _selection(md: dict, trace, n_layer: int) -> np.ndarray:
 
 def predict(plan, hardware: Hardware, n_prompt: int = 512, n_gen: int = 128, depth: int = 0, trace=None,
             threads: int | None = None, *, policy: str = "llama.cpp", n_ubatch: int = 512, kv_bytes: int = 2,
-            act_quant: str | None = None, experts: dict | None = None, n_ctx: int | None = None) -> Prediction:
+            act_quant: str | None = None, experts: dict | None = None, n_ctx: int | None = None,
+            graphs: str = "per-split") -> Prediction:
     """Predict llama-bench's pp{n_prompt} and tg{n_gen} at KV position `depth` for `plan` on `hardware`.
 
     `experts`: {expert tensor name: {device: range of experts}} overriding the plan's (whole-tensor) sets,
     to try expert-granular placements before rules can express them. `n_ctx`: the context the memory check
-    sizes the KV cache for (default: depth + n_prompt + n_gen)."""
+    sizes the KV cache for (default: depth + n_prompt + n_gen). `graphs`: which decode kernels replay a CUDA
+    graph (predict_launch.GRAPHS; "one-per-device" is both engines' rule before January 2026, not the default:
+    bench/RESULTS.md, "Published figures")."""
     if policy not in POLICIES:
         raise PlacementError(f"policy={policy!r}; use one of {', '.join(POLICIES)}")
+    if graphs not in launch.GRAPHS:
+        raise PlacementError(f"graphs={graphs!r}; use one of {', '.join(launch.GRAPHS)}")
     used = {e.device for e in plan if e.device != "cpu"} | {d for sets in (experts or {}).values()
                                                             for d in sets if d != "cpu"}
     if any(_gpu_index(d) >= len(hardware.gpus) for d in used):
@@ -176,7 +185,7 @@ def predict(plan, hardware: Hardware, n_prompt: int = 512, n_gen: int = 128, dep
     q = _selection(plan.metadata, trace, m.n_layer)
     parts: list[Part] = []
     mean_kv = depth + n_gen / 2                          # decode cost is linear in n_kv: the mean is exact
-    parts += _forward(cost, q, 1, mean_kv, "decode", policy)
+    parts += launch.apply(_forward(cost, q, 1, mean_kv, "decode", policy), hardware, graphs)
     prefill_s = 0.0
     for start in range(0, n_prompt, n_ubatch):
         B = min(n_ubatch, n_prompt - start)
@@ -187,7 +196,7 @@ def predict(plan, hardware: Hardware, n_prompt: int = 512, n_gen: int = 128, dep
     memory = _gpu_memory(plan, m, hardware, n_ctx or depth + n_prompt + n_gen, n_ubatch)
     settings = dict(hardware=hardware.name, n_prompt=n_prompt, n_gen=n_gen, depth=depth, policy=policy,
                     threads=cost.threads, n_ubatch=n_ubatch, kv_bytes=kv_bytes, trace=trace is not None,
-                    overlap="none (splits run in order)")
+                    overlap="none (splits run in order)", graphs=graphs)
     return Prediction(1.0 / decode_s if decode_s else math.inf, n_prompt / prefill_s if prefill_s else 0.0,
                       decode_s, prefill_s, parts, all(v["need"] <= v["capacity"] for v in memory.values()),
                       memory, settings)

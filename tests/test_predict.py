@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 import moert
+import moert.predict_launch
 from moert import hardware, zoo
 from moert.errors import PlacementError
 
@@ -117,6 +118,34 @@ def test_op_offload_policies():
     assert "offload" in stages(moert.predict(p, hw, n_prompt=512, policy="ik_llama.cpp"))
     with pytest.raises(PlacementError, match="policy"):
         moert.predict(p, hw, policy="vllm")
+
+
+def test_hybrid_decode_with_plain_launches_is_never_faster_than_with_graph_replay():
+    hw = hardware.preset("rtx4090+ryzen-7950x")
+    for kw in ({"cpu_moe": True}, {"n_cpu_moe": 8}, {"n_cpu_moe": 40}):
+        p = _plan(hw=hw, **kw)
+        r = {g: moert.predict(p, hw, graphs=g) for g in ("per-split", "one-per-device", "none")}
+        assert r["one-per-device"].decode_tok_s < r["per-split"].decode_tok_s, kw   # several GPU splits a token
+        assert r["none"].decode_tok_s <= r["one-per-device"].decode_tok_s, kw
+        assert r["one-per-device"].prefill_tok_s == r["per-split"].prefill_tok_s      # prefill is never graphed
+        assert r["one-per-device"].settings["graphs"] == "one-per-device"
+    with pytest.raises(PlacementError, match="graphs"):
+        moert.predict(_plan(hw=hw, cpu_moe=True), hw, graphs="sometimes")
+
+
+def test_graph_policy_leaves_cpu_only_and_single_split_gpu_decode_alone():
+    hw = hardware.preset("rtx4090+ryzen-7950x")
+    cpu = hardware.preset("ryzen-7950x")
+    cpu_plan = _plan(hw=cpu, gpu_layers=0)
+    gpu_plan = _plan(hw=hw)                                              # all on the GPU: one split a token
+    for p, h in ((cpu_plan, cpu), (gpu_plan, hw)):
+        a, b = (moert.predict(p, h, graphs=g) for g in ("per-split", "one-per-device"))
+        assert a.decode_s == b.decode_s and a.prefill_s == b.prefill_s
+    two = hardware.preset("2x rtx3090+epyc-9554")                        # a layer split: one split per GPU
+    p = _plan(hw=two)
+    assert moert.predict_launch.splits(moert.predict(p, two).parts) == {"gpu0": 1, "gpu1": 1}
+    assert moert.predict(p, two, graphs="one-per-device").decode_s == moert.predict(p, two).decode_s
+    assert moert.predict(p, two, graphs="none").decode_s > moert.predict(p, two).decode_s
 
 
 def test_decode_crossings_are_latency_bound_and_absent_when_all_is_on_the_gpu():
