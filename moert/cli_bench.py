@@ -110,7 +110,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
             machine = machine_info()
             settings = settings or dict(n_prompt=args.n_prompt, n_gen=args.n_gen, n_depth=args.depth,
                                         repetitions=args.repetitions, threads=machine["threads"],
-                                        warmup=args.warmup, act_quant=args.act_quant, **placement_info(model))
+                                        warmup=args.warmup, act_quant=args.act_quant,
+                                        repack=args.repack, **placement_info(model))
         finally:
             model.close()
     out = "json" if args.json else args.output

@@ -90,3 +90,19 @@ def test_model_repack(tmp_path):
     assert a.repacked_bytes == 0 and b.repacked_bytes == q4 * 148 // 144
     with pytest.raises(KernelOptionError, match="act_quant='int8'"):
         load(p, gpu_layers=0, progress=False, repack=True)
+
+
+def test_cli_repack(tmp_path):
+    """`moert run --act-quant int8 --repack` prints the same tokens as without --repack; --repack alone is
+    a one-line error naming the flag to add."""
+    from test_cli import moert
+
+    from moert.testing import write_qwen3moe
+
+    p = write_qwen3moe(tmp_path / "q.gguf", n_layer=2, n_embd=256, head_dim=64, n_ff_exp=256, qtype="Q4_K")
+    args = ("run", p, "-p", "1 2 3", "-n", "6", "--temp", "0", "--act-quant", "int8")
+    plain, packed = moert(*args), moert(*args, "--repack")
+    assert plain.returncode == 0 and packed.returncode == 0, packed.stderr
+    assert packed.stdout == plain.stdout and len(plain.stdout.split()) == 6
+    bad = moert("run", p, "-p", "1 2 3", "-n", "2", "--repack")
+    assert bad.returncode == 1 and "--act-quant int8" in bad.stderr and "Traceback" not in bad.stderr
