@@ -5,7 +5,8 @@
     python bench/bench_matmul.py --asm                          # vector instructions in the hot loops
 
 Rows "int16" and "int8" are the opt-in quantized-activation kernels (kernels/matmul_q.py, act_quant="int16"
-(one token) / "int8" (any batch; needs AVX2)) for the types that have them, measured in the same run as
+(one token) / "int8" (any batch; needs AVX2)) for the types that have them, "int8r" the int8 kernels over
+Q4_K repacked at load (kernels/repack.py; GB/s still counts the file's bytes), measured in the same run as
 the float rows. MXFP4 (gpt-oss's experts, kernels/mxfp4.py) has float and int8 rows (x per 32, as llama.cpp).
 
 GB/s counts the weight bytes the kernel streams (quantized, as stored); a matrix of 16384 x 8192 is larger
@@ -54,9 +55,9 @@ def make_weight(name: str, shape=SHAPE, seed: int = 0) -> QTensor:
 def runner(impl: str, w: QTensor, x: np.ndarray):
     """A no-argument callable computing x @ W.T once with `impl` ("numba", "int16", "int8", "reference",
     "gguf-py")."""
-    if impl in ("numba", "int16", "int8"):
+    if impl in ("numba", "int16", "int8", "int8r"):
         out = np.empty((x.shape[0], w.shape[0]), np.float32)
-        p = mm.Prepared(w, act_quant=None if impl == "numba" else impl)
+        p = mm.Prepared(w, act_quant={"numba": None, "int8r": "int8"}.get(impl, impl), repack=impl == "int8r")
         return lambda: p(x, out)
     if impl == "reference":
         return lambda: mm.matmul_ref(x, w)
@@ -97,7 +98,9 @@ def measure(types, shape, rounds: int, threads: int, baselines: bool) -> list[di
         w = make_weight(name, shape)
         kt = mm.TYPES[name]
         modes = [m for m in QUANT_MODES if kt.quant or (kt.q8_32 and m == "int8")]   # MXFP4: int8 only
-        batch = [("int8", 16)] if "int8" in modes else []
+        if "int8" in modes and kt.packed:                                 # Q4_K: also repacked at load
+            modes.append("int8r")
+        batch = [(m, 16) for m in ("int8", "int8r") if m in modes]
         for mode, T in [("numba", 1), *[(m, 1) for m in modes], ("numba", 16), *batch]:
             x = np.random.default_rng(1).standard_normal((T, shape[1]), dtype=np.float32)
             r = dict(type=name, T=T, mode=mode, bytes=int(w.raw.nbytes), weights=shape[0] * shape[1])
