@@ -224,25 +224,45 @@ def rows8_q4_k(w, xq, x8, xd, xb, out, r0, r1, b0, b1, f16):
                                      xb, t * Cb + 8 * b0, Cb, 1)
 
 
+@njit(cache=True, inline="always")
+def sums16(x8, b0, b1):
+    """Per-16 sums of int8 x (T, C) over the columns of 256-blocks [b0, b1): (T, 16 (b1 - b0)) int16 (each
+    at most 16 * 127 in size). The Q6_K kernel takes its -32 offset out with them once per block."""
+    T = x8.shape[0]
+    s = np.empty((T, 16 * (b1 - b0)), dtype=np.int16)
+    for t in range(T):
+        for g in range(16 * (b1 - b0)):
+            a = I32(0)
+            for l in range(16):
+                a = I32(a + I32(x8[t, 256 * b0 + 16 * g + l]))
+            s[t, g] = a
+    return s
+
+
 @njit(cache=True, fastmath=_FM, inline="always")
 def rows8_q6_k(w, xq, x8, xd, xb, out, r0, r1, b0, b1, f16):
-    """As rows8_q4_k for Q6_K (simd.q6k_row; no min term)."""
+    """As rows8_q4_k for Q6_K (simd.q6k_row; no min term: the per-16 sums of x, made here once per call for
+    all rows, take out the weights' -32 offset)."""
     T, C, B = x8.shape[0], x8.shape[1], xd.shape[1]
+    xs = sums16(x8, b0, b1)
+    S = xs.shape[1]
     T4 = T - T % 4
     for r in range(r0, r1):
         wr = w[r]
         for t in range(0, T4, 4):
-            s0, s1, s2, s3 = simd.q6k_row(wr, 210 * b0, b1 - b0, x8, t * C + 256 * b0, C, xd, t * B + b0, B, 4)
+            s0, s1, s2, s3 = simd.q6k_row(wr, 210 * b0, b1 - b0, x8, t * C + 256 * b0, C, xd, t * B + b0, B,
+                                          xs, t * S, S, 4)
             out[t, r], out[t + 1, r], out[t + 2, r], out[t + 3, r] = s0, s1, s2, s3
         t, n = T4, T - T4
         if n == 3:
-            s0, s1, s2 = simd.q6k_row(wr, 210 * b0, b1 - b0, x8, t * C + 256 * b0, C, xd, t * B + b0, B, 3)
+            s0, s1, s2 = simd.q6k_row(wr, 210 * b0, b1 - b0, x8, t * C + 256 * b0, C, xd, t * B + b0, B,
+                                      xs, t * S, S, 3)
             out[t, r], out[t + 1, r], out[t + 2, r] = s0, s1, s2
         elif n == 2:
-            s0, s1 = simd.q6k_row(wr, 210 * b0, b1 - b0, x8, t * C + 256 * b0, C, xd, t * B + b0, B, 2)
+            s0, s1 = simd.q6k_row(wr, 210 * b0, b1 - b0, x8, t * C + 256 * b0, C, xd, t * B + b0, B, xs, t * S, S, 2)
             out[t, r], out[t + 1, r] = s0, s1
         elif n == 1:
-            out[t, r] = simd.q6k_row(wr, 210 * b0, b1 - b0, x8, t * C + 256 * b0, C, xd, t * B + b0, B, 1)
+            out[t, r] = simd.q6k_row(wr, 210 * b0, b1 - b0, x8, t * C + 256 * b0, C, xd, t * B + b0, B, xs, t * S, S, 1)
 
 
 @njit(cache=True, inline="always")

@@ -15,13 +15,14 @@ row (the structure of ggml's AVX2 `ggml_vec_dot_q4_K_q8_K`).
     q4kr_row(...)
         the same over kernels/repack.py's Q4_K blocks (148 bytes: the scales and mins one byte each), bit
         for bit the same sums with one load for the 16 scales instead of the 6-bit unpacking.
-    q6k_row(w, o, nb, xq, c, ld, xd, cd, ldd, n)
-        sum over the nb Q6_K blocks from w[o] of xd_b d_b sum_g scale_g sum_{l<16} (q6 - 32) xq, likewise.
+    q6k_row(w, o, nb, xq, c, ld, xd, cd, ldd, xs, cs, lds, n)
+        sum over the nb Q6_K blocks from w[o] of xd_b d_b sum_g scale_g sum_{l<16} (q6 - 32) xq, likewise;
+        xs[cs + t lds] holds token t's per-16 sums of xq (int16), which take the -32 out once per block.
 
 w is a uint8 array, xq an int8, xd a float32 and xb an int32 array, each C-contiguous: every offset is a
 flat element offset from the array's first element. The callers check `available()` first:
 on a CPU without AVX2 the int8 mode is refused with a clear error instead of failing to compile.
-No overflow: a u8 x s8 pair is at most 2 * 63 * 128 = 16128 < 2^15 (Q6_K), and the int32 sums are bounded
+No overflow: a u8 x s8 pair is at most 2 * 63 * 127 = 16002 < 2^15 (Q6_K; its -32 correction 32 * 2 * 128 * 2032 < 2^24), and the int32 sums are bounded
 by 256 * 63 * 127 * 127 (Q4_K scales are 6-bit) < 2^31.
 """
 
@@ -132,13 +133,17 @@ def _q4k(context, builder, aty, wa, o, xty, xa, cs, bty, ba, cbs, packed=False):
     return [v for acc, ms in zip(accs, msums) for v in (acc, ms)]
 
 
-def _q6k(context, builder, aty, wa, o, xty, xa, cs):
-    """IR for one Q6_K block at w[o:] against len(cs) int8 token vectors at xq[c]: [isum_0, isum_1, ...],
-    <8 x i32> each (lanes add up to the sum)."""
+def _q6k(context, builder, aty, wa, o, xty, xa, cs, sty, sa, ss):
+    """IR for one Q6_K block at w[o:] against len(cs) int8 token vectors at xq[c], whose 16 per-16 sums
+    (int16) are at xs[s]: [isum_0, isum_1, ...], <8 x i32> each (lanes add up to the sum). The -32 offset
+    of every weight is taken out once per block, as ggml's AVX2 Q6_K dot does: sum_l (q_l - 32) x_l =
+    sum_l q_l x_l - 32 sum_l x_l per 16-group, the second term one vpmaddwd of the scales with the sums."""
     # the 16 int8 scales at o + 192, sign-extended; lane pattern for group pair (2t, 2t+1): 8 + 8 lanes
     sc16 = builder.sext(_vload(context, builder, aty, wa, _at(builder, o, 192), ir.VectorType(_I8, 16)),
                         ir.VectorType(_I16, 16))
-    accs = [_const(_V32x8, 0)] * len(cs)
+    accs = [builder.sub(_const(_V32x8, 0), builder.shl(_madd(builder, sc16, _vload(context, builder, sty, sa, s_,
+                                                                                 _V16x16)), _const(_V32x8, 5)))
+            for s_ in ss]                                                # - 32 sum_g sc_g xsum_g
 
     def c8(v):
         return _const(_V8x32, v)
@@ -156,8 +161,7 @@ def _q6k(context, builder, aty, wa, o, xty, xa, cs):
             sc = _lanes(builder, sc16, [g] * 8 + [g + 1] * 8)
             for i, c in enumerate(cs):
                 x = _vload(context, builder, xty, xa, _at(builder, c, 128 * h + 32 * t), _V8x32)
-                p = builder.sub(_maddubs(builder, qs[t], x), _maddubs(builder, c8(32), x))  # (q - 32) . x
-                accs[i] = builder.add(accs[i], _madd(builder, p, sc))
+                accs[i] = builder.add(accs[i], _madd(builder, _maddubs(builder, qs[t], x), sc))   # q . x
     return accs
 
 
@@ -263,23 +267,26 @@ sums, bit for bit, without the 6-bit unpacking per block."""
 
 
 @intrinsic
-def q6k_row(typingctx, w, o, nb, xq, c, ld, xd, cd, ldd, n):
-    """sum over nb Q6_K blocks from w[o] of d_b xd_b isum_b, for n (a literal 1 to 4) tokens as q4k_row."""
-    if not (_row_check(w, xq, xd) and isinstance(n, types.IntegerLiteral) and 1 <= n.literal_value <= 4):
+def q6k_row(typingctx, w, o, nb, xq, c, ld, xd, cd, ldd, xs, cs, lds, n):
+    """sum over nb Q6_K blocks from w[o] of d_b xd_b isum_b, for n (a literal 1 to 4) tokens as q4k_row;
+    token t's per-16 sums of its int8 x (int16, 16 a block) at xs[cs + t lds]."""
+    if not (_row_check(w, xq, xd) and isinstance(xs, types.Array) and xs.dtype == types.int16
+            and isinstance(n, types.IntegerLiteral) and 1 <= n.literal_value <= 4):
         return None
     N = n.literal_value
 
     def codegen(context, builder, sig, args):
-        o_, nb_, c_, ld_, cd_, ldd_ = _intp(context, builder, sig, args, 1, 2, 4, 5, 7, 8)
+        o_, nb_, c_, ld_, cd_, ldd_, cs_, lds_ = _intp(context, builder, sig, args, 1, 2, 4, 5, 7, 8, 10, 11)
 
         def body(b):
             ob = builder.add(o_, builder.mul(b, ir.Constant(b.type, 210)))
-            cs = [builder.add(c, builder.mul(b, ir.Constant(b.type, 256))) for c in _offsets(builder, c_, ld_, N)]
-            vals = _q6k(context, builder, sig.args[0], args[0], ob, sig.args[3], args[3], cs)
+            cx = [builder.add(c, builder.mul(b, ir.Constant(b.type, 256))) for c in _offsets(builder, c_, ld_, N)]
+            ss = [builder.add(s_, builder.mul(b, ir.Constant(b.type, 16))) for s_ in _offsets(builder, cs_, lds_, N)]
+            vals = _q6k(context, builder, sig.args[0], args[0], ob, sig.args[3], args[3], cx, sig.args[9], args[9], ss)
             d = _half_at(context, builder, sig.args[0], args[0], _at(builder, ob, 208))
             return [[(vals[i], builder.fmul(d, _f32_at(context, builder, sig.args[6], args[6], builder.add(cd, b))))]
                     for i, cd in enumerate(_offsets(builder, cd_, ldd_, N))]
         tot = _row_loop(context, builder, nb_, N, body)
         return tot[0] if N == 1 else context.make_tuple(builder, sig.return_type, tot)
     ret = types.float32 if N == 1 else types.UniTuple(types.float32, N)
-    return ret(w, o, nb, xq, c, ld, xd, cd, ldd, n), codegen
+    return ret(w, o, nb, xq, c, ld, xd, cd, ldd, xs, cs, lds, n), codegen
