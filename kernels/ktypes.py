@@ -42,7 +42,7 @@ from numba import njit
 
 from moert.kernels import matmul_q as mq
 from moert.kernels import qblocks as qb
-from moert.kernels import repack, simd
+from moert.kernels import repack, simd, simd_f32
 from moert.kernels.blockdot import FM, PRANGE_ONLY, block_dot, block_dot2, no_sums, stack_f32, sums32
 from moert.kernels.dequant import BF16_TO_F32, F16_TO_F32
 from moert.quants.dequant import DEQUANT
@@ -235,12 +235,14 @@ register(KernelType("F32", None, "direct"))
 register(KernelType("F16", qb.deq_f16, "chunked"))
 register(KernelType("BF16", qb.deq_bf16, "chunked", table=BF16_TO_F32))
 register(KernelType("Q8_0", qb.deq_q8_0, "chunked", dot1=qb.dot1_q8_0))
-register(KernelType("Q4_K", qb.deq_q4_k, "paired", dot1=qb.dot1_q4_k, sums=True,
+# One-token float dots: AVX2 ones (kernels/simd_f32.py, ~1.35-1.75x) where the CPU has it, Numba's loops elsewhere
+_AVX2 = simd.available()
+register(KernelType("Q4_K", qb.deq_q4_k, "paired", dot1=simd_f32.dot1_q4_k if _AVX2 else qb.dot1_q4_k, sums=True,
                     quant={mq.QMAX[1]: mq.rows16_q4_k, mq.QMAX[2]: mq.rows8_q4_k},
                     packed=(repack.repacked, variant(mq.rows8_q4_k.py_func, "rows8_q4_kr", inline=True, fastmath=FM,
                                                      Q4K_ROW=simd.q4kr_row, Q4K_BYTES=repack.PACKED_BYTES))))
 register(KernelType("Q5_K", qb.deq_q5_k, "paired", dot1=qb.dot1_q5_k, sums=True))
-register(KernelType("Q6_K", qb.deq_q6_k, "paired", dot1=qb.dot1_q6_k,
+register(KernelType("Q6_K", qb.deq_q6_k, "paired", dot1=simd_f32.dot1_q6_k if _AVX2 else qb.dot1_q6_k,
                     quant={mq.QMAX[1]: mq.rows16_q6_k, mq.QMAX[2]: mq.rows8_q6_k}))
 
 FAST_TYPES: frozenset[str] = frozenset(TYPES)

@@ -134,3 +134,25 @@ def test_errors_name_the_problem():
     with pytest.raises(UnsupportedTypeError, match="Q2_K"):
         mm.matmul(np.zeros((1, 256), np.float32), QTensor(w.raw, "Q2_K", (4, 256)))
     assert mm.matmul(np.zeros((0, 256), np.float32), w).shape == (0, 4)
+
+
+@pytest.mark.parametrize("name", ["Q4_K", "Q6_K"])
+def test_one_token_dots_avx2_and_numba_fallback(name):
+    """The table's one-token dot is kernels/simd_f32.py's on a CPU with AVX2 and the Numba loop
+    (kernels/qblocks.py) elsewhere: both against the twin, on random block bytes (any quants, any scales)."""
+    from moert.kernels import simd_f32
+    from moert.kernels.blockdot import sums32
+    from moert.kernels.dequant import F16_TO_F32
+
+    w = weight(name, 29, 1024, seed=9)
+    x = (np.random.default_rng(9).standard_normal(1024) * 3).astype(np.float32)
+    xs = sums32(x[None])[0]
+    raw, nb = mm.raw_rows(w), 1024 // 256
+    dense = dequantize(w.raw, w.type, w.shape).astype(np.float64)
+    want, bound = dense @ x, np.abs(dense) @ np.abs(x.astype(np.float64))
+    fast = getattr(simd_f32, f"dot1_{name.lower()}")
+    fallback = getattr(qblocks, f"dot1_{name.lower()}")
+    assert mm.TYPES[name].dot1 is (fast if simd.available() else fallback)
+    for fn in [fallback] + ([fast] if simd.available() else []):
+        got = np.array([fn(raw[r], x, xs, nb, F16_TO_F32) for r in range(29)])
+        assert np.all(np.abs(got - want) <= 1e-5 * bound), fn
