@@ -26,8 +26,8 @@ gap between kernels, paid either way) costs
 
 not T + S x (launch_us_nograph - launch_us) (additive, `apply(..., overlap=False)`, kept for comparison). A split of
 small kernels (a layer's attention between two CPU expert splits) is launch-bound and pays nearly all of it; one of
-memory-bound expert matmuls hides its launches. The sync at a split's end is the link copy's latency (`Link.latency_us`),
-counted by the cost model under either policy.
+memory-bound expert matmuls hides its launches. The sync at a split's end is the link copy's latency
+(`Link.latency_us`), counted by the cost model under either policy.
 
 GRAPHS, the policy (`predict(..., graphs=)`):
   "one-per-device"  llama.cpp before PR 18934, ik_llama.cpp before PR 1172: a GPU with more than one split in a
