@@ -1,6 +1,6 @@
 """moert.predict against published llama.cpp / ik_llama.cpp figures with MoE experts on the CPU (bench/published.json).
 
-    python bench/validate_published.py [--json [OUT]] [--only ID] [--calibrate ID,ID] [--loo] [--graphs POLICY]
+    python bench/validate_published.py [--json [OUT]] [--only ID] [--calibrate ID,ID] [--loo] [--graphs auto|POLICY]
 
 For each entry: the zoo twin of its model, the hardware preset of its parts (a stated stand-in where the source
 names no GPU or CPU), the placement its flags describe (--cpu-moe, --n-cpu-moe N, -ot exps=CPU, all on the
@@ -38,7 +38,7 @@ import moert.predict_launch
 from moert import hardware, zoo
 
 HERE = Path(__file__).resolve().parent
-GRAPHS = os.environ.get("MOERT_GRAPHS", "per-split")   # --graphs: moert.predict's CUDA-graph launch policy
+GRAPHS = os.environ.get("MOERT_GRAPHS", "auto")   # --graphs: moert.predict's CUDA-graph policy; auto: each entry's
 DEFAULT_CALIBRATE = ("ik829-gptoss120b-4080-5975wx", "ik841-gptoss20b-4080-7950x")
 NOISE = 0.05                                   # measured differences below this do not rank two placements
 
@@ -91,11 +91,18 @@ def predict(e: dict, cpu: float = 1.0, gpu: float = 1.0) -> dict:
     plan = _plan(e["model"], tuple(hw.gpu_memory()), tuple(placement(e).items()))
     r = moert.predict(plan, hw, n_prompt=t.get("n_prompt") or 0, n_gen=t.get("n_gen") or 1, depth=t.get("depth", 0),
                       n_ubatch=t.get("n_ubatch", 512), threads=t.get("threads"), kv_bytes=t.get("kv_bytes", 2),
-                      policy="ik_llama.cpp" if e["engine"] == "ik_llama.cpp" else "llama.cpp", graphs=GRAPHS)
+                      policy="ik_llama.cpp" if e["engine"] == "ik_llama.cpp" else "llama.cpp", graphs=graphs(e))
     wanted = e.get("predict", ["prompt", "gen"])
     return {"prompt": r.prefill_tok_s if e.get("prompt_tok_s") and "prompt" in wanted else None,
             "gen": r.decode_tok_s if e.get("gen_tok_s") and "gen" in wanted else None,
             "bound": {"prompt": r.bound("prefill"), "gen": r.bound("decode")}, "fits": r.fits}
+
+
+def graphs(e: dict) -> str:
+    """The CUDA-graph policy the entry is predicted with: --graphs, or with "auto" the entry's own ("graphs": what its
+    engine's build did, by the source's date: "one-per-device" before llama.cpp PR 18934 / ik_llama.cpp PR 1172, "none"
+    for HIP builds), "per-split" where it states none."""
+    return e.get("graphs", "per-split") if GRAPHS == "auto" else GRAPHS
 
 
 @cache
@@ -328,8 +335,9 @@ def main(argv: list[str] | None = None) -> int:
                     help="entries to fit the efficiency factors on ('' for none)")
     ap.add_argument("--loo", action="store_true", help="also leave-one-out: each entry predicted with the factors "
                     "fitted on all the others (~1 min)")
-    ap.add_argument("--graphs", default=GRAPHS, choices=moert.predict_launch.GRAPHS,
-                    help="moert.predict's CUDA-graph launch policy (moert/predict_launch.py)")
+    ap.add_argument("--graphs", default=GRAPHS, choices=("auto", *moert.predict_launch.GRAPHS),
+                    help="moert.predict's CUDA-graph launch policy for every entry (moert/predict_launch.py); auto "
+                         "(default): each entry's build's, its 'graphs' field")
     ap.add_argument("--published", default=str(HERE / "published.json"), help=argparse.SUPPRESS)
     a = ap.parse_args(argv)
     globals()["GRAPHS"] = a.graphs

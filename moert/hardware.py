@@ -124,8 +124,9 @@ class GPU:
     # brings the per-node cost to ~2 us (the assumption here).
     launch_us: float = 2.0
     # Per-kernel cost when decode cannot replay a graph (moert/predict_launch.py: llama.cpp before PR 18934 turns
-    # graphs off for a token with CPU splits): a plain launch, the top of the ~2-5 us above; the launch-bound GPU
-    # splits then run one kernel per launch. An assumption, not fitted on any figure.
+    # graphs off for a token with CPU splits): a plain launch, the top of the ~2-5 us above. Launches overlap the
+    # kernels, so a split costs max(its replayed time, its kernels x this). An assumption, not fitted on any figure
+    # (llama.cpp PR 18934's graph/no-graph deltas would want 6-9 us; bench/RESULTS.md, "Published figures").
     launch_us_nograph: float = 5.0
     # Memory the CUDA context, cuBLAS workspace and driver take before any tensor: ~0.3-0.6 GiB on these cards
     # (what nvidia-smi shows for an idle llama.cpp process); moert.fit keeps 512MiB free on CUDA for the same.

@@ -20,8 +20,9 @@ under uniform routing, else from a trace of selection counts):
     "ik_llama.cpp" does so for MoE matmuls only when B >= 32 E/K (ik_llama.cpp PR #520); "none" never.
   * no overlap: ggml_backend_sched runs a graph's splits one after another, so CPU and GPU times add.
   * decode kernel launches (`graphs`, moert/predict_launch.py): a GPU replaying a CUDA graph pays `launch_us` a
-    kernel, one that cannot `launch_us_nograph` (graphs="one-per-device": llama.cpp before PR 18934 with experts on
-    the CPU; selectable, not the default, which replays every decode kernel).
+    kernel; a split of one that cannot costs max(its replayed time, its kernels x `launch_us_nograph`), launches
+    overlapping the kernels (graphs="one-per-device": llama.cpp before PR 18934 with experts on the CPU; selectable,
+    not the default, which replays every decode kernel as today's builds do).
 
 A plan's GPU i (sim:i or cuda:i) is the hardware's GPU i. `Prediction.parts` keeps every term, so a table
 can say what bounds each part. The terms come from `CostModel` (one plan on one machine: a stage of a layer

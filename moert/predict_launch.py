@@ -18,12 +18,24 @@ first node in the split"), so newer builds replay hybrid decode too. A token on 
 over GPUs: one split per device) replays its graph in every version. Prefill is not graphed in any of them (batches
 over one token disable capture), and the cost model's prefill launches are left as they were.
 
+A plain launch is asynchronous: the CPU queues kernel i+1 while the GPU still runs kernel i, so launches and kernels
+overlap, and a split of S kernels whose replayed time is T (its roofline time plus `launch_us` a kernel: the GPU's own
+gap between kernels, paid either way) costs
+
+    max(T, S x launch_us_nograph)            (overlap, what `predict` uses)
+
+not T + S x (launch_us_nograph - launch_us) (additive, `apply(..., overlap=False)`, kept for comparison). A split of
+small kernels (a layer's attention between two CPU expert splits) is launch-bound and pays nearly all of it; one of
+memory-bound expert matmuls hides its launches. The sync at a split's end is the link copy's latency
+(`Link.latency_us`), counted by the cost model under either policy.
+
 GRAPHS, the policy (`predict(..., graphs=)`):
   "one-per-device"  llama.cpp before PR 18934, ik_llama.cpp before PR 1172: a GPU with more than one split in a
-                    decode token pays `launch_us_nograph` per kernel; a GPU with one split replays (`launch_us`).
+                    decode token launches each kernel (`launch_us_nograph`, overlapped as above); a GPU with one
+                    split replays (`launch_us`).
   "per-split"       llama.cpp since PR 18934, ik_llama.cpp since PR 1172: every GPU kernel replays.
   "none"            no CUDA graphs (built without GGML_CUDA_GRAPHS, GGML_CUDA_DISABLE_GRAPHS set, HIP builds, or
-                    a GPU the build does not graph): every decode kernel pays `launch_us_nograph`.
+                    a GPU the build does not graph): every decode split is launched kernel by kernel.
 """
 
 from __future__ import annotations
@@ -62,18 +74,45 @@ def plain_launch_gpus(parts, graphs: str) -> set[str]:
     return set()
 
 
-def apply(parts, hw: Hardware, graphs: str) -> list:
-    """`parts` with each decode op of a GPU that cannot replay a graph costed at its `launch_us_nograph` instead of
-    `launch_us` (the other parts unchanged)."""
+def apply(parts, hw: Hardware, graphs: str, overlap: bool = True) -> list:
+    """`parts` with the decode splits of each GPU that cannot replay a graph costed with plain launches: each such split
+    max(its replayed time, its kernels x `launch_us_nograph`) (overlap), or its replayed time plus the kernels x
+    (`launch_us_nograph` - `launch_us`) (additive); the split's parts are scaled together, the other parts unchanged."""
     plain = plain_launch_gpus(parts, graphs)
-    out = []
-    for p in parts:
-        if p.phase == "decode" and p.device in plain:
-            g = hw.gpus[int(p.device[3:])]
-            fixed = p.ops * g.launch_us_nograph * 1e-6
-            body = p.seconds - p.ops * g.launch_us * 1e-6          # max(memory, compute) of the part
-            p = replace(p, seconds=body + fixed, bound="overhead" if fixed > body else p.bound)
-        out.append(p)
+    out = list(parts)
+    for dev, idx in _runs(parts):
+        if dev not in plain:
+            continue
+        g = hw.gpus[int(dev[3:])]
+        replayed = sum(parts[i].seconds for i in idx)                    # roofline + launch_us a kernel
+        n = sum(parts[i].ops for i in idx)
+        if overlap:
+            scale = max(1.0, n * g.launch_us_nograph * 1e-6 / replayed) if replayed else 1.0
+            for i in idx:
+                p = parts[i]
+                out[i] = replace(p, seconds=p.seconds * scale, bound="overhead" if scale > 1.0 else p.bound)
+        else:
+            for i in idx:
+                p = parts[i]
+                fixed = p.ops * g.launch_us_nograph * 1e-6
+                body = p.seconds - p.ops * g.launch_us * 1e-6              # max(memory, compute) of the part
+                out[i] = replace(p, seconds=body + fixed, bound="overhead" if fixed > body else p.bound)
+    return out
+
+
+def _runs(parts, phase: str = "decode") -> list[tuple[str, list[int]]]:
+    """The decode splits as (GPU, indices of its parts): runs of consecutive work on one GPU, as `splits` counts them
+    (link copies and per-forward overheads neither end a run nor belong to it)."""
+    out: list[tuple[str, list[int]]] = []
+    last = None
+    for i, p in enumerate(parts):
+        if p.phase != phase or p.device == "link" or p.stage == "overhead":
+            continue
+        if p.device != last and p.device != "cpu":
+            out.append((p.device, []))
+        if p.device != "cpu":
+            out[-1][1].append(i)
+        last = p.device
     return out
 
 

@@ -133,6 +133,33 @@ def test_hybrid_decode_with_plain_launches_is_never_faster_than_with_graph_repla
         moert.predict(_plan(hw=hw, cpu_moe=True), hw, graphs="sometimes")
 
 
+def test_overlapped_plain_launches_land_between_graph_replay_and_the_additive_rule():
+    hw = hardware.preset("rtx4090+ryzen-7950x")
+    decode = lambda parts: sum(x.seconds for x in parts if x.phase == "decode")  # noqa: E731
+    for model, kw in (("qwen3-30b-a3b", {"cpu_moe": True}), ("qwen3-30b-a3b", {"n_cpu_moe": 8}),
+                      ("gpt-oss-20b", {"n_cpu_moe": 12}), ("qwen3-30b-a3b", {})):
+        base = moert.predict(_plan(model, hw=hw, **kw), hw)                # per-split: every kernel replays
+        for g in ("one-per-device", "none"):
+            over = moert.predict_launch.apply(base.parts, hw, g)
+            add = moert.predict_launch.apply(base.parts, hw, g, overlap=False)
+            assert base.decode_s <= decode(over) * (1 + 1e-12) and decode(over) <= decode(add) * (1 + 1e-12), (kw, g)
+            assert decode(over) == pytest.approx(moert.predict(_plan(model, hw=hw, **kw), hw, graphs=g).decode_s)
+            assert [x.seconds for x in over if x.phase == "prefill"] == [x.seconds for x in base.parts
+                                                                         if x.phase == "prefill"]
+
+
+def test_a_split_of_small_kernels_pays_its_launches_and_one_of_big_kernels_hides_them():
+    hw = hardware.preset("rtx4090+ryzen-7950x")
+    g = hw.gpus[0]
+    P = moert.predict.Part
+    small = [P("decode", "gpu0", 0, "attention", ops=20, seconds=20 * g.launch_us * 1e-6 + 5e-6),
+             P("decode", "cpu", 0, "experts", ops=7, seconds=1e-3)]
+    big = [P("decode", "gpu0", 1, "experts", ops=20, seconds=20 * g.launch_us * 1e-6 + 1e-3)]
+    out = moert.predict_launch.apply(small + big, hw, "none")
+    assert out[0].seconds == pytest.approx(20 * g.launch_us_nograph * 1e-6) and out[0].bound == "overhead"
+    assert out[1] == small[1] and out[2] == big[0]                      # the CPU part; a kernel-bound split
+
+
 def test_graph_policy_leaves_cpu_only_and_single_split_gpu_decode_alone():
     hw = hardware.preset("rtx4090+ryzen-7950x")
     cpu = hardware.preset("ryzen-7950x")
