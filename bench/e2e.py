@@ -278,7 +278,8 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--no-llama", action="store_true", help="moert only")
     ap.add_argument("--act-quant", default="none", type=lambda s: s.split(","),
                     help="moert's activation modes, comma-separated, each its own engine in the same run: none "
-                         "(float, the default), int16, int8 (opt-in kernels/matmul_q.py), int8r (int8 with Q4_K repacked at load, kernels/repack.py), e.g. none,int8")
+                         "(float, the default), int16, int8 (opt-in kernels/matmul_q.py), int8r (int8 with Q4_K "
+                         "repacked at load, kernels/repack.py), e.g. none,int8")
     ap.add_argument("--overhead", action="store_true", help="also measure Python overhead per token per layer")
     ap.add_argument("--profile", action="store_true", help="also profile one moert decode step")
     ap.add_argument("--json", type=Path, help="write all results here")

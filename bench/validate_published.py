@@ -266,7 +266,8 @@ def ranking(rows: list[dict]) -> list[dict]:
                     if not (ma and mb and pa and pb) or abs(math.log(ma / mb)) < NOISE:
                         continue
                     out.append({"pair": g, "a": a["id"], "b": b["id"], "metric": m, "measured": [ma, mb],
-                                "predicted": [pa, pb], "right": pa != pb and (ma > mb) == (pa > pb)})   # a tie is no call
+                                "predicted": [pa, pb],
+                                "right": pa != pb and (ma > mb) == (pa > pb)})   # a tie is no call
     return out
 
 

@@ -22,8 +22,9 @@ row (the structure of ggml's AVX2 `ggml_vec_dot_q4_K_q8_K`).
 w is a uint8 array, xq an int8, xd a float32 and xb an int32 array, each C-contiguous: every offset is a
 flat element offset from the array's first element. The callers check `available()` first:
 on a CPU without AVX2 the int8 mode is refused with a clear error instead of failing to compile.
-No overflow: a u8 x s8 pair is at most 2 * 63 * 127 = 16002 < 2^15 (Q6_K; its -32 correction 32 * 2 * 128 * 2032 < 2^24), and the int32 sums are bounded
-by 256 * 63 * 127 * 127 (Q4_K scales are 6-bit) < 2^31.
+No overflow: a u8 x s8 pair is at most 2 * 63 * 127 = 16002 < 2^15 (Q6_K; its -32 correction is at most
+32 * 2 * 128 * 2032 < 2^24), and the int32 sums are bounded by 256 * 63 * 127 * 127 (Q4_K scales are
+6-bit) < 2^31.
 """
 
 from __future__ import annotations
@@ -133,6 +134,22 @@ def _q4k(context, builder, aty, wa, o, xty, xa, cs, bty, ba, cbs, packed=False):
     return [v for acc, ms in zip(accs, msums) for v in (acc, ms)]
 
 
+def q6k_values(context, builder, aty, wa, o, h):
+    """The 6-bit values of half h of the Q6_K block at w[o:] as four <32 x i8>: t-th holds weights
+    128h + 32t + l, l < 32 (low nibbles of ql[64h:], ql[64h + 32:], then their high nibbles, each with its
+    two bits of qh[32h:]). simd_f32.py's float dot reads them too."""
+    def c8(v):
+        return _const(_V8x32, v)
+    b_and, b_or, shl, shr = builder.and_, builder.or_, builder.shl, builder.lshr
+    ql0 = _vload(context, builder, aty, wa, _at(builder, o, 64 * h), _V8x32)
+    ql1 = _vload(context, builder, aty, wa, _at(builder, o, 64 * h + 32), _V8x32)
+    qh = _vload(context, builder, aty, wa, _at(builder, o, 128 + 32 * h), _V8x32)
+    return (b_or(b_and(ql0, c8(15)), shl(b_and(qh, c8(3)), c8(4))),
+            b_or(b_and(ql1, c8(15)), shl(b_and(qh, c8(12)), c8(2))),
+            b_or(shr(ql0, c8(4)), b_and(qh, c8(48))),
+            b_or(shr(ql1, c8(4)), shr(b_and(qh, c8(192)), c8(2))))
+
+
 def _q6k(context, builder, aty, wa, o, xty, xa, cs, sty, sa, ss):
     """IR for one Q6_K block at w[o:] against len(cs) int8 token vectors at xq[c], whose 16 per-16 sums
     (int16) are at xs[s]: [isum_0, isum_1, ...], <8 x i32> each (lanes add up to the sum). The -32 offset
@@ -145,17 +162,8 @@ def _q6k(context, builder, aty, wa, o, xty, xa, cs, sty, sa, ss):
                                                                                  _V16x16)), _const(_V32x8, 5)))
             for s_ in ss]                                                # - 32 sum_g sc_g xsum_g
 
-    def c8(v):
-        return _const(_V8x32, v)
-    b_and, b_or, shl, shr = builder.and_, builder.or_, builder.shl, builder.lshr
     for h in range(2):
-        ql0 = _vload(context, builder, aty, wa, _at(builder, o, 64 * h), _V8x32)
-        ql1 = _vload(context, builder, aty, wa, _at(builder, o, 64 * h + 32), _V8x32)
-        qh = _vload(context, builder, aty, wa, _at(builder, o, 128 + 32 * h), _V8x32)
-        qs = (b_or(b_and(ql0, c8(15)), shl(b_and(qh, c8(3)), c8(4))),                # 6-bit q of lanes t = 0..3
-              b_or(b_and(ql1, c8(15)), shl(b_and(qh, c8(12)), c8(2))),
-              b_or(shr(ql0, c8(4)), b_and(qh, c8(48))),
-              b_or(shr(ql1, c8(4)), shr(b_and(qh, c8(192)), c8(2))))
+        qs = q6k_values(context, builder, aty, wa, o, h)
         for t in range(4):                                               # weights 128h + 32t + l, l < 32
             g = 8 * h + 2 * t                                            # lanes 0-7: group g, 8-15: g + 1
             sc = _lanes(builder, sc16, [g] * 8 + [g + 1] * 8)

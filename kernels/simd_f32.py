@@ -29,8 +29,23 @@ from numba.core import cgutils
 from numba.extending import intrinsic
 
 from moert.kernels.blockdot import Z0
-from moert.kernels.simd import _I8, _I32, _V8x32, _V32x8, _at, _const, _fhsum, _fn, _fsplat, _half_at, _intp, _lanes, \
-    _scales_mins, _vload
+from moert.kernels.simd import (
+    _I8,
+    _I32,
+    _at,
+    _const,
+    _fhsum,
+    _fn,
+    _fsplat,
+    _half_at,
+    _intp,
+    _lanes,
+    _scales_mins,
+    _V8x32,
+    _V32x8,
+    _vload,
+    q6k_values,
+)
 
 __all__ = ["dot1_q4_k", "dot1_q6_k", "q4k_dot", "q6k_dot"]
 
@@ -82,19 +97,10 @@ def _q6k(context, builder, aty, wa, o, xty, xa, c, acc):
     dsc = builder.fmul(sc, _lanes(builder, builder.insert_element(ir.Constant(_F16, None), d, ir.Constant(_I32, 0)),
                                   [0] * 16))                            # 16 lanes d * sc_g
 
-    def c8(v):
-        return _const(_V8x32, v)
-    b_and, b_or, shl, shr = builder.and_, builder.or_, builder.shl, builder.lshr
     for h in range(2):
-        ql0 = _vload(context, builder, aty, wa, _at(builder, o, 64 * h), _V8x32)
-        ql1 = _vload(context, builder, aty, wa, _at(builder, o, 64 * h + 32), _V8x32)
-        qh = _vload(context, builder, aty, wa, _at(builder, o, 128 + 32 * h), _V8x32)
-        qs = (b_or(b_and(ql0, c8(15)), shl(b_and(qh, c8(3)), c8(4))),   # as simd._q6k: lanes t = 0..3
-              b_or(b_and(ql1, c8(15)), shl(b_and(qh, c8(12)), c8(2))),
-              b_or(shr(ql0, c8(4)), b_and(qh, c8(48))),
-              b_or(shr(ql1, c8(4)), shr(b_and(qh, c8(192)), c8(2))))
+        qs = q6k_values(context, builder, aty, wa, o, h)                # 6-bit q of lanes t = 0..3
         for t in range(4):                                              # weights 128h + 32t + l, l < 32
-            q = builder.sub(qs[t], c8(32))                              # q - 32 as signed bytes
+            q = builder.sub(qs[t], _const(_V8x32, 32))                  # q - 32 as signed bytes
             for g in range(2):                                          # 16-weight group 8h + 2t + g
                 terms = [(builder.sitofp(builder.sext(_lanes(builder, q, list(range(8 * k, 8 * k + 8))), _V32x8), _F8),
                           _vload(context, builder, xty, xa, _at(builder, c, 128 * h + 32 * t + 8 * k), _F8))
@@ -120,10 +126,11 @@ def q4k_dot(typingctx, w, o, nb, x, c, xs, cs):
         accm = cgutils.alloca_once_value(builder, ir.Constant(_F8, [0.0] * 8))
         with cgutils.for_range(builder, nb_) as loop:
             b = loop.index
-            a, am = _q4k(context, builder, sig.args[0], args[0], builder.add(o_, builder.mul(b, ir.Constant(b.type, 144))),
-                         sig.args[3], args[3], builder.add(c_, builder.mul(b, ir.Constant(b.type, 256))),
-                         sig.args[5], args[5], builder.add(cs_, builder.mul(b, ir.Constant(b.type, 8))),
-                         builder.load(acc), builder.load(accm))
+
+            def at(base, k):
+                return builder.add(base, builder.mul(b, ir.Constant(b.type, k)))
+            a, am = _q4k(context, builder, sig.args[0], args[0], at(o_, 144), sig.args[3], args[3], at(c_, 256),
+                         sig.args[5], args[5], at(cs_, 8), builder.load(acc), builder.load(accm))
             builder.store(a, acc)
             builder.store(am, accm)
         return builder.fsub(_fhsum(builder, builder.load(acc)), _fhsum(builder, builder.load(accm)))
@@ -141,9 +148,10 @@ def q6k_dot(typingctx, w, o, nb, x, c):
         acc = cgutils.alloca_once_value(builder, ir.Constant(_F8, [0.0] * 8))
         with cgutils.for_range(builder, nb_) as loop:
             b = loop.index
-            builder.store(_q6k(context, builder, sig.args[0], args[0], builder.add(o_, builder.mul(b, ir.Constant(b.type, 210))),
-                               sig.args[3], args[3], builder.add(c_, builder.mul(b, ir.Constant(b.type, 256))),
-                               builder.load(acc)), acc)
+            ob, cb = builder.add(o_, builder.mul(b, ir.Constant(b.type, 210))), \
+                builder.add(c_, builder.mul(b, ir.Constant(b.type, 256)))
+            builder.store(_q6k(context, builder, sig.args[0], args[0], ob, sig.args[3], args[3], cb, builder.load(acc)),
+                          acc)
         return _fhsum(builder, builder.load(acc))
     return types.float32(w, o, nb, x, c), codegen
 
