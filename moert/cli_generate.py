@@ -147,6 +147,9 @@ def memory_breakdown(model) -> str:
                      f"{format_size(d.total):>11} {peak:>14}")
     lines.append("measured peak: what moert allocated there at its highest (cpu: plus the mapped weights); "
                  "the CPU's NumPy temporaries are not counted")
+    if model.repacked_bytes:
+        lines.append(f"--repack: {format_size(model.repacked_bytes)} of CPU Q4_K weights copied at load into the int8 "
+                     f"kernels' layout (kernels/repack.py), in memory beside the file's pages")
     return "\n".join(lines)
 
 

@@ -94,16 +94,17 @@ def test_model_repack(tmp_path):
 
 
 def test_cli_repack(tmp_path):
-    """`moert run --act-quant int8 --repack` prints the same tokens as without --repack; --repack alone is
-    a one-line error naming the flag to add."""
+    """`moert run --act-quant int8 --repack` prints the same tokens as without --repack (and, with --stats,
+    the copy's size under the memory table); --repack alone is a one-line error naming the flag to add."""
     from test_cli import moert
 
     from moert.testing import write_qwen3moe
 
     p = write_qwen3moe(tmp_path / "q.gguf", n_layer=2, n_embd=256, head_dim=64, n_ff_exp=256, qtype="Q4_K")
     args = ("run", p, "-p", "1 2 3", "-n", "6", "--temp", "0", "--act-quant", "int8")
-    plain, packed = moert(*args), moert(*args, "--repack")
+    plain, packed = moert(*args), moert(*args, "--repack", "--stats")
     assert plain.returncode == 0 and packed.returncode == 0, packed.stderr
     assert packed.stdout == plain.stdout and len(plain.stdout.split()) == 6
+    assert "--repack: " in packed.stderr and "--repack" not in plain.stderr       # the copy's size, with --stats
     bad = moert("run", p, "-p", "1 2 3", "-n", "2", "--repack")
     assert bad.returncode == 1 and "--act-quant int8" in bad.stderr and "Traceback" not in bad.stderr
