@@ -44,6 +44,7 @@ from moert.kernels.simd import (
     _V8x32,
     _V32x8,
     _vload,
+    prefetch,
     q6k_values,
 )
 
@@ -69,6 +70,7 @@ def _q4k(context, builder, aty, wa, o, xty, xa, c, sty, sa, cs, acc, accm):
     """One Q4_K block at w[o:] (x at x[c:], its per-32 sums at xs[cs:]) into the 8-lane accumulators:
     acc += the scaled nibble dots, accm += d_min m_j sum_32(x)_j (subtracted at the end)."""
     sm = _scales_mins(context, builder, aty, wa, o)                    # <16 x i16>: 8 sc, 8 m
+    prefetch(context, builder, aty, wa, o, 144)
     sc = builder.sitofp(builder.zext(_lanes(builder, sm, list(range(8))), _V32x8), _F8)
     mn = builder.sitofp(builder.zext(_lanes(builder, sm, list(range(8, 16))), _V32x8), _F8)
     dsc = builder.fmul(sc, _fsplat(builder, _half_at(context, builder, aty, wa, o)))
@@ -94,6 +96,7 @@ def _q6k(context, builder, aty, wa, o, xty, xa, c, acc):
     sc = builder.sitofp(builder.sext(_vload(context, builder, aty, wa, _at(builder, o, 192), ir.VectorType(_I8, 16)),
                                      ir.VectorType(_I32, 16)), _F16)
     d = _half_at(context, builder, aty, wa, _at(builder, o, 208))
+    prefetch(context, builder, aty, wa, o, 210)
     dsc = builder.fmul(sc, _lanes(builder, builder.insert_element(ir.Constant(_F16, None), d, ir.Constant(_I32, 0)),
                                   [0] * 16))                            # 16 lanes d * sc_g
 
