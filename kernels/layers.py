@@ -94,47 +94,58 @@ def rope(x: np.ndarray, cos: np.ndarray, sin: np.ndarray, neox: bool) -> np.ndar
 
 
 @njit(cache=True, fastmath=_FM, inline="always")
-def _head(q, k_cache, v_cache, s0, S, kh, scale, sink, p, out):
-    """out = softmax(scale * K q) V over cache positions [s0, S) of KV head kh, the logit `sink` joining the
-    denominator (-inf: none, gpt-oss's attention sinks otherwise); p is (S,) scratch."""
-    Dh, Dv = q.shape[0], out.shape[0]
-    m = sink
+def _heads(q, k_cache, v_cache, s0, S, kh, h0, h1, scale, sinks, p, out):
+    """out[h] = softmax(scale * K q[h]) V over cache positions [s0, S) of KV head kh, for the query heads
+    h0 <= h < h1 that share it (GQA), each cache row read once for all of them; the logit sinks[h] joins the
+    denominator (-inf: none, gpt-oss's attention sinks otherwise). p is (>= h1 - h0, S) scratch."""
+    Dh, Dv = q.shape[1], out.shape[1]
     for s in range(s0, S):
-        a = np.float32(0.0)
-        for d in range(Dh):
-            a += q[d] * k_cache[s, kh, d]
-        a *= scale
-        p[s] = a
-        m = max(m, a)
-    tot = np.float32(np.exp(sink - m))                                  # 0 without a sink
-    for s in range(s0, S):
-        e = np.exp(p[s] - m)
-        p[s] = e
-        tot += e
-    for d in range(Dv):
-        out[d] = 0.0
-    for s in range(s0, S):
-        c = p[s] / tot
+        for g in range(h1 - h0):
+            a = np.float32(0.0)
+            for d in range(Dh):
+                a += q[h0 + g, d] * k_cache[s, kh, d]
+            p[g, s] = a * scale
+    for g in range(h1 - h0):
+        m = sinks[h0 + g]
+        for s in range(s0, S):
+            m = max(m, p[g, s])
+        tot = np.float32(np.exp(sinks[h0 + g] - m))                     # 0 without a sink
+        for s in range(s0, S):
+            e = np.exp(p[g, s] - m)
+            p[g, s] = e
+            tot += e
+        for s in range(s0, S):
+            p[g, s] /= tot
         for d in range(Dv):
-            out[d] += c * v_cache[s, kh, d]
+            out[h0 + g, d] = 0.0
+    for s in range(s0, S):
+        for g in range(h1 - h0):
+            c = p[g, s]
+            for d in range(Dv):
+                out[h0 + g, d] += c * v_cache[s, kh, d]
 
 
 @njit(cache=True, fastmath=_FM)
 def _attention1(q, k_cache, v_cache, s0, S, scale, sinks, out):
     H, Hk = q.shape[0], k_cache.shape[1]
     G = H // Hk
-    p = np.empty(S, dtype=np.float32)
-    for h in range(H):
-        _head(q[h], k_cache, v_cache, s0, S, h // G, scale, sinks[h], p, out[h])
+    p = np.empty((G, S), dtype=np.float32)
+    for kh in range(Hk):
+        _heads(q, k_cache, v_cache, s0, S, kh, kh * G, (kh + 1) * G, scale, sinks, p, out)
 
 
 @njit(cache=True, fastmath=_FM, parallel=PRANGE_ONLY)
-def _attention1_parallel(q, k_cache, v_cache, s0, S, scale, sinks, out):
+def _attention1_parallel(q, k_cache, v_cache, s0, S, scale, sinks, out, parts):
+    """_attention1 with each KV head's query heads in `parts` groups, the groups spread over the threads."""
     H, Hk = q.shape[0], k_cache.shape[1]
     G = H // Hk
-    for h in prange(H):
-        p = np.empty(S, dtype=np.float32)
-        _head(q[h], k_cache, v_cache, s0, S, h // G, scale, sinks[h], p, out[h])
+    n = (G + parts - 1) // parts                                        # query heads per group
+    for i in prange(Hk * parts):
+        kh, j = i // parts, i % parts
+        h0 = kh * G + min(G, j * n)
+        h1 = kh * G + min(G, (j + 1) * n)
+        p = np.empty((n, S), dtype=np.float32)
+        _heads(q, k_cache, v_cache, s0, S, kh, h0, h1, scale, sinks, p, out)
 
 
 @njit(cache=True, fastmath=_FM)
@@ -173,9 +184,9 @@ def _qk_attention1(q, k, v, qn, kn, eps, cos, sin, neox, k_cache, v_cache, pos0,
 
 
 @njit(cache=True, fastmath=_FM)
-def _qk_attention1_parallel(q, k, v, qn, kn, eps, cos, sin, neox, k_cache, v_cache, pos0, s0, scale, out):
+def _qk_attention1_parallel(q, k, v, qn, kn, eps, cos, sin, neox, k_cache, v_cache, pos0, s0, scale, out, parts):
     qr = _qk_into_cache(q, k, v, qn, kn, eps, cos, sin, neox, k_cache, v_cache, pos0)
-    _attention1_parallel(qr, k_cache, v_cache, s0, pos0 + 1, scale, _no_sinks(q.shape[0]), out)
+    _attention1_parallel(qr, k_cache, v_cache, s0, pos0 + 1, scale, _no_sinks(q.shape[0]), out, parts)
 
 
 def qk_norm_rope_attention(q, k, v, q_norm, k_norm, eps: float, cos, sin, neox: bool, k_cache, v_cache,
@@ -192,9 +203,12 @@ def qk_norm_rope_attention(q, k, v, q_norm, k_norm, eps: float, cos, sin, neox: 
     s0 = 0 if window is None else max(0, pos0 - window + 1)
     out = np.empty((H, Dv), dtype=np.float32)
     work = (pos0 + 1 - s0) * k_cache.shape[1] * (k_cache.shape[2] + Dv)
-    fn = _qk_attention1_parallel if work >= _PARALLEL_MIN_WORK else _qk_attention1
-    fn(q[0], k[0], v[0], q_norm, k_norm, float(eps), cos[0], sin[0], bool(neox), k_cache, v_cache, pos0, s0,
-       np.float32(scale), out)
+    args = (q[0], k[0], v[0], q_norm, k_norm, float(eps), cos[0], sin[0], bool(neox), k_cache, v_cache, pos0, s0,
+            np.float32(scale), out)
+    if work >= _PARALLEL_MIN_WORK:
+        _qk_attention1_parallel(*args, _parts(H, k_cache.shape[1]))
+    else:
+        _qk_attention1(*args)
     return out.reshape(1, H * Dv)
 
 
@@ -209,6 +223,15 @@ def _check_attention1(fn: str, q, k, v, k_cache, v_cache, pos0: int) -> None:
     if Hk == 0 or q.shape[1] % Hk:
         raise ShapeError(f"{fn}: {q.shape[1]} query heads do not share {Hk} KV heads evenly; nothing was computed")
     checks.position(fn, pos0, n_ctx)
+
+
+def _parts(H: int, Hk: int) -> int:
+    """Groups per KV head for _attention1_parallel: at least two tasks a thread (16 threads and 4 KV heads of
+    8 query heads each: 8 groups of 1), each group reading its KV head's cache rows once."""
+    from moert.kernels.matmul import threads
+
+    G = H // Hk
+    return max(1, min(G, -(-2 * threads() // Hk)))
 
 
 @njit(cache=True)
@@ -228,8 +251,10 @@ def _attend1(q1, k_cache, v_cache, pos0, scale, window, sinks=None):
     s0 = 0 if window is None else max(0, pos0 - window + 1)
     out = np.empty((H, Dv), dtype=np.float32)
     work = (S - s0) * k_cache.shape[1] * (k_cache.shape[2] + Dv)
-    fn = _attention1_parallel if work >= _PARALLEL_MIN_WORK else _attention1
-    fn(q1, k_cache, v_cache, s0, S, np.float32(scale), sinks, out)
+    if work >= _PARALLEL_MIN_WORK:
+        _attention1_parallel(q1, k_cache, v_cache, s0, S, np.float32(scale), sinks, out, _parts(H, k_cache.shape[1]))
+    else:
+        _attention1(q1, k_cache, v_cache, s0, S, np.float32(scale), sinks, out)
     return out.reshape(1, H * Dv)
 
 
