@@ -239,7 +239,8 @@ def _row_loop(context, builder, nb, n, body):
         for acc, terms in zip(accs, body(loop.index)):
             a = builder.load(acc)
             for ivec, f in terms:
-                a = builder.fadd(a, builder.fmul(builder.sitofp(ivec, _F32x8), _fsplat(builder, f)))
+                a = builder.call(_fn(builder, "llvm.fma.v8f32", _F32x8, [_F32x8] * 3),
+                                 [builder.sitofp(ivec, _F32x8), _fsplat(builder, f), a])
             builder.store(a, acc)
     return [_fhsum(builder, builder.load(acc)) for acc in accs]
 
