@@ -127,11 +127,34 @@ def _scales_mins(context, builder, aty, wa, o):
     return builder.zext(builder.bitcast(v4, ir.VectorType(_I8, 16)), _V16x16)
 
 
-def _q4k(context, builder, aty, wa, o, xty, xa, cs, bty, ba, cbs, packed=False):
+def _opaque_masks(builder):
+    """The 8 vpshufb masks that broadcast 16-bit lane k (k < 8) of a 128-bit half to all of it, loaded
+    (volatile) from the stack once per call: LLVM folds a pshufb with a constant mask back into a lane
+    broadcast, which it builds from 2-3 shuffles; from a value it cannot see, it stays one vpshufb."""
+    out = []
+    for k in range(8):
+        slot = cgutils.alloca_once(builder, _V8x32)
+        builder.store(ir.Constant(_V8x32, [2 * k + (i % 2) for i in range(32)]), slot)
+        load = _VolatileLoad(builder.block, slot)
+        builder._insert(load)
+        out.append(load)
+    return out
+
+
+class _VolatileLoad(ir.instructions.LoadInstr):
+    """`load volatile` (llvmlite's builder has no such flag): a value the optimizer may not replace."""
+
+    def descr(self, buf):
+        [ptr] = self.operands
+        buf.append(f"load volatile {self.type}, {ptr.type} {ptr.get_reference()}, align 1\n")
+
+
+def _q4k(context, builder, aty, wa, o, xty, xa, cs, bty, ba, cbs, packed, masks):
     """IR for one Q4_K block at w[o:] against len(cs) int8 token vectors at xq[c] (xb sums at xb[cb]):
     [isum_0, msum_0, isum_1, msum_1, ...], each an <8 x i32> whose lanes add up to the sum. The weights
     and scales are decoded once for all tokens. packed: the block is kernels/repack.py's (148 bytes, the
-    16 scales and mins one byte each at o + 4, one load and a widening instead of the 6-bit unpacking)."""
+    16 scales and mins one byte each at o + 4, one load and a widening instead of the 6-bit unpacking).
+    masks: _opaque_masks(), so each sub-block's scale is broadcast by one vpshufb."""
     if packed:
         sm = builder.zext(_vload(context, builder, aty, wa, _at(builder, o, 4), ir.VectorType(_I8, 16)), _V16x16)
     else:
@@ -139,13 +162,15 @@ def _q4k(context, builder, aty, wa, o, xty, xa, cs, bty, ba, cbs, packed=False):
     qs = 20 if packed else 16                                         # where the 128 nibble bytes start
     prefetch(context, builder, aty, wa, o, 148 if packed else 144)
     mins = builder.zext(_lanes(builder, sm, list(range(8, 16))), _V32x8)
+    sc2 = builder.bitcast(_lanes(builder, sm, list(range(8)) * 2), _V8x32)   # the 8 scales in both halves
     msums = [builder.mul(mins, _vload(context, builder, bty, ba, cb, _V32x8)) for cb in cbs]
     accs = [_const(_V32x8, 0)] * len(cs)
     m4 = _const(_V8x32, 15)
     for p in range(4):                                                   # 64 weights: sub-blocks 2p, 2p+1
         q = _vload(context, builder, aty, wa, _at(builder, o, qs + 32 * p), _V8x32)
         lo, hi = builder.and_(q, m4), builder.and_(builder.lshr(q, _const(_V8x32, 4)), m4)
-        slo, shi = _lanes(builder, sm, [2 * p] * 16), _lanes(builder, sm, [2 * p + 1] * 16)
+        slo, shi = (builder.bitcast(builder.call(_fn(builder, "llvm.x86.avx2.pshuf.b", _V8x32, [_V8x32, _V8x32]),
+                                                 [sc2, masks[j]]), _V16x16) for j in (2 * p, 2 * p + 1))
         for i, c in enumerate(cs):
             xlo = _vload(context, builder, xty, xa, _at(builder, c, 64 * p), _V8x32)
             xhi = _vload(context, builder, xty, xa, _at(builder, c, 64 * p + 32), _V8x32)
@@ -265,13 +290,14 @@ def _q4k_row_intrinsic(packed: bool):
 
         def codegen(context, builder, sig, args):
             o_, nb_, c_, ld_, cd_, ldd_, cb_, ldb_ = _intp(context, builder, sig, args, 1, 2, 4, 5, 7, 8, 10, 11)
+            masks = _opaque_masks(builder)
 
             def body(b):
                 ob = builder.add(o_, builder.mul(b, ir.Constant(b.type, size)))
                 cs = [builder.add(c, builder.mul(b, ir.Constant(b.type, 256))) for c in _offsets(builder, c_, ld_, N)]
                 cbs = [builder.add(c, builder.mul(b, ir.Constant(b.type, 8))) for c in _offsets(builder, cb_, ldb_, N)]
                 vals = _q4k(context, builder, sig.args[0], args[0], ob, sig.args[3], args[3], cs, sig.args[9],
-                            args[9], cbs, packed)
+                            args[9], cbs, packed, masks)
                 d, dmin = _half_at(context, builder, sig.args[0], args[0], ob), \
                     _half_at(context, builder, sig.args[0], args[0], _at(builder, ob, 2))
                 out = []
