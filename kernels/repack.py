@@ -19,6 +19,8 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
+from moert.quants.dequant import _scale_min_k4
+
 __all__ = ["BYTES", "PACKED_BYTES", "repack_q4_k", "repack_q4_k_ref", "repacked"]
 
 BYTES, PACKED_BYTES = 144, 148      # a Q4_K block as GGUF stores it, and repacked
@@ -48,14 +50,11 @@ def repack_q4_k(raw):
 
 
 def repack_q4_k_ref(raw: np.ndarray) -> np.ndarray:
-    """NumPy twin of repack_q4_k."""
+    """NumPy twin of repack_q4_k: the scales and mins as moert.quants' reference dequantizer decodes them."""
     N = raw.shape[0]
-    b = np.asarray(raw, dtype=np.uint8).reshape(N, -1, BYTES)
-    s = b[:, :, 4:16]
-    lo, mid, hi = s[..., 0:4], s[..., 4:8], s[..., 8:12]
-    sc = np.concatenate([lo & 63, (hi & 15) | ((lo >> 6) << 4)], axis=-1)
-    mn = np.concatenate([mid & 63, (hi >> 4) | ((mid >> 6) << 4)], axis=-1)
-    return np.concatenate([b[:, :, 0:4], sc, mn, b[:, :, 16:]], axis=-1).reshape(N, -1)
+    b = np.asarray(raw, dtype=np.uint8).reshape(-1, BYTES)                 # (N * nb, 144) blocks
+    sc, mn = _scale_min_k4(np, b[:, 4:16])                              # the reference dequantizer's decoder
+    return np.concatenate([b[:, 0:4], sc, mn, b[:, 16:]], axis=1).reshape(N, -1)
 
 
 def repacked(raw: np.ndarray) -> np.ndarray:
