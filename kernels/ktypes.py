@@ -121,6 +121,11 @@ class KernelType:
         _MADE[self.name].append(one)
         return variant(_rows, f"rows_{n}", inline=True, one=one, batch=batch)
 
+    def quant_rows(self, qmax: int, packed: bool = False):
+        """The quantized row kernel for act_quant's qmax (matmul_q.QMAX), over kernels/repack.py's layout when
+        packed; None for a type without one."""
+        return self.packed[1] if packed else self.quant.get(qmax)
+
     @property
     def sums_of(self):
         """sums32 for types whose kernels read per-32 sums of x, else no_sums (a (T, 1) placeholder)."""

@@ -158,8 +158,8 @@ def group_kernel(type_names: tuple[str, str, str], aq: int = 0, packed: tuple[bo
             + (f"_aq{aq}" if aq else "")
         bound = {f"{k}{i}": v for i, kt in enumerate(kts) for k, v in (("rows", kt.rows), ("sums", kt.sums_of))}
         if aq:
-            bound.update({f"rows_q{i}": kt.packed[1] if p else kt.quant[qmax]
-                          for i, (kt, p) in enumerate(zip(kts, packed))}, QMAX=qmax)
+            bound.update({f"rows_q{i}": kt.quant_rows(qmax, p) for i, (kt, p) in enumerate(zip(kts, packed))},
+                         QMAX=qmax)
         _GROUPS[key] = variant(_group3_q if aq else _group3, name, parallel=PRANGE_ONLY, **bound)
     return _GROUPS[key]
 
@@ -180,7 +180,7 @@ def kernels_for(type_name: str, aq: int = 0, packed: bool = False) -> tuple:
     if key not in _DRIVERS:
         n, bound = type_name.lower() + ("r" if packed else ""), dict(rows=kt.rows, sums=kt.sums_of)
         if aq:
-            bound.update(QMAX=qmax, rows_q=kt.packed[1] if packed else kt.quant[qmax])
+            bound.update(QMAX=qmax, rows_q=kt.quant_rows(qmax, packed))
             _DRIVERS[key] = (variant(_serial_q, f"serial_{n}_aq{aq}", **bound),
                              variant(_parallel_q, f"parallel_{n}_aq{aq}", parallel=PRANGE_ONLY, **bound))
         else:
@@ -285,6 +285,11 @@ class Prepared:
         self.f16 = kt.table
         self.serial, self.parallel = kernels_for(w.type, aq, self.packed)
 
+    @property
+    def packed_bytes(self) -> int:
+        """Bytes of the repacked copy this weight holds (0: a zero-copy view)."""
+        return self.raw.nbytes if self.packed else 0
+
     def __call__(self, x: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
         """x (T, C) @ W.T -> (T, R) float32."""
         R, C = self.shape
@@ -319,6 +324,10 @@ class PreparedGroup:
         self.kernel = group_kernel(tuple(p.type for p in self.parts), matmul_q.mode(act_quant),
                                    tuple(p.packed for p in self.parts))
         self.bytes = sum(p.raw.nbytes for p in self.parts)
+
+    @property
+    def packed_bytes(self) -> int:
+        return sum(p.packed_bytes for p in self.parts)
 
     def __call__(self, x: np.ndarray) -> tuple[np.ndarray, ...]:
         """x (T, C) -> (x @ W_0.T, x @ W_1.T, x @ W_2.T), each (T, R_k) float32."""

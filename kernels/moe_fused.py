@@ -134,8 +134,7 @@ def layer_kernel(g_type: str, d_type: str, aq: int = 0, g_packed: bool = False, 
         gm, dm = aq == 2 and g.q8_32 is not None, aq == 2 and d.q8_32 is not None     # MXFP4: x per 32
         g32, d32 = g.q8_32 or (_no_quant32, _no_rows32), d.q8_32 or (_no_quant32, _no_rows32)
         name = f"{g_type.lower()}{'r' * g_packed}_{d_type.lower()}{'r' * d_packed}_aq{aq}"
-        g_q = g.packed[1] if g_packed else g.quant.get(gq, _no_rows_q)
-        d_q = d.packed[1] if d_packed else d.quant.get(dq, _no_rows_q)
+        g_q, d_q = g.quant_rows(gq, g_packed) or _no_rows_q, d.quant_rows(dq, d_packed) or _no_rows_q
         items = variant(_moe_items, f"moe_items_{name}",
                                g_rows=g.rows, g_sums=g.sums_of, GQ=gq, g_rows_q=g_q,
                                d_rows=d.rows, d_sums=d.sums_of, DQ=dq, d_rows_q=d_q,

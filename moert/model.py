@@ -314,11 +314,9 @@ class Model(TextAPI, Tracing):
 
     @property
     def repacked_bytes(self) -> int:
-        """Bytes of the CPU weights copied into kernels/repack.py's layout so far (load=True repacks them all
-        during the warmup; 0 without repack=True)."""
-        parts = [p for v in self._prepared.values() for p in (v.parts if isinstance(v, kmatmul.PreparedGroup) else [v])]
-        return sum(p.raw.nbytes if isinstance(p, kmatmul.Prepared) and p.packed else getattr(p, "packed_bytes", 0)
-                   for p in parts)
+        """Bytes of the CPU weights copied into kernels/repack.py's layout so far (moert.load's warmup repacks
+        them all; 0 without repack=True)."""
+        return sum(getattr(v, "packed_bytes", 0) for v in self._prepared.values())
 
     def cached(self, key, make):
         """A per-model value made once (prepared CPU kernels, expert layouts); freed by close()."""
