@@ -52,13 +52,8 @@ def splits(parts, phase: str = "decode") -> dict[str, int]:
     """GPU ("gpu0", ...) -> its splits in one forward of `phase`: runs of consecutive work on it, in the order the
     parts were made (the forward's order), link copies and per-forward overheads not counting as work."""
     out: dict[str, int] = {}
-    last = None
-    for p in parts:
-        if p.phase != phase or p.device == "link" or p.stage == "overhead":
-            continue
-        if p.device != last and p.device != "cpu":
-            out[p.device] = out.get(p.device, 0) + 1
-        last = p.device
+    for dev, _ in _runs(parts, phase):
+        out[dev] = out.get(dev, 0) + 1
     return out
 
 
