@@ -78,14 +78,15 @@ class KernelType:
     dot1: Callable | None = None            # fused one-token row dot (qblocks.dot1_<t>); None: the batch kernel
     sums: bool = False                      # its kernels read per-32 sums of x (the Q4_K/Q5_K min terms)
     table: np.ndarray = field(default_factory=lambda: F16_TO_F32)   # the 16-bit -> float32 table it reads
-    quant: dict = field(default_factory=dict)   # act_quant qmax -> quantized row kernel (matmul_q.rows*_<t>)
+    quant: dict = field(default_factory=dict)   # act_quant qmax -> (quantized row kernel matmul_q.rows*_<t>, its
+    #                                             x: x_<t>(xq, x8, xd, xb) -> what the rows read, once per matmul)
     # A type whose kernels do not fit the templates (MXFP4's AVX2 rows, kernels/mxfp4.py) gives them itself:
     row_kernel: Callable | None = None      # rows(w, x, xs, out, r0, r1, b0, b1, f16), instead of generated ones
     drivers: Callable | None = None         # aq -> (serial, parallel) as matmul.kernels_for returns them
     q8_32: tuple | None = None              # (quantize(x) -> (x8, xd per 32), rows_q8(w, x8, xd, out, r0, r1,
     #                                         b0, b1, f16)): act_quant="int8" rounds x per 32, as llama.cpp's Q8_0
-    packed: tuple | None = None             # (repack(raw) -> raw, int8 row kernel over the repacked blocks): a
-    #                                         load-time layout for act_quant="int8" (kernels/repack.py; opt-in)
+    packed: tuple | None = None             # (repack(raw) -> raw, int8 row kernel over the repacked blocks, its
+    #                                         x): a load-time layout for act_quant="int8" (kernels/repack.py)
 
     @property
     def block(self) -> int:
@@ -121,10 +122,11 @@ class KernelType:
         _MADE[self.name].append(one)
         return variant(_rows, f"rows_{n}", inline=True, one=one, batch=batch)
 
-    def quant_rows(self, qmax: int, packed: bool = False):
-        """The quantized row kernel for act_quant's qmax (matmul_q.QMAX), over kernels/repack.py's layout when
-        packed; None for a type without one."""
-        return self.packed[1] if packed else self.quant.get(qmax)
+    def quant_rows(self, qmax: int, packed: bool = False) -> tuple | None:
+        """(rows, x) for act_quant's qmax (matmul_q.QMAX): the quantized row kernel, over kernels/repack.py's
+        layout when packed, and the function that makes its x from quantize_rows' (xq, x8, xd, xb) once per
+        matmul; None for a type without one."""
+        return self.packed[1:] if packed else self.quant.get(qmax)
 
     @property
     def sums_of(self):
@@ -137,8 +139,8 @@ class KernelType:
 
     def compiled(self) -> list[str]:
         """Names of this type's kernels compiled in this process (tests check a type compiles only its own)."""
-        fns = [self.decode, self.dot1, *self.quant.values(), *self.made(), self.row_kernel, *(self.q8_32 or ()),
-               *(self.packed or ())[1:]]
+        fns = [self.decode, self.dot1, *(r for r, _ in self.quant.values()), *self.made(), self.row_kernel,
+               *(self.q8_32 or ()), *(self.packed or ())[1:2]]
         return sorted(f.py_func.__name__ for f in fns if f is not None and f.signatures)
 
 
@@ -243,11 +245,12 @@ register(KernelType("Q8_0", qb.deq_q8_0, "chunked", dot1=qb.dot1_q8_0))
 # One-token float dots: AVX2 ones (kernels/simd_f32.py, ~1.35-1.75x) where the CPU has it, Numba's loops elsewhere
 _AVX2 = simd.available()
 register(KernelType("Q4_K", qb.deq_q4_k, "paired", dot1=simd_f32.dot1_q4_k if _AVX2 else qb.dot1_q4_k, sums=True,
-                    quant={mq.QMAX[1]: mq.rows16_q4_k, mq.QMAX[2]: mq.rows8_q4_k},
+                    quant={mq.QMAX[1]: (mq.rows16_q4_k, mq.x_as_is), mq.QMAX[2]: (mq.rows8_q4_k, mq.x_q4_k)},
                     packed=(repack.repacked, variant(mq.rows8_q4_k.py_func, "rows8_q4_kr", inline=True, fastmath=FM,
-                                                     Q4K_ROW=simd.q4kr_row, Q4K_BYTES=repack.PACKED_BYTES))))
+                                                     Q4K_ROW=simd.q4kr_row, Q4K_BYTES=repack.PACKED_BYTES),
+                            repack.x_q4_kr)))
 register(KernelType("Q5_K", qb.deq_q5_k, "paired", dot1=qb.dot1_q5_k, sums=True))
 register(KernelType("Q6_K", qb.deq_q6_k, "paired", dot1=simd_f32.dot1_q6_k if _AVX2 else qb.dot1_q6_k,
-                    quant={mq.QMAX[1]: mq.rows16_q6_k, mq.QMAX[2]: mq.rows8_q6_k}))
+                    quant={mq.QMAX[1]: (mq.rows16_q6_k, mq.x_as_is), mq.QMAX[2]: (mq.rows8_q6_k, mq.x_q6_k)}))
 
 FAST_TYPES: frozenset[str] = frozenset(TYPES)

@@ -47,10 +47,13 @@ _PARALLEL_MIN_BYTES = 1 << 18   # below this many weight bytes per call, run on 
 
 # --------------------------------------------------------------------------------------- the drivers
 # Bound per (type, mode) by kernels_for: rows (the type's row kernel), sums (its sums_of), and for the
-# quantized modes QMAX and rows_q (the type's quantized row kernel); the group templates further down take
-# rows0..2, sums0..2, rows_q0..2 likewise. The placeholders only name them.
+# quantized modes QMAX, rows_q and x_q (the type's quantized row kernel and the function making the x it reads,
+# ktypes.KernelType.quant_rows); the group templates further down take rows0..2, sums0..2, rows_q0..2, x_q0..2
+# likewise. The placeholders only name them.
 QMAX = 0
 rows = sums = rows_q = rows0 = rows1 = rows2 = sums0 = sums1 = sums2 = rows_q0 = rows_q1 = rows_q2 = None
+x_q = x_q0 = x_q1 = x_q2 = None
+
 
 def _serial(w, x, out, r0, r1, b0, b1, f16):
     """rows on the calling thread: rows [r0, r1), blocks [b0, b1)."""
@@ -70,7 +73,8 @@ def _serial_q(w, x, out, r0, r1, b0, b1, f16):
     """_serial with x quantized where matmul_q.quantized says so (int8: always; int16: one token)."""
     if quantized(QMAX, x.shape[0]):
         xq, x8, xd, xb = quantize_rows(x, QMAX)
-        rows_q(w, xq, x8, xd, xb, out, r0, r1, b0, b1, f16)
+        yq, y8, yd, yb = x_q(xq, x8, xd, xb)
+        rows_q(w, yq, y8, yd, yb, out, r0, r1, b0, b1, f16)
     else:
         rows(w, x, sums(x), out, r0, r1, b0, b1, f16)
 
@@ -81,8 +85,9 @@ def _parallel_q(w, x, out, nb, f16, chunk):
     n = (R + chunk - 1) // chunk
     if quantized(QMAX, x.shape[0]):
         xq, x8, xd, xb = quantize_rows(x, QMAX)
+        yq, y8, yd, yb = x_q(xq, x8, xd, xb)
         for i in prange(n):
-            rows_q(w, xq, x8, xd, xb, out, i * chunk, min(R, (i + 1) * chunk), Z0, nb, f16)
+            rows_q(w, yq, y8, yd, yb, out, i * chunk, min(R, (i + 1) * chunk), Z0, nb, f16)
     else:
         xs = sums(x)
         for i in prange(n):
@@ -115,15 +120,18 @@ def _group3_q(x, w0, o0, nb0, f0, w1, o1, nb1, f1, w2, o2, nb2, f2, chunk):
     n0, n1, n2 = (R0 + chunk - 1) // chunk, (R1 + chunk - 1) // chunk, (R2 + chunk - 1) // chunk
     if quantized(QMAX, x.shape[0]):
         xq, x8, xd, xb = quantize_rows(x, QMAX)
+        aq, a8, ad, ab = x_q0(xq, x8, xd, xb)
+        bq, b8, bd, bb = x_q1(xq, x8, xd, xb)
+        cq, c8, cd, cb = x_q2(xq, x8, xd, xb)
         for i in prange(n0 + n1 + n2):
             if i < n0:
-                rows_q0(w0, xq, x8, xd, xb, o0, i * chunk, min(R0, (i + 1) * chunk), Z0, nb0, f0)
+                rows_q0(w0, aq, a8, ad, ab, o0, i * chunk, min(R0, (i + 1) * chunk), Z0, nb0, f0)
             elif i < n0 + n1:
                 j = i - n0
-                rows_q1(w1, xq, x8, xd, xb, o1, j * chunk, min(R1, (j + 1) * chunk), Z0, nb1, f1)
+                rows_q1(w1, bq, b8, bd, bb, o1, j * chunk, min(R1, (j + 1) * chunk), Z0, nb1, f1)
             else:
                 j = i - n0 - n1
-                rows_q2(w2, xq, x8, xd, xb, o2, j * chunk, min(R2, (j + 1) * chunk), Z0, nb2, f2)
+                rows_q2(w2, cq, c8, cd, cb, o2, j * chunk, min(R2, (j + 1) * chunk), Z0, nb2, f2)
     else:
         xs0, xs1, xs2 = sums0(x), sums1(x), sums2(x)
         for i in prange(n0 + n1 + n2):
@@ -158,8 +166,9 @@ def group_kernel(type_names: tuple[str, str, str], aq: int = 0, packed: tuple[bo
             + (f"_aq{aq}" if aq else "")
         bound = {f"{k}{i}": v for i, kt in enumerate(kts) for k, v in (("rows", kt.rows), ("sums", kt.sums_of))}
         if aq:
-            bound.update({f"rows_q{i}": kt.quant_rows(qmax, p) for i, (kt, p) in enumerate(zip(kts, packed))},
-                         QMAX=qmax)
+            for i, (kt, p) in enumerate(zip(kts, packed)):
+                bound[f"rows_q{i}"], bound[f"x_q{i}"] = kt.quant_rows(qmax, p)
+            bound.update(QMAX=qmax)
         _GROUPS[key] = variant(_group3_q if aq else _group3, name, parallel=PRANGE_ONLY, **bound)
     return _GROUPS[key]
 
@@ -180,7 +189,8 @@ def kernels_for(type_name: str, aq: int = 0, packed: bool = False) -> tuple:
     if key not in _DRIVERS:
         n, bound = type_name.lower() + ("r" if packed else ""), dict(rows=kt.rows, sums=kt.sums_of)
         if aq:
-            bound.update(QMAX=qmax, rows_q=kt.quant_rows(qmax, packed))
+            bound["rows_q"], bound["x_q"] = kt.quant_rows(qmax, packed)
+            bound.update(QMAX=qmax)
             _DRIVERS[key] = (variant(_serial_q, f"serial_{n}_aq{aq}", **bound),
                              variant(_parallel_q, f"parallel_{n}_aq{aq}", parallel=PRANGE_ONLY, **bound))
         else:

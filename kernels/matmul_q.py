@@ -197,9 +197,36 @@ def _rows1q_q6_k(w, xq, xd, xb, out, r0, r1, b0, b1, f16):
 Q4K_ROW, Q4K_BYTES = simd.q4k_row, 144
 
 
+# What each quantized row kernel reads beside xq, x8 and xd, made once per matmul from quantize_rows' output
+# by the kernel's x_<t> (kernels/ktypes.py lists the pairs; the drivers call it before their rows).
+
+@njit(cache=True, inline="always")
+def x_as_is(xq, x8, xd, xb):
+    """x as quantize_rows gives it (the int16 kernels: per-32 sums as int32)."""
+    return xq, x8, xd, xb
+
+
+@njit(cache=True, inline="always")
+def neg16(xb):
+    """-xb as int16 (T, C/32): the int8 Q4_K kernel's per-32 sums (each at most 32 * 127 in size), negated so
+    its min term comes out of one vpmaddwd with the sign it is added with."""
+    out = np.empty(xb.shape, dtype=np.int16)
+    for t in range(xb.shape[0]):
+        for j in range(xb.shape[1]):
+            out[t, j] = -xb[t, j]
+    return out
+
+
+@njit(cache=True, inline="always")
+def x_q4_k(xq, x8, xd, xb):
+    """rows8_q4_k's x: the per-32 sums negated, as int16 (neg16)."""
+    return xq, x8, xd, neg16(xb)
+
+
 @njit(cache=True, fastmath=_FM, inline="always")   # inlined: simd.py's code is in the callers' cache keys
 def rows8_q4_k(w, xq, x8, xd, xb, out, r0, r1, b0, b1, f16):
-    """out[t, r] for every token t of int8 x (T, C): simd.q4k_row sums a row's blocks [b0, b1) exactly in
+    """out[t, r] for every token t of int8 x (T, C) (xb: x_q4_k's negated int16 per-32 sums): simd.q4k_row
+    sums a row's blocks [b0, b1) exactly in
     int32 per block, then in float vectors. Tokens go four at a time (one decode of each block feeds four
     accumulators), the last 1-3 in one call; a row's bytes stay in L1 while the tokens pass over them."""
     T, C, Cb, B = x8.shape[0], x8.shape[1], xb.shape[1], xd.shape[1]
@@ -225,44 +252,51 @@ def rows8_q4_k(w, xq, x8, xd, xb, out, r0, r1, b0, b1, f16):
 
 
 @njit(cache=True, inline="always")
-def sums16(x8, b0, b1):
-    """Per-16 sums of int8 x (T, C) over the columns of 256-blocks [b0, b1): (T, 16 (b1 - b0)) int16 (each
-    at most 16 * 127 in size). The Q6_K kernel takes its -32 offset out with them once per block."""
+def sums16(x8):
+    """Per-16 sums of int8 x (T, C): (T, C/16) int16 (each at most 16 * 127 in size). The Q6_K kernel takes
+    its -32 offset out with them once per block."""
     T = x8.shape[0]
-    s = np.empty((T, 16 * (b1 - b0)), dtype=np.int16)
+    s = np.empty((T, x8.shape[1] // 16), dtype=np.int16)
     for t in range(T):
-        for g in range(16 * (b1 - b0)):
+        for g in range(x8.shape[1] // 16):
             a = I32(0)
             for l in range(16):
-                a = I32(a + I32(x8[t, 256 * b0 + 16 * g + l]))
+                a = I32(a + I32(x8[t, 16 * g + l]))
             s[t, g] = a
     return s
 
 
+@njit(cache=True, inline="always")
+def x_q6_k(xq, x8, xd, xb):
+    """rows8_q6_k's x: the per-16 sums (sums16) in place of the per-32 ones."""
+    return xq, x8, xd, sums16(x8)
+
+
 @njit(cache=True, fastmath=_FM, inline="always")
 def rows8_q6_k(w, xq, x8, xd, xb, out, r0, r1, b0, b1, f16):
-    """As rows8_q4_k for Q6_K (simd.q6k_row; no min term: the per-16 sums of x, made here once per call for
-    all rows, take out the weights' -32 offset)."""
+    """As rows8_q4_k for Q6_K (simd.q6k_row; no min term: xb is x_q6_k's per-16 sums of x, which take out the
+    weights' -32 offset)."""
     T, C, B = x8.shape[0], x8.shape[1], xd.shape[1]
-    xs = sums16(x8, b0, b1)
-    S = xs.shape[1]
+    xs, S = xb, xb.shape[1]
     T4 = T - T % 4
     for r in range(r0, r1):
         wr = w[r]
         for t in range(0, T4, 4):
             s0, s1, s2, s3 = simd.q6k_row(wr, 210 * b0, b1 - b0, x8, t * C + 256 * b0, C, xd, t * B + b0, B,
-                                          xs, t * S, S, 4)
+                                          xs, t * S + 16 * b0, S, 4)
             out[t, r], out[t + 1, r], out[t + 2, r], out[t + 3, r] = s0, s1, s2, s3
         t, n = T4, T - T4
         if n == 3:
             s0, s1, s2 = simd.q6k_row(wr, 210 * b0, b1 - b0, x8, t * C + 256 * b0, C, xd, t * B + b0, B,
-                                      xs, t * S, S, 3)
+                                      xs, t * S + 16 * b0, S, 3)
             out[t, r], out[t + 1, r], out[t + 2, r] = s0, s1, s2
         elif n == 2:
-            s0, s1 = simd.q6k_row(wr, 210 * b0, b1 - b0, x8, t * C + 256 * b0, C, xd, t * B + b0, B, xs, t * S, S, 2)
+            s0, s1 = simd.q6k_row(wr, 210 * b0, b1 - b0, x8, t * C + 256 * b0, C, xd, t * B + b0, B,
+                                  xs, t * S + 16 * b0, S, 2)
             out[t, r], out[t + 1, r] = s0, s1
         elif n == 1:
-            out[t, r] = simd.q6k_row(wr, 210 * b0, b1 - b0, x8, t * C + 256 * b0, C, xd, t * B + b0, B, xs, t * S, S, 1)
+            out[t, r] = simd.q6k_row(wr, 210 * b0, b1 - b0, x8, t * C + 256 * b0, C, xd, t * B + b0, B,
+                                     xs, t * S + 16 * b0, S, 1)
 
 
 @njit(cache=True, inline="always")

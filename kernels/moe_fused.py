@@ -134,10 +134,10 @@ def layer_kernel(g_type: str, d_type: str, aq: int = 0, g_packed: bool = False, 
         gm, dm = aq == 2 and g.q8_32 is not None, aq == 2 and d.q8_32 is not None     # MXFP4: x per 32
         g32, d32 = g.q8_32 or (_no_quant32, _no_rows32), d.q8_32 or (_no_quant32, _no_rows32)
         name = f"{g_type.lower()}{'r' * g_packed}_{d_type.lower()}{'r' * d_packed}_aq{aq}"
-        g_q, d_q = g.quant_rows(gq, g_packed) or _no_rows_q, d.quant_rows(dq, d_packed) or _no_rows_q
+        (g_q, g_x), (d_q, d_x) = g.quant_rows(gq, g_packed) or _NO_Q, d.quant_rows(dq, d_packed) or _NO_Q
         items = variant(_moe_items, f"moe_items_{name}",
-                               g_rows=g.rows, g_sums=g.sums_of, GQ=gq, g_rows_q=g_q,
-                               d_rows=d.rows, d_sums=d.sums_of, DQ=dq, d_rows_q=d_q,
+                               g_rows=g.rows, g_sums=g.sums_of, GQ=gq, g_rows_q=g_q, g_x=g_x,
+                               d_rows=d.rows, d_sums=d.sums_of, DQ=dq, d_rows_q=d_q, d_x=d_x,
                                GM=gm, g_quant32=g32[0], g_rows32=g32[1], DM=dm, d_quant32=d32[0], d_rows32=d32[1])
         _LAYERS[key] = (variant(_moe_layer, f"moe_layer_{name}", parallel=PRANGE_ONLY, items=items),
                         variant(_moe_layer, f"moe_layer_{name}_serial", items=items))
@@ -170,12 +170,16 @@ def _no_rows_q(w, xq, x8, xd, xb, out, r0, r1, b0, b1, f16):
     out[:, r0:r1] = np.nan
 
 
+_NO_Q = (_no_rows_q, matmul_q.x_as_is)
+
+
 # Bound per (gate/up type, down type, mode) by layer_kernel: g_rows, d_rows (the types' row kernels), g_sums,
-# d_sums (their sums_of), GQ, DQ (qmax of their quantized kernels, 0 for float) and g_rows_q, d_rows_q; the
-# placeholders only name them.
+# d_sums (their sums_of), GQ, DQ (qmax of their quantized kernels, 0 for float), g_rows_q, d_rows_q and g_x,
+# d_x (the x each reads, KernelType.quant_rows); the placeholders only name them.
 GQ = DQ = 0
 GM = DM = False            # gate/up, down: int8 per 32 (a type's q8_32, MXFP4's) in the int8 mode
 g_rows = d_rows = g_sums = d_sums = g_rows_q = d_rows_q = g_quant32 = g_rows32 = d_quant32 = d_rows32 = None
+g_x = d_x = None
 items = None              # _moe_layer's per-thread worker (_moe_items bound to the types)
 
 def _moe_layer(x, ids, wts, g_raw, g_f16, u_raw, u_f16, d_raw, d_f16, nb_in, nb_down, block_down, parts,
@@ -234,8 +238,9 @@ def _moe_items(mine, offsets, slots, x, K, T, g_raw, g_f16, u_raw, u_f16, d_raw,
             g_rows32(u_raw[e], x8, xd, u, f0, f1, Z0, nb_in, u_f16)
         elif quantized(GQ, T):                                          # opt-in: x quantized
             xq, x8, xd, xb = quantize_rows(xe, GQ)
-            g_rows_q(g_raw[e], xq, x8, xd, xb, g, f0, f1, Z0, nb_in, g_f16)
-            g_rows_q(u_raw[e], xq, x8, xd, xb, u, f0, f1, Z0, nb_in, u_f16)
+            yq, y8, yd, yb = g_x(xq, x8, xd, xb)
+            g_rows_q(g_raw[e], yq, y8, yd, yb, g, f0, f1, Z0, nb_in, g_f16)
+            g_rows_q(u_raw[e], yq, y8, yd, yb, u, f0, f1, Z0, nb_in, u_f16)
         else:
             xs = g_sums(xe)
             g_rows(g_raw[e], xe, xs, g, f0, f1, Z0, nb_in, g_f16)
@@ -247,7 +252,8 @@ def _moe_items(mine, offsets, slots, x, K, T, g_raw, g_f16, u_raw, u_f16, d_raw,
             d_rows32(d_raw[e], h8, hd, Y[p, o0:o0 + n], Z0, D, b0, b1, d_f16)
         elif quantized(DQ, T):
             hq, h8, hd, hb = quantize_rows(g, DQ)                       # columns outside [f0, f1) are 0
-            d_rows_q(d_raw[e], hq, h8, hd, hb, Y[p, o0:o0 + n], Z0, D, b0, b1, d_f16)
+            zq, z8, zd, zb = d_x(hq, h8, hd, hb)
+            d_rows_q(d_raw[e], zq, z8, zd, zb, Y[p, o0:o0 + n], Z0, D, b0, b1, d_f16)
         else:
             d_rows(d_raw[e], g, d_sums(g), Y[p, o0:o0 + n], Z0, D, b0, b1, d_f16)
 

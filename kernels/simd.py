@@ -7,24 +7,27 @@ then converted and multiplied by the block's float scales into 8 float lanes, wi
 row (the structure of ggml's AVX2 `ggml_vec_dot_q4_K_q8_K`).
 
     q4k_row(w, o, nb, xq, c, ld, xd, cd, ldd, xb, cb, ldb, n)
-        sum over the nb Q4_K blocks from w[o] of xd_b (d_b sum_j sc_j isum_j - dmin_b sum_j m_j xb_j), for
+        sum over the nb Q4_K blocks from w[o] of xd_b (d_b sum_j sc_j isum_j - dmin_b sum_j m_j xs_j), for
         n tokens (a literal 1 to 4): token t's int8 x at xq[c + t ld], its steps at xd[cd + t ldd] (one
-        per block), its per-32 sums at xb[cb + t ldb]. The block's 6-bit scales and mins are decoded here.
-        A float32 for n = 1, an n-tuple otherwise: the block's nibbles and scales are decoded once for all
-        n tokens.
+        per block), its per-32 sums xs_j NEGATED, as int16, at xb[cb + t ldb] (matmul_q.x_q4_k), so the
+        min term is one vpmaddwd and shares the scale term's conversion and multiply-add. The block's
+        6-bit scales and mins are decoded here. A float32 for n = 1, an n-tuple otherwise: the block's
+        nibbles and scales are decoded once for all n tokens.
     q4kr_row(...)
-        the same over kernels/repack.py's Q4_K blocks (148 bytes: the scales and mins one byte each), bit
-        for bit the same sums with one load for the 16 scales instead of the 6-bit unpacking.
+        the same over kernels/repack.py's Q4_K blocks (148 bytes: the scales and mins one byte each, the
+        nibbles in its PAIR order), x in that order too (repack.x_q4_kr): the two sub-blocks of a pair in
+        alternate 16-bit lanes, so one vpmaddwd takes both (half the scale shuffles and vpmaddwd of
+        q4k_row). The same int32 sums per block; float lanes added in another order.
     q6k_row(w, o, nb, xq, c, ld, xd, cd, ldd, xs, cs, lds, n)
         sum over the nb Q6_K blocks from w[o] of xd_b d_b sum_g scale_g sum_{l<16} (q6 - 32) xq, likewise;
         xs[cs + t lds] holds token t's per-16 sums of xq (int16), which take the -32 out once per block.
 
-w is a uint8 array, xq an int8, xd a float32 and xb an int32 array, each C-contiguous: every offset is a
+w is a uint8 array, xq an int8, xd a float32 and xb (xs) an int16 array, each C-contiguous: every offset is a
 flat element offset from the array's first element. The callers check `available()` first:
 on a CPU without AVX2 the int8 mode is refused with a clear error instead of failing to compile.
 No overflow: a u8 x s8 pair is at most 2 * 63 * 127 = 16002 < 2^15 (Q6_K; its -32 correction is at most
-32 * 2 * 128 * 2032 < 2^24), and the int32 sums are bounded by 256 * 63 * 127 * 127 (Q4_K scales are
-6-bit) < 2^31.
+32 * 2 * 128 * 2032 < 2^24; q4kr_row adds two Q4_K pairs in 16 bits: 4 * 15 * 127 = 7620), and the int32
+sums are bounded by 256 * 63 * 127 * 127 (Q4_K scales are 6-bit) < 2^31.
 """
 
 from __future__ import annotations
@@ -150,33 +153,44 @@ class _VolatileLoad(ir.instructions.LoadInstr):
 
 
 def _q4k(context, builder, aty, wa, o, xty, xa, cs, bty, ba, cbs, packed, masks):
-    """IR for one Q4_K block at w[o:] against len(cs) int8 token vectors at xq[c] (xb sums at xb[cb]):
-    [isum_0, msum_0, isum_1, msum_1, ...], each an <8 x i32> whose lanes add up to the sum. The weights
-    and scales are decoded once for all tokens. packed: the block is kernels/repack.py's (148 bytes, the
-    16 scales and mins one byte each at o + 4, one load and a widening instead of the 6-bit unpacking).
-    masks: _opaque_masks(), so each sub-block's scale is broadcast by one vpshufb."""
+    """IR for one Q4_K block at w[o:] against len(cs) int8 token vectors at xq[c] (their negated per-32
+    sums, int16, at xb[cb]): one <8 x i32> a token, lanes 0-3 adding up to sum_j sc_j isum_j and lanes 4-7
+    to -sum_j m_j xb_j, so one conversion and one multiply-add by [d x] * 4 + [dmin x] * 4 take both terms.
+    The weights and scales are decoded once for all tokens. packed: the block is kernels/repack.py's (148
+    bytes, the 16 scales and mins one byte each at o + 4, loaded as they are instead of the 6-bit
+    unpacking). masks: _opaque_masks(), so each sub-block's scale is broadcast by one vpshufb."""
     if packed:
         sm = builder.zext(_vload(context, builder, aty, wa, _at(builder, o, 4), ir.VectorType(_I8, 16)), _V16x16)
     else:
         sm = _scales_mins(context, builder, aty, wa, o)               # lanes 0-7 sc, 8-15 m
     qs = 20 if packed else 16                                         # where the 128 nibble bytes start
     prefetch(context, builder, aty, wa, o, 148 if packed else 144)
-    mins = builder.zext(_lanes(builder, sm, list(range(8, 16))), _V32x8)
+    mins = _lanes(builder, sm, list(range(8, 16)))                    # <8 x i16>
     sc2 = builder.bitcast(_lanes(builder, sm, list(range(8)) * 2), _V8x32)   # the 8 scales in both halves
-    msums = [builder.mul(mins, _vload(context, builder, bty, ba, cb, _V32x8)) for cb in cbs]
+    madd4 = _fn(builder, "llvm.x86.sse2.pmadd.wd", ir.VectorType(_I32, 4), [ir.VectorType(_I16, 8)] * 2)
+    msums = [builder.call(madd4, [mins, _vload(context, builder, bty, ba, cb, ir.VectorType(_I16, 8))])
+             for cb in cbs]                                            # -sum m_j xb_j in 4 lanes
     accs = [_const(_V32x8, 0)] * len(cs)
     m4 = _const(_V8x32, 15)
     for p in range(4):                                                   # 64 weights: sub-blocks 2p, 2p+1
         q = _vload(context, builder, aty, wa, _at(builder, o, qs + 32 * p), _V8x32)
         lo, hi = builder.and_(q, m4), builder.and_(builder.lshr(q, _const(_V8x32, 4)), m4)
-        slo, shi = (builder.bitcast(builder.call(_fn(builder, "llvm.x86.avx2.pshuf.b", _V8x32, [_V8x32, _V8x32]),
-                                                 [sc2, masks[j]]), _V16x16) for j in (2 * p, 2 * p + 1))
+        if packed:                              # the pair's scales alternating in 16-bit lanes: one vpshufd
+            sp = builder.bitcast(_lanes(builder, builder.bitcast(sc2, _V32x8), [p] * 4 + [p + 4] * 4), _V16x16)
+        else:                                   # each sub-block's scale in every lane: one vpshufb each
+            slo, shi = (builder.bitcast(builder.call(_fn(builder, "llvm.x86.avx2.pshuf.b", _V8x32, [_V8x32, _V8x32]),
+                                                     [sc2, masks[j]]), _V16x16) for j in (2 * p, 2 * p + 1))
         for i, c in enumerate(cs):
             xlo = _vload(context, builder, xty, xa, _at(builder, c, 64 * p), _V8x32)
             xhi = _vload(context, builder, xty, xa, _at(builder, c, 64 * p + 32), _V8x32)
-            accs[i] = builder.add(accs[i], _madd(builder, _maddubs(builder, lo, xlo), slo))
-            accs[i] = builder.add(accs[i], _madd(builder, _maddubs(builder, hi, xhi), shi))
-    return [v for acc, ms in zip(accs, msums) for v in (acc, ms)]
+            if packed:                          # 16-bit lanes of both sub-blocks, each sum <= 2 * 2 * 15 * 127
+                a16 = builder.add(_maddubs(builder, lo, xlo), _maddubs(builder, hi, xhi))
+                accs[i] = builder.add(accs[i], _madd(builder, a16, sp))
+            else:
+                accs[i] = builder.add(accs[i], _madd(builder, _maddubs(builder, lo, xlo), slo))
+                accs[i] = builder.add(accs[i], _madd(builder, _maddubs(builder, hi, xhi), shi))
+    return [builder.shuffle_vector(builder.add(_lanes(builder, acc, [0, 1, 2, 3]), _lanes(builder, acc, [4, 5, 6, 7])),
+                                   ms, ir.Constant(_V32x8, list(range(8)))) for acc, ms in zip(accs, msums)]
 
 
 def q6k_values(context, builder, aty, wa, o, h):
@@ -242,6 +256,14 @@ def _half_at(context, builder, aty, wa, off):
     return builder.fpext(h, ir.FloatType())
 
 
+def _dmin8(context, builder, aty, wa, off):
+    """A Q4_K block's d and dmin (fp16 at w[off], w[off + 2]) as <8 x float> [d] * 4 + [dmin] * 4: one
+    vcvtph2ps of 4 halves (the last two, scale bytes, unused) and one lane permute."""
+    h4 = builder.bitcast(_vload(context, builder, aty, wa, off, ir.VectorType(_I16, 4)),
+                         ir.VectorType(ir.HalfType(), 4))
+    return _lanes(builder, builder.fpext(h4, ir.VectorType(ir.FloatType(), 4)), [0] * 4 + [1] * 4)
+
+
 def _fsplat(builder, v):
     one = builder.insert_element(ir.Constant(_F32x8, None), v, ir.Constant(_I32, 0))
     return _lanes(builder, one, [0] * 8)
@@ -264,9 +286,10 @@ def _row_loop(context, builder, nb, n, body):
         for acc, terms in zip(accs, body(loop.index)):
             a = builder.load(acc)
             for ivec, f in terms:               # one token: FMAs (3-5% faster); several: a multiply and an
-                v, fs = builder.sitofp(ivec, _F32x8), _fsplat(builder, f)     # add (FMA's longer latency on
+                v = builder.sitofp(ivec, _F32x8)                               # add (FMA's longer latency on
+                fs = f if isinstance(f.type, ir.VectorType) else _fsplat(builder, f)   # the chain cost T = 16
                 a = builder.call(_fn(builder, "llvm.fma.v8f32", _F32x8, [_F32x8] * 3), [v, fs, a]) if n == 1 \
-                    else builder.fadd(a, builder.fmul(v, fs))                  # the chain cost T = 16 10-15%)
+                    else builder.fadd(a, builder.fmul(v, fs))                  # 10-15%)
             builder.store(a, acc)
     return [_fhsum(builder, builder.load(acc)) for acc in accs]
 
@@ -285,13 +308,14 @@ def _q4k_row_intrinsic(packed: bool):
     size = 148 if packed else 144
 
     def row(typingctx, w, o, nb, xq, c, ld, xd, cd, ldd, xb, cb, ldb, n):
-        if not (_row_check(w, xq, xd) and isinstance(n, types.IntegerLiteral) and 1 <= n.literal_value <= 4):
+        if not (_row_check(w, xq, xd) and isinstance(xb, types.Array) and xb.dtype == types.int16
+                and isinstance(n, types.IntegerLiteral) and 1 <= n.literal_value <= 4):
             return None
         N = n.literal_value
 
         def codegen(context, builder, sig, args):
             o_, nb_, c_, ld_, cd_, ldd_, cb_, ldb_ = _intp(context, builder, sig, args, 1, 2, 4, 5, 7, 8, 10, 11)
-            masks = _opaque_masks(builder)
+            masks = None if packed else _opaque_masks(builder)
 
             def body(b):
                 ob = builder.add(o_, builder.mul(b, ir.Constant(b.type, size)))
@@ -299,14 +323,10 @@ def _q4k_row_intrinsic(packed: bool):
                 cbs = [builder.add(c, builder.mul(b, ir.Constant(b.type, 8))) for c in _offsets(builder, cb_, ldb_, N)]
                 vals = _q4k(context, builder, sig.args[0], args[0], ob, sig.args[3], args[3], cs, sig.args[9],
                             args[9], cbs, packed, masks)
-                d, dmin = _half_at(context, builder, sig.args[0], args[0], ob), \
-                    _half_at(context, builder, sig.args[0], args[0], _at(builder, ob, 2))
-                out = []
-                for i, cd in enumerate(_offsets(builder, cd_, ldd_, N)):
-                    x = _f32_at(context, builder, sig.args[6], args[6], builder.add(cd, b))
-                    out.append([(vals[2 * i], builder.fmul(d, x)),
-                                (vals[2 * i + 1], builder.fneg(builder.fmul(dmin, x)))])
-                return out
+                dm = _dmin8(context, builder, sig.args[0], args[0], ob)         # [d] * 4 + [dmin] * 4
+                return [[(vals[i], builder.fmul(dm, _fsplat(builder, _f32_at(context, builder, sig.args[6], args[6],
+                                                                             builder.add(cd, b)))))]
+                        for i, cd in enumerate(_offsets(builder, cd_, ldd_, N))]
             tot = _row_loop(context, builder, nb_, N, body)
             return tot[0] if N == 1 else context.make_tuple(builder, sig.return_type, tot)
         ret = types.float32 if N == 1 else types.UniTuple(types.float32, N)
@@ -317,10 +337,11 @@ def _q4k_row_intrinsic(packed: bool):
 
 q4k_row = _q4k_row_intrinsic(False)
 q4k_row.__doc__ = """sum over nb Q4_K blocks from w[o] of d_b xd_b isum_b - dmin_b xd_b msum_b, for n (a literal 1
-to 4) tokens t at xq[c + t ld], xd[cd + t ldd], xb[cb + t ldb]: a float32 for n = 1, else an n-tuple."""
+to 4) tokens t at xq[c + t ld], xd[cd + t ldd], xb[cb + t ldb] (negated int16 per-32 sums): a float32 for
+n = 1, else an n-tuple."""
 q4kr_row = _q4k_row_intrinsic(True)
-q4kr_row.__doc__ = """q4k_row over kernels/repack.py's Q4_K blocks (148 bytes, scales and mins unpacked): the same
-sums, bit for bit, without the 6-bit unpacking per block."""
+q4kr_row.__doc__ = """q4k_row over kernels/repack.py's Q4_K blocks (148 bytes, scales and mins unpacked, nibbles in
+PAIR order) and x in PAIR order: the same int32 sums per block, a pair of sub-blocks per vpmaddwd."""
 
 
 @intrinsic
