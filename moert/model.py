@@ -66,7 +66,8 @@ def load(model: Any, overrides: Any = None, gpu_layers: int | str = "all", cpu_m
     of Q4_K/Q6_K weights round x to int16 per 256-block; "int8": every CPU matmul of those types rounds x
     to int8 (llama.cpp's scheme; needs AVX2); see kernels/matmul_q.py. None (default): float. repack=True
     (--repack, with act_quant="int8"): CPU Q4_K weights are copied at load into kernels/repack.py's layout
-    (same results bit for bit, faster kernels, +2.8% of those bytes in memory: `Model.repacked_bytes`).
+    (the same int32 sums, results equal to float rounding, faster kernels, +2.8% of those bytes in memory:
+    `Model.repacked_bytes`).
     mmap=False (--no-mmap) reads the file into memory instead of mapping it, so a file truncated or
     rewritten while the model is loaded cannot crash it (see README, "Bad input"). trace=True records every
     token's routing (`Model.trace`, moert/trace.py); trace="full" the router logits too.
