@@ -135,9 +135,10 @@ def asm_report(types) -> str:
         if mm.TYPES[name].quant:
             fns.append((f"_rows1q_{name.lower()}", getattr(mq, f"_rows1q_{name.lower()}")))
         if mm.TYPES[name].quant and "int8" in QUANT_MODES:
-            p = mm.Prepared(w, act_quant="int8")                         # its row kernels are inlined here
-            p(np.ones((1, 1024), np.float32))
-            fns.append((f"int8 serial driver ({name})", p.serial))
+            for rp in (False, True) if mm.TYPES[name].packed else (False,):
+                p = mm.Prepared(w, act_quant="int8", repack=rp)          # its row kernels are inlined here
+                p(np.ones((1, 1024), np.float32))
+                fns.append((f"int8 serial driver ({name}{', repacked' if rp else ''})", p.serial))
         for label, fn in fns:
             if not fn.signatures:
                 continue
