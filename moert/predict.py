@@ -17,7 +17,9 @@ under uniform routing, else from a trace of selection counts):
     decode, bandwidth-bound in prefill), weighted by the chance the experts there are used at all;
   * prefill op offload (`policy`): "llama.cpp" copies CPU-resident weights to the GPU and runs the matmul
     there when B >= 32 (ggml-cuda offload_op; only the used experts since llama.cpp PR #15346);
-    "ik_llama.cpp" does so for MoE matmuls only when B >= 32 E/K (ik_llama.cpp PR #520); "none" never.
+    "ik_llama.cpp" does so for MoE matmuls only when B >= 32 E/K (ik_llama.cpp PR #520), and never for an op
+    with ne[1] < 32, so a down-projection bias in RAM (gpt-oss, `-ot exps=CPU`) is added on the CPU between
+    offloaded matmuls: B x K x D floats cross to the host and back each layer; "none" never offloads.
   * no overlap: ggml_backend_sched runs a graph's splits one after another, so CPU and GPU times add.
   * decode kernel launches (`graphs`, moert/predict_launch.py): a GPU replaying a CUDA graph pays `launch_us` a
     kernel; a split of one that cannot costs max(its replayed time, its kernels x `launch_us_nograph`), launches
@@ -52,6 +54,7 @@ OFFLOAD_MIN_BATCH = 32                       # ggml-cuda.cu: get_op_batch_size(o
 _EXPERT = re.compile(r"\.ffn_(up|down|gate|gate_up)_(ch|)exps\.(weight|bias)$")   # gpt-oss: per-expert biases
 _LAYER = re.compile(r"^blk\.(\d+)\.")
 _ROUTER = re.compile(r"\.(ffn_gate_inp|exp_probs_b)\.")
+_DOWN_BIAS = re.compile(r"\.ffn_down_(ch|)exps\.bias$")
 # ops (graph nodes) per stage beyond its matmuls: norms, RoPE, KV copies, softmax/top-k, activations, adds.
 # The stages are moert's phases (moert/stats.py): "router" is the MoE block's norm and gate, "ffn" a dense FFN
 # or shared expert.
@@ -384,6 +387,17 @@ def _forward(cost: CostModel, q: np.ndarray, B: int, n_kv: float, phase: str, po
             if run_on != home:
                 hop(il, act, 2.0 * p_used)
             parts.append(cost.stage(phase, run_on, il, "experts", items, len(items), B, p_used))
+            if run_on != dev and policy == "ik_llama.cpp" and any(_DOWN_BIAS.search(e.name) and e.device == "cpu"
+                                                                  for e in st["experts"]):
+                # ik_llama.cpp offloads an op whose weight is in host memory only if its ne[1] >= 32 (its CUDA
+                # offload_op); the down projection's bias-add (GGML_OP_ADD_ID, [D, K, B]: ne[1] = K) never is, so
+                # with the bias in RAM (`-ot exps=CPU`) it runs on the CPU between offloaded matmuls: the B x K x D
+                # output goes to the host (with the B x K ids) and back, each layer. -fmoe's fused up/gate op adds
+                # its own biases on the GPU. Mainline offloads ADD_ID (ggml_nrows = K B >= 32): no crossing.
+                down = B * m.K * m.D * 4.0
+                hop(il, down + B * m.K * 4.0, p_used)
+                parts.append(cost.part(phase, "cpu", il, "experts", [("F32", 2.0 * down, B * m.K * m.D)], p_used, B))
+                hop(il, down, p_used)
         if _layer_on_cpu(st) and hw.cpu.layer_us:
             parts.append(Part(phase, "cpu", il, "overhead", 0, 0, 1, hw.cpu.layer_us * 1e-6, "overhead"))
     for dev, ents in _by_device(m.outputs).items():

@@ -120,6 +120,29 @@ def test_op_offload_policies():
         moert.predict(p, hw, policy="vllm")
 
 
+def test_ik_llama_cpp_adds_a_cpu_resident_down_bias_on_the_cpu_between_offloaded_matmuls():
+    """gpt-oss with its expert biases in RAM (`-ot exps=CPU`): ik_llama.cpp never offloads the down projection's
+    bias-add (ADD_ID, ne[1] = K < 32), so each layer's B x K x D output crosses to the host and back around a CPU
+    add; mainline offloads it, and with the biases on the GPU (ik's --n-cpu-moe pattern, `exps.weight`) there is
+    nothing to add on the CPU."""
+    hw = hardware.preset("rtx4090+ryzen-7950x")
+    B, n = 2048, 24                                                     # u-batch; gpt-oss-20b's layers
+    crossings = lambda r: [x for x in r.parts if x.phase == "prefill" and x.stage == "transfer"]  # noqa: E731
+    cpu_adds = lambda r: [x for x in r.parts if x.phase == "prefill" and x.device == "cpu"]  # noqa: E731
+    biases_in_ram = _plan("gpt-oss-20b", hw, overrides="exps=CPU")
+    ik = moert.predict(biases_in_ram, hw, n_prompt=B, n_ubatch=B, n_gen=1, policy="ik_llama.cpp")
+    main = moert.predict(biases_in_ram, hw, n_prompt=B, n_ubatch=B, n_gen=1, policy="llama.cpp")
+    on_gpu = moert.predict(_plan("gpt-oss-20b", hw, overrides=r"exps\.weight=CPU"), hw, n_prompt=B, n_ubatch=B,
+                           n_gen=1, policy="ik_llama.cpp")
+    K, D = 4, 2880
+    extra = sum(x.bytes for x in crossings(ik)) - sum(x.bytes for x in crossings(main))
+    assert extra == pytest.approx(n * (2 * B * K * D * 4 + B * K * 4))  # out and back, and the ids, per layer
+    assert len(cpu_adds(ik)) == n and not cpu_adds(main) and not cpu_adds(on_gpu)
+    assert sum(x.bytes for x in crossings(on_gpu)) == pytest.approx(sum(x.bytes for x in crossings(main)))
+    assert ik.prefill_tok_s < 0.9 * main.prefill_tok_s                 # it costs: ~0.1 ms a token over PCIe
+    assert ik.decode_tok_s == main.decode_tok_s                         # one token: no offload, nothing moves
+
+
 def test_hybrid_decode_with_plain_launches_is_never_faster_than_with_graph_replay():
     hw = hardware.preset("rtx4090+ryzen-7950x")
     for kw in ({"cpu_moe": True}, {"n_cpu_moe": 8}, {"n_cpu_moe": 40}):
