@@ -12,7 +12,8 @@ an exact int32 sum, and only then are the float scales applied (llama.cpp's Q8_K
     matvec_q_ref(x, w, mode) the NumPy reference twin: the same quantization in NumPy, then an exact dot
                              (float64) with the reference-dequantized W
     rows8_<t>, rows16_<t>    the row kernels the kernel table (kernels/ktypes.py, an entry's `quant`) lists:
-                             (w, xq, x8, xd, xb, out, r0, r1, b0, b1, f16), x as quantize_rows gives it
+                             (w, xq, x8, xd, xb, out, r0, r1, b0, b1, f16), x as the kernel's x_<t> makes it
+                             from quantize_rows' (once per matmul: int16 sums, Q6_K's per-16 sums)
 
 Why: the float kernels spend ~0.75 instructions per weight (nibble, int->float, FMA) and reach 15-30% of one
 thread's read bandwidth. vpmaddwd takes 16 weights per instruction, vpmaddubsw 32, with no conversion per
@@ -226,9 +227,9 @@ def x_q4_k(xq, x8, xd, xb):
 @njit(cache=True, fastmath=_FM, inline="always")   # inlined: simd.py's code is in the callers' cache keys
 def rows8_q4_k(w, xq, x8, xd, xb, out, r0, r1, b0, b1, f16):
     """out[t, r] for every token t of int8 x (T, C) (xb: x_q4_k's negated int16 per-32 sums): simd.q4k_row
-    sums a row's blocks [b0, b1) exactly in
-    int32 per block, then in float vectors. Tokens go four at a time (one decode of each block feeds four
-    accumulators), the last 1-3 in one call; a row's bytes stay in L1 while the tokens pass over them."""
+    sums a row's blocks [b0, b1) exactly in int32 per block, then in float vectors. Tokens go four at a time
+    (one decode of each block feeds four accumulators), the last 1-3 in one call; a row's bytes stay in L1
+    while the tokens pass over them."""
     T, C, Cb, B = x8.shape[0], x8.shape[1], xb.shape[1], xd.shape[1]
     T4 = T - T % 4
     for r in range(r0, r1):
