@@ -67,9 +67,10 @@ def add_act_quant_arg(g) -> None:
                    help="CPU matmuls of Q4_K/Q6_K weights read x rounded per 256 values: int16 in decode, "
                    "int8 everywhere (llama.cpp's scheme, needs AVX2; fastest); default: none, float")
     g.add_argument("--repack", action="store_true",
-                   help="with --act-quant int8: copy the CPU Q4_K weights at load into a layout whose scales need "
-                   "no unpacking (kernels/repack.py): same output, faster kernels, +2.8%% of those bytes in memory "
-                   "instead of the file's pages (as llama.cpp's CPU repack, which it does by default)")
+                   help="with --act-quant int8: copy the CPU Q4_K weights at load into the int8 kernels' own layout "
+                   "(kernels/repack.py: scales unpacked, sub-blocks paired): the same integer sums (output equal to "
+                   "float rounding), faster kernels, +2.8%% of those bytes in memory instead of the file's pages (as "
+                   "llama.cpp's CPU repack, which it does by default)")
 
 
 def load_from_args(model: str, args: argparse.Namespace, **load_options):
