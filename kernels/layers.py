@@ -2,7 +2,8 @@
 
     rms_norm(x, w, eps)                               (N, D) rows, float64 sum of squares
     rope(x, cos, sin, neox)                           (T, heads, Dh), new array
-    attention_decode(q, k, v, k_cache, v_cache, pos0, scale, window, sinks)   one query token, GQA
+    attention_decode(q, k, v, k_cache, v_cache, pos0, scale, window, sinks)   one query token, GQA; caches
+                                                      float32, or uint16 holding f16 (-ctk/-ctv f16)
     qk_norm_rope_attention(q, k, v, q_norm, k_norm, eps, cos, sin, neox, k_cache, v_cache, pos0, scale,
                            window)            the three above in one for one token (Qwen3, Gemma 3)
     softmax_topk(logits, k, renorm)                   (T, E) -> ids (T, K) int32, weights (T, K) float32
@@ -17,7 +18,9 @@ tests/test_kernels_layers.py compares them with the twins on random inputs.
 from __future__ import annotations
 
 import numpy as np
-from numba import njit, prange
+from llvmlite import ir
+from numba import njit, prange, types
+from numba.extending import intrinsic
 
 from moert.errors import ShapeError
 from moert.kernels.blockdot import PRANGE_ONLY
@@ -93,6 +96,19 @@ def rope(x: np.ndarray, cos: np.ndarray, sin: np.ndarray, neox: bool) -> np.ndar
     return out
 
 
+@intrinsic
+def as_f32(typingctx, x):
+    """x as float32: a float32 as it is, a uint16 as the IEEE half whose bits it holds (an f16 KV cache, read
+    through a uint16 view: Numba has no float16). LLVM vectorizes a loop of these into vcvtph2ps (F16C)."""
+    if x == types.float32:
+        return types.float32(x), lambda context, builder, sig, args: args[0]
+    if x == types.uint16:
+        def codegen(context, builder, sig, args):
+            return builder.fpext(builder.bitcast(args[0], ir.HalfType()), ir.FloatType())
+        return types.float32(x), codegen
+    return None
+
+
 @njit(cache=True, fastmath=_FM, inline="always")
 def _heads(q, k_cache, v_cache, s0, S, kh, h0, h1, scale, sinks, p, out):
     """out[h] = softmax(scale * K q[h]) V over cache positions [s0, S) of KV head kh, for the query heads
@@ -103,7 +119,7 @@ def _heads(q, k_cache, v_cache, s0, S, kh, h0, h1, scale, sinks, p, out):
         for g in range(h1 - h0):
             a = np.float32(0.0)
             for d in range(Dh):
-                a += q[h0 + g, d] * k_cache[s, kh, d]
+                a += q[h0 + g, d] * as_f32(k_cache[s, kh, d])
             p[g, s] = a * scale
     for g in range(h1 - h0):
         m = sinks[h0 + g]
@@ -122,7 +138,7 @@ def _heads(q, k_cache, v_cache, s0, S, kh, h0, h1, scale, sinks, p, out):
         for g in range(h1 - h0):
             c = p[g, s]
             for d in range(Dv):
-                out[h0 + g, d] += c * v_cache[s, kh, d]
+                out[h0 + g, d] += c * as_f32(v_cache[s, kh, d])
 
 
 @njit(cache=True, fastmath=_FM)
@@ -261,10 +277,11 @@ def _attend1(q1, k_cache, v_cache, pos0, scale, window, sinks=None):
 def attention_decode(q, k, v, k_cache, v_cache, pos0: int, scale: float, window: int | None,
                      sinks: np.ndarray | None = None) -> np.ndarray:
     """moert.layers.attention for ONE query token (T = 1): writes k, v at pos0, returns (1, H * Dv). sinks: None
-    or (H,) float32 logits joining each head's softmax denominator (gpt-oss)."""
+    or (H,) float32 logits joining each head's softmax denominator (gpt-oss). A cache is float32, or uint16
+    holding f16 bits (kvcache.TypedKV's "f16" storage viewed as uint16): k, v rounded to f16 as it rounds them."""
     _check_attention1("attention_decode", q, k, v, k_cache, v_cache, pos0)
-    k_cache[pos0] = k[0]
-    v_cache[pos0] = v[0]
+    for cache, x in ((k_cache, k[0]), (v_cache, v[0])):
+        cache[pos0] = x.astype(np.float16).view(np.uint16) if cache.dtype == np.uint16 else x
     return _attend1(np.ascontiguousarray(q[0], dtype=np.float32), k_cache, v_cache, pos0, scale, window, sinks)
 
 

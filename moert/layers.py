@@ -33,6 +33,18 @@ def _kernels():
     return _fast
 
 
+def _f16_bits(cache):
+    """An f16 TypedKV's storage as a uint16 view (what the CPU decode kernel reads), any other cache as it is."""
+    if isinstance(cache, TypedKV) and cache.kind == "f16" and type(cache.parts[0]) is np.ndarray:
+        return cache.parts[0].view(np.uint16)
+    return cache
+
+
+def _cache_arrays(*caches) -> bool:
+    """Whether the CPU decode kernel reads these caches: C-contiguous NumPy float32 or uint16 (f16) arrays."""
+    return all(type(c) is np.ndarray and c.dtype in (np.float32, np.uint16) and c.flags.c_contiguous for c in caches)
+
+
 def cpu_arrays(xp, *arrays) -> bool:
     """Whether the CPU kernels (kernels/layers.py) take these: xp is numpy and they are C-contiguous
     float32 NumPy arrays."""
@@ -127,16 +139,18 @@ def attention(q, k, v, k_cache, v_cache, pos0: int, xp=np, *, scale: float | Non
     sinks: (H,) float32 logits, one per head, that join each softmax's denominator and add no value
     (gpt-oss's attention sinks: llama.cpp's soft_max_ext sinks, HF's GptOssAttention).
     flash: never hold the (T, S) scores: on the CPU with f32 caches kernels/flash.py (a row at a time),
-    elsewhere `flash_attention` below (its twin: (T, chunk) scores at a time).
+    elsewhere `flash_attention` below (its twin: (T, chunk) scores at a time). One token on the CPU (fast):
+    kernels/layers.attention_decode, over f32 caches or an f16 TypedKV's storage (a uint16 view).
     Returns (T, H * Dv)."""
     T, H, Dh = q.shape
     Hk, Dv = k.shape[1], v.shape[2]
     G, S = H // Hk, pos0 + T
     scale = 1.0 / np.sqrt(Dh) if scale is None else scale
     typed = isinstance(k_cache, TypedKV) or isinstance(v_cache, TypedKV)
-    if fast and T == 1 and not typed and cpu_arrays(xp, q, k, v, k_cache, v_cache):
+    kb, vb = _f16_bits(k_cache), _f16_bits(v_cache)                   # f16 caches as uint16 views, else as given
+    if fast and T == 1 and cpu_arrays(xp, q, k, v) and _cache_arrays(kb, vb):
         # decode; a prompt's batched matmuls below are BLAS-fast
-        return _kernels().attention_decode(q, k, v, k_cache, v_cache, pos0, scale, window, sinks)
+        return _kernels().attention_decode(q, k, v, kb, vb, pos0, scale, window, sinks)
     store(k_cache, pos0, k)
     store(v_cache, pos0, v)
     s0 = 0 if window is None else max(0, pos0 - window + 1)            # no query here sees keys before s0

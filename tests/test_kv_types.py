@@ -71,6 +71,61 @@ def test_flash_attention_equals_the_standard_one(pos0, T, window, sinks):
                                rtol=1e-5)
 
 
+def test_as_f32_reads_every_half_as_numpy_does():
+    """The decode kernel's f16 read (kernels/layers.as_f32 on a uint16 view): every one of the 65536 bit patterns,
+    subnormals, infinities and NaNs included, as NumPy's float16 -> float32."""
+    from numba import njit
+
+    from moert.kernels.layers import as_f32
+
+    @njit
+    def widen(bits):
+        out = np.empty(bits.shape[0], dtype=np.float32)
+        for i in range(bits.shape[0]):
+            out[i] = as_f32(bits[i])
+        return out
+
+    bits = np.arange(1 << 16, dtype=np.uint16)
+    np.testing.assert_array_equal(widen(bits), bits.view(np.float16).astype(np.float32))   # NaN == NaN here
+
+
+@pytest.mark.parametrize("kinds", [("f16", "f16"), ("f16", "f32"), ("f32", "f16"), ("bf16", "f16")])
+@pytest.mark.parametrize("window,sinks", [(None, None), (5, np.array([-1.0, 0.5, 3.0, 8.0], np.float32))])
+def test_one_token_decode_reads_f16_caches_in_the_cpu_kernel(kinds, window, sinks, monkeypatch):
+    """An f16 cache (llama.cpp's default -ctk/-ctv) decodes in the Numba kernel through a uint16 view, with what
+    TypedKV itself stores at the new position, and equals the reference path's attention over the same
+    rounded keys; a bf16 cache still takes the reference path."""
+    from moert.kernels import layers as klayers
+
+    H, Hk, Dh, n, pos0 = 4, 2, 64, 40, 23
+    q, k, v = (RNG.standard_normal((1, h, Dh)).astype(np.float32) for h in (H, Hk, Hk))
+    past = [RNG.standard_normal((pos0, Hk, Dh)).astype(np.float32) for _ in range(2)]
+
+    def caches():
+        out = []
+        for kind, x in zip(kinds, past):
+            c = TypedKV(CPU, kind, (n, Hk, Dh), "test") if kind != "f32" else np.zeros((n, Hk, Dh), np.float32)
+            if kind == "f32":
+                c[:pos0] = x
+            else:
+                c.write(0, x)
+            out.append(c)
+        return out
+
+    calls = []
+    real = klayers.attention_decode
+    monkeypatch.setattr(klayers, "attention_decode", lambda *a, **kw: calls.append(1) or real(*a, **kw))
+    kc, vc = caches()
+    got = layers.attention(q, k, v, kc, vc, pos0, window=window, sinks=sinks)
+    assert calls == ([] if "bf16" in kinds else [1])                   # the kernel ran exactly where it should
+    rk, rv = caches()
+    want = layers.attention(q, k, v, rk, rv, pos0, window=window, sinks=sinks, fast=False)
+    np.testing.assert_allclose(got, want, atol=1e-5, rtol=1e-5)
+    for a, b in ((kc, rk), (vc, rv)):                                  # position pos0 stored as TypedKV stores it
+        np.testing.assert_array_equal(a[pos0] if isinstance(a, np.ndarray) else a.read(pos0, pos0 + 1)[0],
+                                      b[pos0] if isinstance(b, np.ndarray) else b.read(pos0, pos0 + 1)[0])
+
+
 def test_the_cpu_flash_kernel_over_more_keys_than_a_block_and_its_checks():
     T, H, Hk, Dh, pos0 = 9, 8, 2, 64, 150                               # 159 keys: blocks of 64, 64, 31
     q = RNG.standard_normal((T, H, Dh)).astype(np.float32)
