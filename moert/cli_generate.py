@@ -138,7 +138,7 @@ def memory_breakdown(model) -> str:
     from moert.devices import CPU, format_size
     from moert.placement.memory import estimate
 
-    est = estimate(model.plan, model.context_size, model.n_batch)
+    est = estimate(model.plan, model.context_size, model.n_batch, repack=model.repack)
     lines = [f"{'memory':<8} {'weights':>11} {'KV':>11} {'scratch':>11} {'estimate':>11} {'measured peak':>14}"]
     for name, d in est.devices.items():
         dev = model.plan.device(name)

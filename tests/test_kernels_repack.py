@@ -17,6 +17,7 @@ from moert.errors import KernelOptionError
 from moert.kernels import matmul as mm
 from moert.kernels import matmul_q as mq
 from moert.kernels import repack, simd
+from moert.placement.memory import estimate
 from moert.quants import dequantize
 from moert.quants.dequant import _scale_min_k4
 
@@ -117,6 +118,8 @@ def test_model_repack(tmp_path):
         assert np.abs(x - y).max() <= 1e-5 * np.abs(y).max() and np.array_equal(x.argmax(-1), y.argmax(-1))
     q4 = sum(t.data.nbytes for t in b.weights.values() if t.type == "Q4_K" and "token_embd" not in t.name)
     assert a.repacked_bytes == 0 and b.repacked_bytes == q4 * 148 // 144
+    plain, packed = estimate(b.plan, 64).devices["cpu"], estimate(b.plan, 64, repack=True).devices["cpu"]
+    assert packed.repacked == b.repacked_bytes and packed.total - plain.total == b.repacked_bytes - q4 > 0
     with pytest.raises(KernelOptionError, match="act_quant='int8'"):
         load(p, gpu_layers=0, progress=False, repack=True)
 
@@ -136,3 +139,6 @@ def test_cli_repack(tmp_path):
     assert "--repack: " in packed.stderr and "--repack" not in plain.stderr       # the copy's size, with --stats
     bad = moert("run", p, "-p", "1 2 3", "-n", "2", "--repack")
     assert bad.returncode == 1 and "--act-quant int8" in bad.stderr and "Traceback" not in bad.stderr
+    fit, fit_packed = moert("fit", p, "-c", "64"), moert("fit", p, "-c", "64", "--repack")   # the plan shows the copy
+    assert fit.returncode == 0 and fit_packed.returncode == 0, fit_packed.stderr
+    assert "--repack copies" in fit_packed.stdout and "--repack" not in fit.stdout

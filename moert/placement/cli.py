@@ -277,6 +277,9 @@ def add_fit_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
                         "the most-selected experts of --trace on the GPU first (default: fit)")
     parser.add_argument("--trace", default=None, metavar="NPZ", help="a routing trace (moert run --trace), "
                         "for --strategy hot")
+    parser.add_argument("--repack", action="store_true",
+                        help="count --repack's copy of the CPU Q4_K weights in the CPU's memory (run --act-quant "
+                             "int8 --repack)")
     parser.add_argument("--json", action="store_true", help="print JSON instead of text")
     parser.set_defaults(func=cmd_fit)
     return parser
@@ -300,7 +303,7 @@ def cmd_fit_hot(args: argparse.Namespace) -> int:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         p = plan(args.model, rules, gpu_backend=kw["gpu_backend"], gpu_memory=kw["gpu_memory"])
-    est = estimate(p, ctx, **kv_args(args))
+    est = estimate(p, ctx, **kv_args(args), repack=getattr(args, "repack", False))
     hits = trace.hits(p)
     gpu_share = sum(v for d, v in hits.items() if d != "cpu")
     ok = est.fits()
@@ -346,6 +349,10 @@ def cmd_fit(args: argparse.Namespace) -> int:
         notes = [f"no GPU: --gpu-backend {kw['gpu_backend']} found none ({_cuda.why_unavailable()}), so "
                  f"everything runs on the CPU; --gpu-backend sim --gpu-mem SIZE fits a simulated GPU"]
         r.message = "on the CPU only"
+    if getattr(args, "repack", False) and r.estimate is not None:   # the CPU's memory only: the fit is the same
+        from moert.placement.memory import estimate
+
+        r.estimate = estimate(r.plan, r.estimate.context_size, r.estimate.n_batch, **kv_args(args), repack=True)
     if getattr(args, "json", False):
         print(json.dumps({**r.to_dict(), "warnings": notes}, indent=1))
         return 0 if r.success else 1

@@ -54,17 +54,19 @@ DENSE_FFN = re.compile(r"\.ffn_(gate|up|down)(_shexp)?\.weight$")      # dense F
 
 @dataclass
 class DeviceEstimate:
-    """Bytes one device needs: weights + KV + scratch."""
+    """Bytes one device needs: weights + KV + scratch (+ the repack's extra bytes, estimate(repack=True))."""
 
     device: str
     capacity: int | None
     weights: int = 0
     kv: int = 0
     scratch: int = 0
+    repack: int = 0            # --repack: what its copy of the Q4_K weights adds (148 - 144 bytes a block)
+    repacked: int = 0          # the bytes of that copy
 
     @property
     def total(self) -> int:
-        return self.weights + self.kv + self.scratch
+        return self.weights + self.kv + self.scratch + self.repack
 
     @property
     def free(self) -> int | None:
@@ -99,12 +101,18 @@ class Estimate:
             rows.append(f"{d.device:<8} {format_size(d.capacity):>11} {format_size(d.weights):>11} "
                         f"{format_size(d.kv):>11} {format_size(d.scratch):>11} {format_size(d.total):>11} "
                         f"{format_size(d.free):>11}")
+        for d in self.devices.values():
+            if d.repacked:
+                rows.append(f"{d.device}: --repack copies {format_size(d.repacked)} of Q4_K weights into the int8 "
+                            f"kernels' layout, in memory instead of the file's pages: +{format_size(d.repack)}, "
+                            f"in the total")
         return "\n".join(rows)
 
     def to_dict(self) -> dict:
         return {"context_size": self.context_size, "n_batch": self.n_batch, "kv_dtype": self.kv_dtype,
                 "devices": {n: {"capacity": d.capacity, "weights": d.weights, "kv": d.kv, "scratch": d.scratch,
-                                "total": d.total, "free": d.free} for n, d in self.devices.items()}}
+                                "repacked": d.repacked, "total": d.total, "free": d.free}
+                            for n, d in self.devices.items()}}
 
 
 DEQUANT_CHUNK_ELEMENTS = 1 << 24   # Model.linear dequantizes a bigger weight on a GPU this many values at a time
@@ -116,10 +124,12 @@ def metadata_int(md: dict, key: str, default: int = 0) -> int:
 
 
 def estimate(plan: Plan, context_size: int, n_batch: int = 512, kv_dtype: Any = np.float32,
-             flash_attn: bool = False) -> Estimate:
+             flash_attn: bool = False, repack: bool = False) -> Estimate:
     """Bytes of weights + KV cache + compute scratch per device, for `context_size` tokens. kv_dtype: the cache
     type of K and V ("f32", "f16", "bf16", "q8_0") or a (K, V) pair; flash_attn: attention holds the scores
-    of FLASH_CHUNK keys at a time instead of the whole context (layers.flash_attention)."""
+    of FLASH_CHUNK keys at a time instead of the whole context (layers.flash_attention); repack: the CPU's
+    Q4_K weights (but token_embd, a row lookup) are copied into kernels/repack.py's 148-byte blocks, as
+    moert.load(act_quant="int8", repack=True) does (Model.repacked_bytes)."""
     from moert.kvcache import kv_type
     from moert.layers import FLASH_CHUNK
 
@@ -131,6 +141,9 @@ def estimate(plan: Plan, context_size: int, n_batch: int = 512, kv_dtype: Any = 
     devs = {n: DeviceEstimate(n, plan.device(n).capacity) for n in plan.device_names()}
     for e in plan:
         devs[e.device].weights += e.nbytes
+        if repack and e.device == "cpu" and e.type == "Q4_K" and not e.name.startswith("token_embd"):
+            devs["cpu"].repacked += e.nbytes * 148 // 144
+            devs["cpu"].repack += e.nbytes * 148 // 144 - e.nbytes
     n_ctx = int(context_size)
     T = max(min(n_batch, n_ctx), 1)
     spec = KVSpec.from_metadata(md) if md else None
