@@ -303,15 +303,23 @@ def _row_check(w, xq, xd):
     return _check(w, xq) and isinstance(xd, types.Array) and xd.dtype == types.float32
 
 
+def _tokens(w, xq, xd, sums, n) -> int | None:
+    """The literal token count n (1 to 4) of a Q4_K/Q6_K row kernel's call whose arrays have the types it
+    reads (uint8 w, int8 x, float32 steps, int16 sums), else None (no such kernel)."""
+    if (_row_check(w, xq, xd) and isinstance(sums, types.Array) and sums.dtype == types.int16
+            and isinstance(n, types.IntegerLiteral) and 1 <= n.literal_value <= 4):
+        return n.literal_value
+    return None
+
+
 def _q4k_row_intrinsic(packed: bool):
     """q4k_row (GGUF's 144-byte Q4_K blocks) or q4kr_row (kernels/repack.py's 148-byte ones)."""
     size = 148 if packed else 144
 
     def row(typingctx, w, o, nb, xq, c, ld, xd, cd, ldd, xb, cb, ldb, n):
-        if not (_row_check(w, xq, xd) and isinstance(xb, types.Array) and xb.dtype == types.int16
-                and isinstance(n, types.IntegerLiteral) and 1 <= n.literal_value <= 4):
+        N = _tokens(w, xq, xd, xb, n)
+        if N is None:
             return None
-        N = n.literal_value
 
         def codegen(context, builder, sig, args):
             o_, nb_, c_, ld_, cd_, ldd_, cb_, ldb_ = _intp(context, builder, sig, args, 1, 2, 4, 5, 7, 8, 10, 11)
@@ -348,10 +356,9 @@ PAIR order) and x in PAIR order: the same int32 sums per block, a pair of sub-bl
 def q6k_row(typingctx, w, o, nb, xq, c, ld, xd, cd, ldd, xs, cs, lds, n):
     """sum over nb Q6_K blocks from w[o] of d_b xd_b isum_b, for n (a literal 1 to 4) tokens as q4k_row;
     token t's per-16 sums of its int8 x (int16, 16 a block) at xs[cs + t lds]."""
-    if not (_row_check(w, xq, xd) and isinstance(xs, types.Array) and xs.dtype == types.int16
-            and isinstance(n, types.IntegerLiteral) and 1 <= n.literal_value <= 4):
+    N = _tokens(w, xq, xd, xs, n)
+    if N is None:
         return None
-    N = n.literal_value
 
     def codegen(context, builder, sig, args):
         o_, nb_, c_, ld_, cd_, ldd_, cs_, lds_ = _intp(context, builder, sig, args, 1, 2, 4, 5, 7, 8, 10, 11)
