@@ -150,7 +150,7 @@ def memory_breakdown(model) -> str:
                  "the CPU's NumPy temporaries are not counted")
     if model.repacked_bytes:
         lines.append(f"--repack: {format_size(model.repacked_bytes)} of CPU Q4_K weights copied at load into the int8 "
-                     f"kernels' layout (kernels/repack.py), in memory beside the file's pages")
+                     f"kernels' layout (kernels/repack.py), in memory instead of the file's pages")
     return "\n".join(lines)
 
 

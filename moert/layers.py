@@ -35,7 +35,7 @@ def _kernels():
 
 def _f16_bits(cache):
     """An f16 TypedKV's storage as a uint16 view (what the CPU decode kernel reads), any other cache as it is."""
-    if isinstance(cache, TypedKV) and cache.kind == "f16" and type(cache.parts[0]) is np.ndarray:
+    if isinstance(cache, TypedKV) and cache.kind == "f16":
         return cache.parts[0].view(np.uint16)
     return cache
 

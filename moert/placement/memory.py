@@ -46,6 +46,7 @@ from moert.kvcache import KVSpec
 from moert.placement.plan import EXPERT_REGEX, Plan
 
 F32 = 4
+Q4K_BLOCK_BYTES = (144, 148)    # a Q4_K block in the file, and in kernels/repack.py's layout (not imported: Numba)
 EXPERT_TENSORS = re.compile(EXPERT_REGEX)
 DENSE_FFN = re.compile(r"\.ffn_(gate|up|down)(_shexp)?\.weight$")      # dense FFNs and shared experts
 
@@ -61,7 +62,7 @@ class DeviceEstimate:
     weights: int = 0
     kv: int = 0
     scratch: int = 0
-    repack: int = 0            # --repack: what its copy of the Q4_K weights adds (148 - 144 bytes a block)
+    repack: int = 0            # --repack: what its copy of the Q4_K weights adds (4 bytes a block)
     repacked: int = 0          # the bytes of that copy
 
     @property
@@ -142,8 +143,9 @@ def estimate(plan: Plan, context_size: int, n_batch: int = 512, kv_dtype: Any = 
     for e in plan:
         devs[e.device].weights += e.nbytes
         if repack and e.device == "cpu" and e.type == "Q4_K" and not e.name.startswith("token_embd"):
-            devs["cpu"].repacked += e.nbytes * 148 // 144
-            devs["cpu"].repack += e.nbytes * 148 // 144 - e.nbytes
+            copy = e.nbytes // Q4K_BLOCK_BYTES[0] * Q4K_BLOCK_BYTES[1]
+            devs["cpu"].repacked += copy
+            devs["cpu"].repack += copy - e.nbytes
     n_ctx = int(context_size)
     T = max(min(n_batch, n_ctx), 1)
     spec = KVSpec.from_metadata(md) if md else None
