@@ -40,11 +40,17 @@ class CPU:
     ghz: float = 3.0                    # all-core clock under load
     flops_per_cycle: int = 32           # fp32 FLOPs per core per cycle: 2 FMA units x 8 lanes x 2 (AVX2/Zen 4)
     # The share of peak DRAM bandwidth a many-thread read stream gets. 0.7: desktop DDR5 read tests land at
-    # 60-65 GB/s of 83-90 GB/s peak (Zen 4's Infinity Fabric caps one CCD at 32 B/clk x FCLK = 64 GB/s).
+    # 60-65 GB/s of 83-90 GB/s peak (a one-CCD part is capped by its CCD link as well: `ccds` below).
     # Checked on bench/published.json: CPU-only llama.cpp / ik_llama.cpp decode on a Ryzen 7950X and an EPYC
     # 9B14 lands at -19%..+13% of it; with a GPU beside it decode is slower, by box-dependent amounts no single
     # factor captures (bench/RESULTS.md, "Published figures"), so 0.7 stays.
     bw_efficiency: float = 0.7
+    # AMD chiplet CPUs: the cores read DRAM through one link per CCD to the I/O die, 32 bytes per fabric clock
+    # (FCLK) each way (AMD's Zen 2-5 Infinity Fabric; "32 bytes per cycle in both directions" for Strix Halo's
+    # fan-out link too). So the cores together read at most ccds x 32 B x FCLK, a cap below the DRAM's peak on a
+    # one-CCD Ryzen with fast DDR5 or on Strix Halo's 256-bit LPDDR5X. 0: no such cap (Intel, or unknown).
+    ccds: int = 0
+    fclk_ghz: float = 0.0
     # The share of peak FLOPs a quantized matmul gets (llama.cpp's int8 dot products do better than fp32
     # FMAs; 0.5 is the assumption).
     compute_efficiency: float = 0.5
@@ -61,6 +67,14 @@ class CPU:
     def __post_init__(self):
         _positive(self, "cores", "mem_bw_gbs", "ghz", "flops_per_cycle")
         _share(self, "bw_efficiency", "compute_efficiency")
+        if self.ccds < 0 or self.fclk_ghz < 0 or (self.ccds > 0) != (self.fclk_ghz > 0):
+            raise HardwareError(f"CPU {self.name!r}: ccds and fclk_ghz go together (both > 0, or both 0 for no "
+                                f"fabric cap); got ccds={self.ccds!r}, fclk_ghz={self.fclk_ghz!r}")
+
+    @property
+    def fabric_gbs(self) -> float:
+        """The cores' read cap through the CCD links: ccds x 32 bytes x FCLK, GB/s (0: none modelled)."""
+        return self.ccds * 32 * self.fclk_ghz
 
     @property
     def peak_gflops(self) -> float:
@@ -68,9 +82,12 @@ class CPU:
         return self.cores * self.ghz * self.flops_per_cycle
 
     def read_gbs(self, threads: int | None = None) -> float:
-        """Bytes per ns `threads` threads can stream from DRAM: the effective bandwidth, or per-thread x n."""
+        """Bytes per ns `threads` threads can stream from DRAM: the effective bandwidth (the DRAM's share, at most
+        the CCD links' peak), or per-thread x n."""
         n = self._threads(threads)
         whole = self.mem_bw_gbs * self.bw_efficiency
+        if self.fabric_gbs:
+            whole = min(whole, self.fabric_gbs)
         return min(whole, n * self.bw_1thread_gbs) if self.bw_1thread_gbs else whole * n / self.cores
 
     def matvec_gbs(self, type_name: str, threads: int | None = None, act_quant: str | None = None) -> float:
@@ -262,32 +279,38 @@ GPUS: dict[str, GPU] = {g.name: g for g in (
 # CPUs with their official memory speed; peak = channels x MT/s x 8 bytes (ddr_gbs).
 CPUS: dict[str, CPU] = {c.name: c for c in (
     # AMD Ryzen 5 7600: 6 cores, ~5.0 GHz all-core, dual-channel DDR5-5200 (amd.com product page) = 83.2 GB/s.
-    # One CCD: reads are capped near 64 GB/s by Infinity Fabric, which bw_efficiency 0.7 (58 GB/s) respects.
-    CPU("ryzen-7600", 6, ddr_gbs(2, 5200), 2, 5200, ghz=5.0, source="amd.com Ryzen 5 7600 specifications"),
+    # One CCD: its link reads 32 B x FCLK = 64 GB/s (FCLK 2.0 GHz, AMD's recommended fabric clock for Ryzen 7000 with
+    # DDR5; an assumption for every Zen 4/5 preset), above the DRAM's 0.7 x 83.2 = 58 GB/s, so DRAM bounds it.
+    CPU("ryzen-7600", 6, ddr_gbs(2, 5200), 2, 5200, ghz=5.0, ccds=1, fclk_ghz=2.0,
+        source="amd.com Ryzen 5 7600 specifications"),
     # AMD Ryzen 9 7950X: 16 cores, ~5.0 GHz all-core, dual-channel DDR5-5200 (amd.com) = 83.2 GB/s
-    CPU("ryzen-7950x", 16, ddr_gbs(2, 5200), 2, 5200, ghz=5.0, source="amd.com Ryzen 9 7950X specifications"),
+    CPU("ryzen-7950x", 16, ddr_gbs(2, 5200), 2, 5200, ghz=5.0, ccds=2, fclk_ghz=2.0,
+        source="amd.com Ryzen 9 7950X specifications"),
     # AMD Ryzen 9 9950X: 16 cores (Zen 5: 4 x 512-bit FMA lanes of fp32 -> 64 FLOPs/cycle), DDR5-5600 (amd.com)
-    CPU("ryzen-9950x", 16, ddr_gbs(2, 5600), 2, 5600, ghz=5.0, flops_per_cycle=64,
+    CPU("ryzen-9950x", 16, ddr_gbs(2, 5600), 2, 5600, ghz=5.0, flops_per_cycle=64, ccds=2, fclk_ghz=2.0,
         source="amd.com Ryzen 9 9950X specifications"),
     # Intel Core i9-14900K: 8 P + 16 E cores (counted as 16 P-equivalents for FLOPs), dual-channel DDR5-5600,
     # "Max Memory Bandwidth 89.6 GB/s" (ark.intel.com, product 236773)
     CPU("i9-14900k", 24, ddr_gbs(2, 5600), 2, 5600, ghz=4.0, flops_per_cycle=21,
         source="ark.intel.com Core i9-14900K"),
-    # AMD Ryzen 9 5900X: 12 cores (Zen 3, AVX2), dual-channel DDR4-3200 (amd.com) = 51.2 GB/s
-    CPU("ryzen-5900x", 12, ddr_gbs(2, 3200), 2, 3200, ddr=4, ghz=4.3, source="amd.com Ryzen 9 5900X specifications"),
-    # AMD Ryzen Threadripper PRO 5975WX: 32 cores (Zen 3), 8 channels DDR4-3200 (amd.com) = 204.8 GB/s
-    CPU("threadripper-pro-5975wx", 32, ddr_gbs(8, 3200), 8, 3200, ddr=4, ghz=4.0,
+    # AMD Ryzen 9 5900X: 12 cores (Zen 3, AVX2), dual-channel DDR4-3200 (amd.com) = 51.2 GB/s; two CCDs, FCLK 1.6 GHz
+    # (Zen 2/3 run the fabric 1:1 with DDR4-3200's 1600 MHz memory clock; likewise every DDR4-3200 Zen preset)
+    CPU("ryzen-5900x", 12, ddr_gbs(2, 3200), 2, 3200, ddr=4, ghz=4.3, ccds=2, fclk_ghz=1.6,
+        source="amd.com Ryzen 9 5900X specifications"),
+    # AMD Ryzen Threadripper PRO 5975WX: 32 cores (Zen 3) on 4 CCDs, 8 channels DDR4-3200 (amd.com) = 204.8 GB/s
+    CPU("threadripper-pro-5975wx", 32, ddr_gbs(8, 3200), 8, 3200, ddr=4, ghz=4.0, ccds=4, fclk_ghz=1.6,
         source="amd.com Ryzen Threadripper PRO 5975WX specifications"),
-    # AMD Ryzen Threadripper PRO 3995WX: 64 cores (Zen 2, AVX2), 8 channels DDR4-3200 = 204.8 GB/s (amd.com Ryzen
-    # Threadripper PRO 3995WX specifications); WRX80, PCIe 4.0
-    CPU("threadripper-pro-3995wx", 64, ddr_gbs(8, 3200), 8, 3200, ddr=4, ghz=3.2,
+    # AMD Ryzen Threadripper PRO 3995WX: 64 cores (Zen 2, AVX2) on 8 CCDs, 8 channels DDR4-3200 = 204.8 GB/s (amd.com
+    # Ryzen Threadripper PRO 3995WX specifications); WRX80, PCIe 4.0
+    CPU("threadripper-pro-3995wx", 64, ddr_gbs(8, 3200), 8, 3200, ddr=4, ghz=3.2, ccds=8, fclk_ghz=1.6,
         source="amd.com Ryzen Threadripper PRO 3995WX specifications"),
     # Intel Core i9-10900X: 10 cores, 2 AVX-512 FMA units (64 fp32 FLOPs/cycle), 4 channels DDR4-2933, "Max Memory
     # Bandwidth 94 GB/s" (ark.intel.com, Core i9-10900X); PCIe 3.0 (X299)
     CPU("i9-10900x", 10, ddr_gbs(4, 2933), 4, 2933, ddr=4, ghz=4.0, flops_per_cycle=64,
         source="ark.intel.com Core i9-10900X"),
-    # AMD EPYC 7343: 16 cores (Zen 3), 8 channels DDR4-3200 = 204.8 GB/s per socket (amd.com EPYC 7003 series)
-    CPU("epyc-7343", 16, ddr_gbs(8, 3200), 8, 3200, ddr=4, ghz=3.6, source="amd.com EPYC 7343 specifications"),
+    # AMD EPYC 7343: 16 cores (Zen 3) on 4 CCDs, 8 channels DDR4-3200 = 204.8 GB/s per socket (amd.com EPYC 7003 series)
+    CPU("epyc-7343", 16, ddr_gbs(8, 3200), 8, 3200, ddr=4, ghz=3.6, ccds=4, fclk_ghz=1.6,
+        source="amd.com EPYC 7343 specifications"),
     # Intel Core i5-12600K: 6 P-cores + 4 E-cores; llama.cpp's default thread count on a hybrid CPU is the P-cores,
     # so the preset counts those (Golden Cove: 2 x 256-bit FMA = 32 fp32 FLOPs/cycle, ~4.5 GHz all-P-core);
     # "Max Memory Speed Up to DDR5 4800 MT/s", "Max # of Memory Channels 2", "Max Memory Bandwidth 76.8 GB/s"
@@ -295,17 +318,19 @@ CPUS: dict[str, CPU] = {c.name: c for c in (
     CPU("i5-12600k", 6, ddr_gbs(2, 4800), 2, 4800, ghz=4.5, source="ark.intel.com Core i5-12600K"),
     # AMD Ryzen AI Max+ 395 (Strix Halo): 16 Zen 5 cores (512-bit FMA datapath: 64 fp32 FLOPs/cycle), up to 5.1 GHz;
     # LPDDR5X-8000 on a 256-bit bus = four 64-bit channels' worth = 256 GB/s (amd.com Ryzen AI Max+ 395
-    # specifications: "LPDDR5x", 8000 MT/s, 256-bit)
-    CPU("ryzen-ai-max-395", 16, ddr_gbs(4, 8000), 4, 8000, ghz=4.5, flops_per_cycle=64,
+    # specifications: "LPDDR5x", 8000 MT/s, 256-bit). Its two CCDs reach the memory through 32-byte-per-clock links
+    # (AMD on Strix Halo's fan-out die-to-die link), 2 x 32 B x 2.0 GHz = 128 GB/s: half the LPDDR5X, and below its
+    # 0.7 share (179 GB/s), so the links bound the cores' reads (the iGPU, not modelled here, gets the rest).
+    CPU("ryzen-ai-max-395", 16, ddr_gbs(4, 8000), 4, 8000, ghz=4.5, flops_per_cycle=64, ccds=2, fclk_ghz=2.0,
         source="amd.com Ryzen AI Max+ 395 specifications"),
     # AMD EPYC 9B14 (Genoa, SP5, an OEM part of the 9004 series): 96 cores, 12 channels DDR5-4800 = 460.8 GB/s per
     # socket (EPYC 9004 product brief: 12 x DDR5-4800 per socket; the cores and memory as the published run
     # states them: "Epyc 9B14 so 96 cores [...] 12ch DDR5-4800"); ~3.1 GHz all-core
-    CPU("epyc-9b14", 96, ddr_gbs(12, 4800), 12, 4800, ghz=3.1, bw_efficiency=0.75,
+    CPU("epyc-9b14", 96, ddr_gbs(12, 4800), 12, 4800, ghz=3.1, bw_efficiency=0.75, ccds=12, fclk_ghz=2.0,
         source="amd.com EPYC 9004 series product brief; cores as stated by the published run"),
     # AMD EPYC 9554 (9004 series, Genoa): 64 cores, 12 channels DDR5-4800 = 460.8 GB/s per socket
-    # (amd.com EPYC 9004 product brief). Server parts sustain ~75-80% of peak in STREAM.
-    CPU("epyc-9554", 64, ddr_gbs(12, 4800), 12, 4800, ghz=3.5, bw_efficiency=0.75,
+    # (amd.com EPYC 9004 product brief), 8 CCDs. Server parts sustain ~75-80% of peak in STREAM.
+    CPU("epyc-9554", 64, ddr_gbs(12, 4800), 12, 4800, ghz=3.5, bw_efficiency=0.75, ccds=8, fclk_ghz=2.0,
         source="amd.com EPYC 9554 / 9004 series product brief"),
 )}
 
@@ -378,9 +403,11 @@ def table() -> str:
     rows = ["GPUs:", f"  {'name':<11} {'memory':>8} {'GB/s':>7} {'FP16 TFLOPS':>12} {'INT8 TOPS':>10} {'PCIe':>6}"]
     rows += [f"  {g.name:<11} {g.mem_gib:>5g}GiB {g.bw_gbs:>7g} {g.fp16_tflops:>12g} {g.int8_tops:>10g} "
              f"{f'{g.pcie_gen}.0 x{g.pcie_lanes}':>6}" for g in GPUS.values()]
-    rows += ["", "CPUs:", f"  {'name':<23} {'cores':>5} {'memory':>18} {'peak GB/s':>10} {'GFLOPS':>7}"]
+    rows += ["", "CPUs:", f"  {'name':<23} {'cores':>5} {'memory':>18} {'peak GB/s':>10} {'CCD links':>14} "
+                          f"{'GFLOPS':>7}"]
     rows += [f"  {c.name:<23} {c.cores:>5} {f'{c.mem_channels} x DDR{c.ddr}-{c.mem_mts}':>18} {c.mem_bw_gbs:>10.1f} "
-             f"{c.peak_gflops:>7.0f}" for c in CPUS.values()]
+             f"{f'{c.ccds} x {c.fclk_ghz * 32:g} GB/s' if c.ccds else '-':>14} {c.peak_gflops:>7.0f}"
+             for c in CPUS.values()]
     rows += ["", "links:"] + [f"  {k:<11} {v.bw_gbs:.1f} GB/s per direction, {v.latency_us:g} us per copy"
                               for k, v in LINKS.items()]
     rows += ["", "combine with '+': " + ", ".join(examples()) + " ('local': this CPU, measured)"]

@@ -82,6 +82,33 @@ def test_cpu_rates_scale_with_threads_up_to_the_bandwidth():
     assert cpu.matvec_gbs("Q4_K", 64) == cpu.matvec_gbs("Q4_K", 8)    # capped at the cores
 
 
+def test_ccd_links_cap_the_cores_reads_below_the_drams_share():
+    # by hand: 2 CCDs x 32 B x 2.0 GHz = 128 GB/s < 0.7 x 256 = 179.2: the links bound it; 1 x 32 x 2.0 = 64 > 58.2
+    capped = moert.CPU("two links", 16, 256.0, ccds=2, fclk_ghz=2.0)
+    assert capped.fabric_gbs == pytest.approx(128.0)
+    assert capped.read_gbs() == pytest.approx(128.0) and capped.read_gbs(8) == pytest.approx(64.0)
+    assert moert.CPU("no cap", 16, 256.0).read_gbs() == pytest.approx(179.2)
+    assert hardware.CPUS["ryzen-ai-max-395"].read_gbs() == pytest.approx(128.0)
+    assert hardware.CPUS["ryzen-7600"].read_gbs() == pytest.approx(0.7 * 83.2)      # 64 GB/s link: DRAM bounds it
+    assert hardware.CPUS["ryzen-7950x"].read_gbs() == pytest.approx(0.7 * 83.2)
+    with pytest.raises(hardware.HardwareError, match="ccds and fclk_ghz go together"):
+        moert.CPU("x", 8, 80.0, ccds=1)
+
+
+def test_a_ccd_cap_slows_expert_bound_cpu_decode_by_its_ratio():
+    from moert import zoo
+
+    plan = moert.plan(zoo.path("gpt-oss-20b"), gpu_layers=0)
+    free = moert.CPU("c", 16, 256.0)                                   # reads 179.2 GB/s
+    capped = moert.CPU("c", 16, 256.0, ccds=2, fclk_ghz=2.0)           # reads 128
+    a, b = (moert.predict(plan, moert.Hardware(cpu=c), n_prompt=0, n_gen=1) for c in (free, capped))
+    fixed = free.call_us * 1e-6                                        # each op's call, beside its reads
+    mem = [(pa.seconds - pa.ops * fixed, pb.seconds - pb.ops * fixed) for pa, pb in zip(a.parts, b.parts)
+           if pa.phase == "decode" and pa.bound == "memory"]
+    assert mem and all(tb == pytest.approx(ta * 179.2 / 128.0) for ta, tb in mem)
+    assert b.decode_tok_s < a.decode_tok_s
+
+
 def test_link_time_is_latency_plus_bytes_over_bandwidth():
     link = moert.Link(10.0, latency_us=5.0, efficiency=0.5)
     assert link.seconds(0, copies=3) == pytest.approx(15e-6)
