@@ -49,6 +49,8 @@ class CPU:
     # (FCLK) each way (AMD's Zen 2-5 Infinity Fabric; "32 bytes per cycle in both directions" for Strix Halo's
     # fan-out link too). So the cores together read at most ccds x 32 B x FCLK, a cap below the DRAM's peak on a
     # one-CCD Ryzen with fast DDR5 or on Strix Halo's 256-bit LPDDR5X. 0: no such cap (Intel, or unknown).
+    # A user's measurement agrees: a one-CCD 7800X3D with DDR5-6000 (96 GB/s peak, 0.7 x = 67) reads "about 64 GB/s
+    # [...] (Limited by 1 CCD)" (github.com/ggml-org/llama.cpp/pull/13435), i.e. 32 B x 2.0 GHz.
     ccds: int = 0
     fclk_ghz: float = 0.0
     # The share of peak FLOPs a quantized matmul gets (llama.cpp's int8 dot products do better than fp32
