@@ -7,7 +7,10 @@ What it measures (best of a few rounds each: other jobs share the machine and ca
   * moert's one-token matmul (kernels/matmul.py `Prepared`) per weight type and act_quant mode, on one
     thread, as GB/s of weights streamed: `kernel_gbs` (the model takes min(threads x rate, bandwidth));
   * its batched matmul (64 and 8 tokens: a dense batch, one expert's share) per type on one thread, as
-    GFLOP/s: `kernel_gflops`;
+    GFLOP/s: `kernel_gflops`. F32 weights (routers, norms) are NumPy's `x @ w.T`, as the model runs them; the
+    F32 rates are also the "*" rate of a type not measured (moert keeps such weights as float32);
+  * prompt attention (layers.attention over f32 caches, 64 tokens, Qwen3-30B-A3B's heads), as GFLOP/s of the
+    FLOPs the cost model counts for it: `kernel_gflops["KV"]`;
   * the fixed cost of one kernel call (a tiny weight): `call_us`;
   * moert's per-layer and per-token cost beyond the kernels: decode steps of two tiny qwen3moe models of
     1 and 5 layers (every tensor on the CPU); the slope is `layer_us`, the intercept `token_us`.
@@ -21,8 +24,9 @@ import time
 
 import numpy as np
 
-_TYPES = ("Q4_K", "Q5_K", "Q6_K", "Q8_0", "F16")
-_ACT = {"Q4_K": ("int16", "int8"), "Q6_K": ("int16", "int8")}  # kernels with quantized-activation variants
+_TYPES = ("Q4_K", "Q5_K", "Q6_K", "Q8_0", "F16", "MXFP4", "F32")
+# kernels with quantized-activation variants
+_ACT = {"Q4_K": ("int16", "int8"), "Q6_K": ("int16", "int8"), "MXFP4": ("int8",)}
 
 
 def _read_kernels():
@@ -94,17 +98,42 @@ def kernel_rates(mib: int = 128, rounds: int = 3, types=_TYPES) -> tuple[dict, d
         w = _weight(t, rows, cols)
         modes = [None] + [m for m in _ACT.get(t, ()) if m != "int8" or simd.available()]
         for mode in modes:
-            p = km.Prepared(w, act_quant=mode)
+            p = _matmul(w, mode)
             s = _best(lambda p=p: p(x1), rounds)
             gbs[t if mode is None else f"{t}/{mode}"] = round(w.raw.nbytes / s / 1e9, 3)
         small = _weight(t, 512, cols)                      # 64 tokens x 512 rows: compute, not memory
         for mode in [None] + [m for m in modes if m == "int8"]:        # int16 applies to one token only
-            p = km.Prepared(small, act_quant=mode)
+            p = _matmul(small, mode)
             key = t if mode is None else f"{t}/{mode}"
             for x, suffix in ((x64, ""), (x64[:8], "@8")):             # 8 tokens: what one expert sees
                 s = _best(lambda p=p, x=x: p(x), rounds)
                 gflops[key + suffix] = round(2 * x.shape[0] * 512 * cols / s / 1e9, 3)
+    if "F32" in gflops:
+        gflops["*"] = gflops["F32"]                        # a type without a kernel is kept as float32
     return gbs, gflops
+
+
+def _matmul(w, act_quant: str | None):
+    """x -> x @ w.T as the model runs it: the kernel table's matmul, or NumPy's for F32 weights (model.py)."""
+    from moert.kernels import matmul as km
+
+    if w.type == "F32":
+        dense = w.raw.view(np.float32).reshape(w.shape)
+        return lambda x: x @ dense.T
+    return km.Prepared(w, act_quant=act_quant)
+
+
+def attention_gflops(rounds: int = 3, tokens: int = 64, heads: tuple[int, int, int] = (32, 4, 128)) -> float:
+    """GFLOP/s of a prompt's attention (layers.attention, f32 caches, empty before it) counted as the cost model
+    counts it: 2 x T x n_kv x H x (Dk + Dv), n_kv the batch's mean position (T / 2). heads: (H, H_kv, D)."""
+    from moert.layers import attention
+
+    (H, Hk, D), T = heads, tokens
+    rng = np.random.default_rng(3)
+    q, k, v = (rng.standard_normal((T, h, D), dtype=np.float32) for h in (H, Hk, Hk))
+    kc, vc = np.zeros((T, Hk, D), np.float32), np.zeros((T, Hk, D), np.float32)
+    s = _best(lambda: attention(q, k, v, kc, vc, 0), rounds)
+    return 2.0 * T * (T / 2) * H * 2 * D / s / 1e9
 
 
 def call_overhead_us(rounds: int = 2000) -> float:
@@ -164,6 +193,7 @@ def calibrate(long: bool = False, threads: int | None = None):
         set_threads(1)
         bw1 = read_bandwidth(512 if long else 256, rounds, 1)
         gbs, gflops = kernel_rates(256 if long else 128, rounds)   # 4x+ the L3: DRAM
+        gflops["KV"] = round(attention_gflops(rounds), 3)
         call = call_overhead_us(8000 if long else 2000)
         set_threads(n)
         bwn = read_bandwidth(512 if long else 256, rounds, n) if n > 1 else bw1
@@ -183,4 +213,4 @@ def calibrate(long: bool = False, threads: int | None = None):
                source=f"moert.hardware.calibrate(long={long}) on {platform.node() or os.uname().nodename}")
 
 
-__all__ = ["calibrate", "call_overhead_us", "kernel_rates", "model_overheads", "read_bandwidth"]
+__all__ = ["attention_gflops", "calibrate", "call_overhead_us", "kernel_rates", "model_overheads", "read_bandwidth"]

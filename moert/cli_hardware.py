@@ -30,6 +30,8 @@ def cmd_hardware(args: argparse.Namespace) -> int:
     flops = dict(cpu.kernel_gflops)
     for k, v in cpu.kernel_gbs:
         print(f"    {k:<14} {v:>8.2f}                  {flops.get(k, float('nan')):>8.2f}")
+    if "KV" in flops:
+        print(f"  prompt attention {flops['KV']:.2f} GFLOP/s (one thread, f32 cache, 64 tokens)")
     return 0
 
 

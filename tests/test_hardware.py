@@ -122,22 +122,39 @@ def test_calibrate_assembles_a_cpu_from_its_measurements(monkeypatch):
     monkeypatch.setattr(cal, "kernel_rates", lambda mib, rounds: ({"Q4_K": 2.5}, {"Q4_K": 20.0}))
     monkeypatch.setattr(cal, "call_overhead_us", lambda n: 3.0)
     monkeypatch.setattr(cal, "model_overheads", lambda steps: (100.0, 50.0))
+    monkeypatch.setattr(cal, "attention_gflops", lambda rounds: 12.0)
     cpu = hardware.calibrate(threads=2)
     assert cpu.cores == 2 and cpu.mem_bw_gbs == 15.0 and cpu.bw_1thread_gbs == 10.0
     assert cpu.layer_us == 100.0 and cpu.token_us == 50.0 and cpu.call_us == 3.0
     assert cpu.matvec_gbs("Q4_K", 2) == pytest.approx(5.0) and cpu.matmul_gflops("Q4_K", 2) == pytest.approx(40.0)
+    assert cpu.matmul_gflops("KV", 2) == pytest.approx(24.0)           # the prompt attention's measured rate
 
 
 def test_kernel_rates_measure_each_type_and_mode():
     from moert.calibrate import kernel_rates
 
-    gbs, gflops = kernel_rates(mib=1, rounds=1, types=("Q8_0", "Q4_K"))
+    gbs, gflops = kernel_rates(mib=1, rounds=1, types=("Q8_0", "Q4_K", "MXFP4", "F32"))
     from moert.kernels import simd
 
-    int8 = {"Q4_K/int8"} if simd.available() else set()                 # int8 needs AVX2
-    assert set(gbs) == {"Q8_0", "Q4_K", "Q4_K/int16"} | int8
-    assert set(gflops) == {k + s for k in {"Q8_0", "Q4_K"} | int8 for s in ("", "@8")}
+    int8 = {"Q4_K/int8", "MXFP4/int8"} if simd.available() else set()   # int8 needs AVX2
+    assert set(gbs) == {"Q8_0", "Q4_K", "Q4_K/int16", "MXFP4", "F32"} | int8
+    assert set(gflops) == {k + s for k in {"Q8_0", "Q4_K", "MXFP4", "F32"} | int8 for s in ("", "@8")} | {"*"}
+    assert gflops["*"] == gflops["F32"]                # a type without a kernel is kept as float32: NumPy's rate
     assert all(v > 0 for v in [*gbs.values(), *gflops.values()])
+
+
+def test_attention_rate_counts_the_flops_as_the_cost_model_does(monkeypatch):
+    from moert import calibrate as cal
+
+    monkeypatch.setattr(cal, "_best", lambda fn, rounds: (fn(), 0.5)[1])    # runs it once, "takes" 0.5 s
+    # by hand: 2 x 64 tokens x 32 mean positions x 32 heads x (128 + 128) / 0.5 s = 67.1 MFLOP/s
+    assert cal.attention_gflops(rounds=1) == pytest.approx(2 * 64 * 32 * 32 * 256 / 0.5 / 1e9)
+    plan = moert.plan(moert.zoo.path("qwen3-30b-a3b"), gpu_layers=0)
+    cpu = moert.CPU("c", 1, 10.0, kernel_gflops=(("KV", 2.0),))
+    r = moert.predict(plan, moert.Hardware(cpu=cpu), n_prompt=64, n_gen=1)
+    kv = [p for p in r.parts if p.phase == "prefill" and p.stage == "attention" and p.layer == 0][-1]
+    assert kv.flops == pytest.approx(2 * 64 * 32 * 32 * 256)                 # the same count, on the same shape
+    assert kv.seconds == pytest.approx(kv.flops / 2e9 + kv.ops * cpu.call_us * 1e-6)
 
 
 def test_cli_hardware_list(capsys):
@@ -161,9 +178,11 @@ def test_cli_hardware_calibrate_prints_the_measured_cpu(monkeypatch, capsys):
     monkeypatch.setattr(cal, "kernel_rates", lambda mib, rounds: ({"Q4_K": 2.5}, {"Q4_K": 20.0}))
     monkeypatch.setattr(cal, "call_overhead_us", lambda n: 3.0)
     monkeypatch.setattr(cal, "model_overheads", lambda steps: (100.0, 50.0))
+    monkeypatch.setattr(cal, "attention_gflops", lambda rounds: 12.0)
     assert main(["hardware", "calibrate", "-t", "1"]) == 0
     out = capsys.readouterr().out
     assert "7.50 GB/s (1 thread)" in out and "100 us per layer" in out and "Q4_K" in out
+    assert "prompt attention 12.00 GFLOP/s" in out
     assert main(["hardware", "calibrate", "-t", "1", "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["kernel_gbs"] == [["Q4_K", 2.5]]
 
