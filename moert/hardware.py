@@ -37,6 +37,7 @@ class CPU:
     mem_channels: int = 0               # 64-bit DDR channels (0: unknown)
     mem_mts: int = 0                    # DDR transfers per second, millions
     ddr: int = 5                        # DDR generation (for the listing)
+    mem_label: str = ""                 # the listing's memory column where "channels x DDRn-MT/s" is not it
     ghz: float = 3.0                    # all-core clock under load
     flops_per_cycle: int = 32           # fp32 FLOPs per core per cycle: 2 FMA units x 8 lanes x 2 (AVX2/Zen 4)
     # The share of peak DRAM bandwidth a many-thread read stream gets. 0.7: desktop DDR5 read tests land at
@@ -324,6 +325,7 @@ CPUS: dict[str, CPU] = {c.name: c for c in (
     # (AMD on Strix Halo's fan-out die-to-die link), 2 x 32 B x 2.0 GHz = 128 GB/s: half the LPDDR5X, and below its
     # 0.7 share (179 GB/s), so the links bound the cores' reads (the iGPU, not modelled here, gets the rest).
     CPU("ryzen-ai-max-395", 16, ddr_gbs(4, 8000), 4, 8000, ghz=4.5, flops_per_cycle=64, ccds=2, fclk_ghz=2.0,
+        mem_label="256-bit LPDDR5X-8000",
         source="amd.com Ryzen AI Max+ 395 specifications"),
     # AMD EPYC 9B14 (Genoa, SP5, an OEM part of the 9004 series): 96 cores, 12 channels DDR5-4800 = 460.8 GB/s per
     # socket (EPYC 9004 product brief: 12 x DDR5-4800 per socket; the cores and memory as the published run
@@ -405,9 +407,10 @@ def table() -> str:
     rows = ["GPUs:", f"  {'name':<11} {'memory':>8} {'GB/s':>7} {'FP16 TFLOPS':>12} {'INT8 TOPS':>10} {'PCIe':>6}"]
     rows += [f"  {g.name:<11} {g.mem_gib:>5g}GiB {g.bw_gbs:>7g} {g.fp16_tflops:>12g} {g.int8_tops:>10g} "
              f"{f'{g.pcie_gen}.0 x{g.pcie_lanes}':>6}" for g in GPUS.values()]
-    rows += ["", "CPUs:", f"  {'name':<23} {'cores':>5} {'memory':>18} {'peak GB/s':>10} {'CCD links':>14} "
+    rows += ["", "CPUs:", f"  {'name':<23} {'cores':>5} {'memory':>20} {'peak GB/s':>10} {'CCD links':>14} "
                           f"{'GFLOPS':>7}"]
-    rows += [f"  {c.name:<23} {c.cores:>5} {f'{c.mem_channels} x DDR{c.ddr}-{c.mem_mts}':>18} {c.mem_bw_gbs:>10.1f} "
+    rows += [f"  {c.name:<23} {c.cores:>5} {c.mem_label or f'{c.mem_channels} x DDR{c.ddr}-{c.mem_mts}':>20} "
+             f"{c.mem_bw_gbs:>10.1f} "
              f"{f'{c.ccds} x {c.fclk_ghz * 32:g} GB/s' if c.ccds else '-':>14} {c.peak_gflops:>7.0f}"
              for c in CPUS.values()]
     rows += ["", "links:"] + [f"  {k:<11} {v.bw_gbs:.1f} GB/s per direction, {v.latency_us:g} us per copy"

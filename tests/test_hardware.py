@@ -161,6 +161,7 @@ def test_cli_hardware_list(capsys):
     assert main(["hardware", "list"]) == 0
     out = capsys.readouterr().out
     assert "rtx3090" in out and "460.8" in out and "31.5 GB/s" in out
+    assert "256-bit LPDDR5X-8000" in out and "4 x 51.2 GB/s" in out          # Strix Halo's memory; 5975WX's links
     assert main(["hardware", "list", "--json"]) == 0
     d = json.loads(capsys.readouterr().out)
     assert d["cpus"]["ryzen-7950x"]["mem_channels"] == 2 and d["gpus"]["h100-pcie"]["mem_gib"] == 80
