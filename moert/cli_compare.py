@@ -77,9 +77,11 @@ def cmd_compare(args: argparse.Namespace) -> int:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         rows = compare(args.model, hw, args.ctx, args.policy)
+    from moert.predict import VALIDATION, trust
+
     if args.json:
         print(json.dumps(dict(model=label, hardware=hw.name, context=args.ctx, policy=args.policy,
-                              rows=rows), indent=1))
+                              rows=rows, validation=VALIDATION), indent=1))
     else:
         print(f"{label} on {hw.name}, context {args.ctx}, prefill policy {args.policy}; predicted by "
               f"moert.predict (llama.cpp-class kernels at the efficiencies in moert/hardware.py)\n")
@@ -92,10 +94,13 @@ def cmd_compare(args: argparse.Namespace) -> int:
             print(f"{r['strategy']:<44} {'yes' if r['fits'] else 'NO':<5} {r['gpu_gib']:>8.2f} "
                   f"{100 * r['gpu_share']:>7.0f}% {r['pp']:>9.1f} {r['tg']:>8.2f}  {r['bound']}{mark}")
         best = next((r for r in rows if r["best"]), None)
-        if best:
+        if best and best["ot"]:
             print(f"\nbest (*): {best['strategy']}\n  -ot {shlex.quote(best['ot'])}")
+        elif best:
+            print(f"\nbest (*): {best['strategy']}: every tensor fits on the GPU, no -ot needed (-ngl 99 alone)")
         else:
             print("\nnothing fits: give the GPU more memory, or a smaller context (-c)")
+        print(f"how far to trust it: {trust()}")
     if args.plot:
         from moert.plots import compare_bars
 

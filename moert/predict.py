@@ -50,6 +50,20 @@ from moert.errors import PlacementError
 from moert.hardware import Hardware
 
 POLICIES = ("llama.cpp", "ik_llama.cpp", "none")
+# How far predict() as shipped is from public llama.cpp / ik_llama.cpp measurements (`python
+# bench/validate_published.py`; bench/RESULTS.md, "Published figures"): the geometric mean of |error| over the
+# counted figures, by phase, and the same-box pairs of placements ranked the measured way round.
+# tests/test_published.py holds these equal to a fresh run, so a change to the model restates them.
+VALIDATION = {"figures": 36, "error": 0.29, "decode_error": 0.32, "prefill_error": 0.27, "ranked": 24, "pairs": 24}
+
+
+def trust() -> str:
+    """One line on how far to trust a prediction, from VALIDATION."""
+    v = VALIDATION
+    return (f"checked against {v['figures']} published llama.cpp / ik_llama.cpp figures: off by {v['error']:.0%} "
+            f"(geometric mean; decode {v['decode_error']:.0%}, prefill {v['prefill_error']:.0%}; decode with experts "
+            f"on the CPU beside a GPU predicted too fast); same-box placements ranked right {v['ranked']} of "
+            f"{v['pairs']} (bench/RESULTS.md)")
 OFFLOAD_MIN_BATCH = 32                       # ggml-cuda.cu: get_op_batch_size(op) >= 32
 _EXPERT = re.compile(r"\.ffn_(up|down|gate|gate_up)_(ch|)exps\.(weight|bias)$")   # gpt-oss: per-expert biases
 _LAYER = re.compile(r"^blk\.(\d+)\.")
@@ -490,4 +504,4 @@ class _CallableModule(types.ModuleType):
 
 sys.modules[__name__].__class__ = _CallableModule
 
-__all__ = ["POLICIES", "CostModel", "Part", "Prediction", "expert_sets", "gpu_memory", "predict"]
+__all__ = ["POLICIES", "VALIDATION", "CostModel", "Part", "Prediction", "expert_sets", "gpu_memory", "predict", "trust"]

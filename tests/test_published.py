@@ -92,3 +92,24 @@ def test_ranking_scores_a_predicted_tie_as_no_call_and_rows_know_their_kind():
     assert kinds["reddit-qwen3-30b-epyc9b14-cpu"] == "cpu-only"
     assert kinds["ik758-gptoss20b-4080-allgpu-llamacpp"] == "all-GPU"
     assert kinds["ik841-gptoss20b-4080-7950x"] == "hybrid"
+
+
+def test_what_compare_says_of_the_models_error_is_what_the_validator_finds(tmp_path):
+    from moert.predict import VALIDATION, trust
+
+    sys.path.insert(0, str(BENCH))
+    try:
+        import validate_published
+    finally:
+        sys.path.remove(str(BENCH))
+    out = tmp_path / "v.json"
+    assert validate_published.main(["--json", str(out)]) == 0
+    res = json.loads(out.read_text())
+    s = res["summary"]
+    both, pp, tg = (s[f"all shipped {k}"] for k in ("prompt+gen", "prompt", "gen"))
+    assert VALIDATION["figures"] == both["n"]
+    assert VALIDATION["error"] == round(both["geomean_abs_error"], 2)
+    assert (VALIDATION["prefill_error"], VALIDATION["decode_error"]) == (round(pp["geomean_abs_error"], 2),
+                                                                         round(tg["geomean_abs_error"], 2))
+    assert (VALIDATION["ranked"], VALIDATION["pairs"]) == (sum(r["right"] for r in res["ranking"]), len(res["ranking"]))
+    assert f"off by {round(100 * both['geomean_abs_error'])}%" in trust()
