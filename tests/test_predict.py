@@ -251,6 +251,16 @@ def test_strategies_return_rules_that_fit_and_compare_ranks_them(capsys):
     assert best[0]["tg"] >= cpu_moe["tg"] and cpu_moe["gpu_share"] == 0
 
 
+def test_compare_says_when_no_override_is_needed_and_how_far_to_trust_it(capsys):
+    from moert.cli import main
+
+    assert main(["compare", "zoo:olmoe-1b-7b", "--hardware", "rtx4090+ryzen-7950x"]) == 0   # 24 GiB: all fits
+    out = capsys.readouterr().out
+    assert "--n-cpu-moe 0 (every expert on the GPU)" in out and "-ot ''" not in out
+    assert "no -ot needed (-ngl 99 alone)" in out
+    assert "how far to trust it: checked against" in out and "ranked right" in out
+
+
 def test_compare_bars_draws_a_png(tmp_path):
     pytest.importorskip("matplotlib")
     from moert.plots import compare_bars
