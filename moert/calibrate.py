@@ -204,7 +204,7 @@ def calibrate(long: bool = False, threads: int | None = None):
     # probe reads below what the int8 kernels stream, so the per-thread cap is the larger of the two
     bw1 = max(bw1, *gbs.values())
     bwn = max(bwn, bw1) if n > 1 else bw1
-    name = f"local ({cpu_model()}, {n} threads)"
+    name = f"local ({cpu_model()}, {n} thread{'s' if n > 1 else ''})"
     # the measured all-thread read is the CPU's whole bandwidth here: efficiency 1 of it
     return CPU(name, n, round(bwn, 2), ghz=1.0, flops_per_cycle=1, bw_efficiency=1.0, compute_efficiency=1.0,
                call_us=round(call, 2), layer_us=round(layer, 1), token_us=round(token, 1),

@@ -23,7 +23,7 @@ def cmd_hardware(args: argparse.Namespace) -> int:
         return 0
     print(f"{cpu.name}: {cpu.source}")
     print(f"  read bandwidth   {cpu.bw_1thread_gbs:.2f} GB/s (1 thread), "
-          f"{cpu.mem_bw_gbs:.2f} GB/s ({cpu.cores} threads)")
+          f"{cpu.mem_bw_gbs:.2f} GB/s ({cpu.cores} thread{'s' if cpu.cores > 1 else ''})")
     print(f"  overheads        {cpu.call_us:.1f} us per kernel call, {cpu.layer_us:.0f} us per layer, "
           f"{cpu.token_us:.0f} us per forward")
     print("  one thread       GB/s (one-token matmul)   GFLOP/s (64-token matmul)")
