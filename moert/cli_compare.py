@@ -61,10 +61,29 @@ def compare(model: str, hw, context: int, policy: str = "llama.cpp", trace=None)
     return rows
 
 
+def context_of(model: str, ctx: int) -> int:
+    """-c as llama.cpp reads it: N tokens, or 0 for the model's training context ({arch}.context_length)."""
+    from moert import gguf
+    from moert.errors import ArgumentError
+
+    if ctx < 0:
+        raise ArgumentError(f"-c {ctx}: give a context size in tokens (>= 1), or 0 for the model's own")
+    if ctx:
+        return ctx
+    with gguf.open(model) as f:
+        md = f.metadata
+    n = md.get(f"{md.get('general.architecture')}.context_length")
+    if not isinstance(n, int) or n < 1:
+        raise ArgumentError(f"-c 0 asks for the model's training context, but {model} has no "
+                            f"{md.get('general.architecture')}.context_length; give -c N")
+    return n
+
+
 def cmd_compare(args: argparse.Namespace) -> int:
     from moert import hardware
 
     label = getattr(args, "model_label", args.model)
+    args.ctx = context_of(args.model, args.ctx)
     hw = hardware.preset(args.hardware)
     if args.gpu_mem:
         from dataclasses import replace
@@ -117,11 +136,12 @@ def add_commands(sub) -> None:
     c.add_argument("model", help="a .gguf file or zoo:NAME (a twin: moert.zoo)")
     c.add_argument("--hardware", required=True, help="preset parts joined by '+' (`moert hardware list`)")
     c.add_argument("--gpu-mem", default=None, metavar="SIZE[,SIZE]", help="override the GPUs' memory, e.g. 8GiB")
-    c.add_argument("-c", "--ctx", type=int, default=4096, help="context the KV cache is sized for (default 4096)")
+    c.add_argument("-c", "--ctx", type=int, default=4096,
+                   help="context the KV cache is sized for (default 4096; 0: the model's own, as llama.cpp)")
     c.add_argument("--policy", choices=POLICIES, default="llama.cpp", help="prefill op-offload policy")
     c.add_argument("--json", action="store_true", help="print JSON")
     c.add_argument("--plot", default=None, metavar="PNG", help="bars of predicted pp and tg per strategy")
     c.set_defaults(func=cmd_compare)
 
 
-__all__ = ["add_commands", "cmd_compare", "compare"]
+__all__ = ["add_commands", "cmd_compare", "compare", "context_of"]

@@ -208,8 +208,14 @@ class Hardware:
             object.__setattr__(self, "name", "+".join([*(g.name for g in self.gpus), self.cpu.name]))
 
     def gpu_memory(self) -> list[str]:
-        """The GPUs' sizes as moert.plan's gpu_memory (sim GPUs of the same sizes)."""
-        return [f"{g.mem_gib:g}GiB" for g in self.gpus]
+        """The GPUs' sizes as moert.plan's gpu_memory (sim GPUs of the same sizes): "24GiB", or bytes where a
+        short GiB figure would round (a size set with --gpu-mem 1536MiB or 1KiB)."""
+        out = []
+        for g in self.gpus:
+            short = f"{g.mem_gib:g}"
+            exact = "e" not in short and int(float(short) * 2**30) == g.mem_bytes
+            out.append(f"{short}GiB" if exact else str(g.mem_bytes))
+        return out
 
     def to_dict(self) -> dict:
         return asdict(self)

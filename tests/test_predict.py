@@ -251,6 +251,24 @@ def test_strategies_return_rules_that_fit_and_compare_ranks_them(capsys):
     assert best[0]["tg"] >= cpu_moe["tg"] and cpu_moe["gpu_share"] == 0
 
 
+def test_compare_reads_c_as_llama_cpp_does_and_any_gpu_size(capsys):
+    from moert.cli import main
+    from moert.cli_compare import context_of
+    from moert.errors import ArgumentError
+
+    path = str(zoo.path("gpt-oss-20b"))
+    assert context_of(path, 0) == 131072 and context_of(path, 2048) == 2048    # 0: the model's context_length
+    with pytest.raises(ArgumentError, match="-c -5: give a context size"):
+        context_of(path, -5)
+    assert main(["compare", "zoo:olmoe-1b-7b", "--hardware", "rtx3090+ryzen-7950x", "--gpu-mem", "1KiB"]) == 0
+    assert "nothing fits: give the GPU more memory" in capsys.readouterr().out
+    hw = hardware.preset("rtx3090+ryzen-7950x")
+    from dataclasses import replace
+
+    sizes = [replace(hw, gpus=(replace(hw.gpus[0], mem_gib=g),)).gpu_memory() for g in (24, 1.5, 1 / 2**20)]
+    assert sizes == [["24GiB"], ["1.5GiB"], ["1024"]]                       # bytes where GiB would round
+
+
 def test_compare_says_when_no_override_is_needed_and_how_far_to_trust_it(capsys):
     from moert.cli import main
 
