@@ -46,7 +46,7 @@ from dataclasses import asdict, dataclass, field, replace
 import numpy as np
 
 from moert import predict_launch as launch
-from moert.errors import PlacementError
+from moert.errors import ArgumentError, PlacementError, check_float, check_int
 from moert.hardware import Hardware
 
 POLICIES = ("llama.cpp", "ik_llama.cpp", "none")
@@ -166,7 +166,13 @@ def _selection(md: dict, trace, n_layer: int) -> np.ndarray:
     E, K = int(_md(md, "expert_count", 0)), int(_md(md, "expert_used_count", 0))
     if trace is None:
         return np.full((n_layer, max(E, 1)), K / E if E else 0.0)
-    c = np.asarray(trace, dtype=np.float64)
+    try:
+        c = np.asarray(trace, dtype=np.float64)
+    except (TypeError, ValueError):
+        c = np.full(1, np.nan)
+    if c.shape == (n_layer, E) and not (np.isfinite(c).all() and (c >= 0).all()):
+        raise PlacementError("trace has a negative, NaN or infinite count; it must hold selection counts, as "
+                             "Model.stats.expert_counts")
     if c.shape != (n_layer, E):
         raise PlacementError(f"trace has shape {c.shape}; it must be (n_layer, n_expert) = ({n_layer}, {E}) "
                              f"selection counts, as Model.stats.expert_counts")
@@ -176,6 +182,24 @@ def _selection(md: dict, trace, n_layer: int) -> np.ndarray:
 
 
 # ------------------------------------------------------------------------------------------- predict
+
+ACT_QUANT = (None, "none", "int16", "int8")     # kernels/matmul_q.ACT_QUANT's names (not imported: no Numba here)
+
+
+def _check_arguments(n_prompt, n_gen, depth, threads, n_ubatch, kv_bytes, act_quant, n_ctx) -> None:
+    """ArgumentError for a count out of range or an unknown act_quant, before any work."""
+    for name, v in (("n_prompt", n_prompt), ("n_gen", n_gen), ("depth", depth)):
+        check_int(name, v, 0)
+    check_int("n_ubatch", n_ubatch, 1)
+    if threads is not None:
+        check_int("threads", threads, 1)
+    if n_ctx is not None:
+        check_int("n_ctx", n_ctx, 1)
+    if check_float("kv_bytes", kv_bytes, 0.0) == 0:
+        raise ArgumentError("kv_bytes must be > 0 (bytes per KV element: 2 for f16, 4 for f32, 34/32 for q8_0)")
+    if act_quant not in ACT_QUANT:
+        raise ArgumentError(f"act_quant={act_quant!r}; use one of none, int16, int8")
+
 
 def predict(plan, hardware: Hardware, n_prompt: int = 512, n_gen: int = 128, depth: int = 0, trace=None,
             threads: int | None = None, *, policy: str = "llama.cpp", n_ubatch: int = 512, kv_bytes: int = 2,
@@ -188,6 +212,7 @@ def predict(plan, hardware: Hardware, n_prompt: int = 512, n_gen: int = 128, dep
     sizes the KV cache for (default: depth + n_prompt + n_gen). `graphs`: which decode kernels replay a CUDA
     graph (predict_launch.GRAPHS; "one-per-device" is both engines' rule before January 2026, not the default:
     bench/RESULTS.md, "Published figures")."""
+    _check_arguments(n_prompt, n_gen, depth, threads, n_ubatch, kv_bytes, act_quant, n_ctx)
     if policy not in POLICIES:
         raise PlacementError(f"policy={policy!r}; use one of {', '.join(POLICIES)}")
     if graphs not in launch.GRAPHS:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import warnings
 
 import numpy as np
@@ -334,3 +335,21 @@ def _hits(plan, counts) -> dict:
               np.zeros((0, counts.shape[0], 1), np.float32))
     t.counts = lambda: counts            # the shares from the counts alone
     return t.hits(plan)
+
+
+def test_bad_arguments_are_typed_errors_before_any_work():
+    from moert.errors import ArgumentError
+
+    hw = hardware.preset("rtx3090+ryzen-7950x")
+    p = moert.plan(zoo.path("olmoe-1b-7b"), gpu_backend="sim", gpu_memory=hw.gpu_memory(), cpu_moe=True)
+    for kw, msg in ((dict(n_prompt=-1), "n_prompt must be an integer >= 0"), (dict(depth=-10), "depth must be"),
+                    (dict(threads=0), "threads must be an integer >= 1"), (dict(n_ubatch=0), "n_ubatch must be"),
+                    (dict(kv_bytes=0), "kv_bytes must be > 0"), (dict(act_quant="int4"), "act_quant='int4'"),
+                    (dict(n_ctx=-1), "n_ctx must be"), (dict(n_gen=2.5), "n_gen must be an integer")):
+        with pytest.raises(ArgumentError, match=re.escape(msg)):
+            moert.predict(p, hw, **kw)
+    with pytest.raises(PlacementError, match="trace has shape"):
+        moert.predict(p, hw, trace="nonsense")
+    with pytest.raises(PlacementError, match="negative, NaN or infinite"):
+        moert.predict(p, hw, trace=-np.ones((16, 64)))
+    assert moert.predict(p, hw, n_prompt=0, n_gen=0, kv_bytes=34 / 32).prefill_tok_s == 0.0   # no prompt test
