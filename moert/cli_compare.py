@@ -134,7 +134,8 @@ def add_commands(sub) -> None:
     c = sub.add_parser("compare", help="predicted speed of placement strategies on preset hardware",
                        allow_abbrev=False)
     c.add_argument("model", help="a .gguf file or zoo:NAME (a twin: moert.zoo)")
-    c.add_argument("--hardware", required=True, help="preset parts joined by '+' (`moert hardware list`)")
+    c.add_argument("--hardware", required=True, help="preset parts joined by '+' (`moert hardware list`), any of "
+                   "them a .json file of a part, or one .json file of the whole machine (moert/hardware_json.py)")
     c.add_argument("--gpu-mem", default=None, metavar="SIZE[,SIZE]", help="override the GPUs' memory, e.g. 8GiB")
     c.add_argument("-c", "--ctx", type=int, default=4096,
                    help="context the KV cache is sized for (default 4096; 0: the model's own, as llama.cpp)")

@@ -363,31 +363,54 @@ _PLATFORM_PCIE = {"ryzen-7600": 5, "ryzen-7950x": 5, "ryzen-9950x": 5, "i9-14900
 
 def preset(name: str) -> Hardware:
     """A Hardware from preset part names: "rtx3090+ryzen-7950x", "ryzen-9950x", "2x rtx3090+epyc-9554",
-    "rtx4090+ryzen-7950x+pcie4x16", or "...+local" (this machine's CPU, calibrate()d)."""
+    "rtx4090+ryzen-7950x+pcie4x16", "...+local" (this machine's CPU, calibrate()d), or JSON files for parts
+    or a whole machine: "my-3080.json+ryzen-7950x", "box.json" (moert/hardware_json.py)."""
     gpus: list[GPU] = []
     cpu: CPU | None = None
     link: Link | None = None
-    for part in (p.strip().lower() for p in name.split("+")):
+    parts = [p.strip() for p in name.split("+")]
+    label = []                                                  # the name, a file's part by its own name
+    for raw in parts:
+        part = raw if raw.lower().endswith(".json") else raw.lower()
         count, _, bare = part.partition("x ") if part[:1].isdigit() and "x " in part else ("1", "", part)
-        if bare in GPUS:
-            gpus += [GPUS[bare]] * int(count)
-        elif bare in CPUS or bare == "local":
+        item = _json_part(bare, name, len(parts)) if bare.lower().endswith(".json") else None
+        if isinstance(item, Hardware):
+            return item
+        label.append(raw if item is None else f"{'' if count == '1' else count + 'x '}{item.name or bare}")
+        if bare in GPUS or isinstance(item, GPU):
+            gpus += [item or GPUS[bare]] * int(count)
+        elif bare in CPUS or bare == "local" or isinstance(item, CPU):
             if cpu is not None:
                 raise HardwareError(f"hardware {name!r} names two CPUs ({cpu.name}, {bare}); give one")
-            cpu = calibrate() if bare == "local" else CPUS[bare]
-        elif bare in LINKS:
-            link = LINKS[bare]
+            cpu = item or (calibrate() if bare == "local" else CPUS[bare])
+        elif bare in LINKS or isinstance(item, Link):
+            link = item or LINKS[bare]
         else:
             raise HardwareError(f"hardware {name!r}: unknown part {part!r}; known GPUs: {', '.join(GPUS)}; "
                                 f"CPUs: {', '.join(CPUS)}, local; links: {', '.join(LINKS)} "
-                                f"(`moert hardware list` shows their figures)")
+                                f"(`moert hardware list` shows their figures), or a .json file of one")
     if cpu is None:
         raise HardwareError(f"hardware {name!r} names no CPU; add one, e.g. {name}+ryzen-7950x")
-    if gpus and link is None:  # the slower of the card's slot and the platform's
-        gen = min([g.pcie_gen for g in gpus] + [_PLATFORM_PCIE.get(cpu.name, 4)])
-        lanes = min(g.pcie_lanes for g in gpus)
-        link = LINKS.get(f"pcie{gen}x{lanes}") or Link(pcie_gbs(gen, lanes), 10.0, f"pcie{gen}x{lanes}")
-    return Hardware(cpu, tuple(gpus), link, name=name)
+    if gpus and link is None:
+        link = preset_link(cpu, gpus)
+    return Hardware(cpu, tuple(gpus), link, name="+".join(label))
+
+
+def preset_link(cpu: CPU, gpus) -> Link:
+    """The link presets get: the slower of the cards' slots and the CPU platform's PCIe (4.0 if not known)."""
+    gen = min([g.pcie_gen for g in gpus] + [_PLATFORM_PCIE.get(cpu.name, 4)])
+    lanes = min(g.pcie_lanes for g in gpus)
+    return LINKS.get(f"pcie{gen}x{lanes}") or Link(pcie_gbs(gen, lanes), 10.0, f"pcie{gen}x{lanes}")
+
+
+def _json_part(path: str, name: str, n_parts: int):
+    from moert import hardware_json
+
+    item = hardware_json.read(path)
+    if isinstance(item, Hardware) and n_parts > 1:
+        raise HardwareError(f"hardware {name!r}: {path} describes a whole machine; give it alone, or make it "
+                            f"one part (a CPU, a GPU or a link)")
+    return item
 
 
 def examples() -> list[str]:
@@ -421,7 +444,8 @@ def table() -> str:
              for c in CPUS.values()]
     rows += ["", "links:"] + [f"  {k:<11} {v.bw_gbs:.1f} GB/s per direction, {v.latency_us:g} us per copy"
                               for k, v in LINKS.items()]
-    rows += ["", "combine with '+': " + ", ".join(examples()) + " ('local': this CPU, measured)"]
+    rows += ["", "combine with '+': " + ", ".join(examples()) + " ('local': this CPU, measured; a part or a "
+             "whole machine may be a .json file of these fields: moert/hardware_json.py)"]
     return "\n".join(rows)
 
 
@@ -432,4 +456,4 @@ def to_dict() -> dict:
 
 
 __all__ = ["CPU", "CPUS", "GPU", "GPUS", "Hardware", "HardwareError", "LINKS", "Link", "calibrate", "ddr_gbs",
-           "examples", "pcie_gbs", "preset", "table", "to_dict", "with_cpu"]
+           "examples", "pcie_gbs", "preset", "preset_link", "table", "to_dict", "with_cpu"]

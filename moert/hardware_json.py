@@ -1,0 +1,134 @@
+"""Hardware that is not a preset, described in a JSON file: one part, or a whole machine.
+
+    moert compare zoo:gpt-oss-120b --hardware my-3080.json+ryzen-7950x     # a GPU file beside a preset CPU
+    moert hardware calibrate --json > here.json                              # this CPU, measured, as a part
+    moert compare zoo:qwen3-30b-a3b --hardware rtx3090+here.json
+    moert compare zoo:qwen3-30b-a3b --hardware box.json                      # {"cpu": ..., "gpus": [...], "link": ...}
+
+A part is the fields of moert.CPU, moert.GPU or moert.Link (`moert hardware list --json` prints every preset's),
+told apart by its keys: "cores" makes a CPU, "mem_gib" a GPU, "latency_us" or a lone "bw_gbs" a link. A machine
+is {"cpu": CPU fields or a preset name, "gpus": [GPU fields or preset names], "link": fields, a name or null}
+(null or absent: the slower PCIe of the card's slot and the CPU's platform, as for presets).
+Every field is checked (unknown names, wrong types, missing figures) and the file is capped at 1 MiB.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import MISSING, fields
+from pathlib import Path
+
+from moert.hardware import CPU, CPUS, GPU, GPUS, LINKS, Hardware, HardwareError, Link
+
+MAX_BYTES = 1 << 20          # a machine is a few hundred bytes; a bigger file is not one
+_KINDS = {"cpu": CPU, "gpu": GPU, "link": Link}
+
+
+def read(path: str | Path):
+    """The JSON file at path as a CPU, GPU, Link or Hardware (HardwareError saying what is wrong where)."""
+    p = Path(path)
+    try:
+        if p.stat().st_size > MAX_BYTES:
+            raise HardwareError(f"hardware file {str(p)!r} is {p.stat().st_size:,} bytes; a description of a "
+                                f"machine is a few hundred (limit {MAX_BYTES:,})")
+        d = json.loads(p.read_text(encoding="utf-8"))
+    except OSError as e:
+        raise HardwareError(f"hardware file {str(p)!r}: {e.strerror or e}") from None
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise HardwareError(f"hardware file {str(p)!r} is not JSON: {e}") from None
+    if not isinstance(d, dict):
+        raise HardwareError(f"hardware file {str(p)!r} holds a {type(d).__name__}; give an object: a CPU, a GPU, "
+                            f"a link, or {{\"cpu\": ..., \"gpus\": [...]}}")
+    where = f"hardware file {str(p)!r}"
+    if "cpu" in d or "gpus" in d:
+        return machine(d, where)
+    return part(d, _kind(d, where), where)
+
+
+def machine(d: dict, where: str = "hardware") -> Hardware:
+    """{"name"?, "cpu", "gpus"?, "link"?} -> Hardware; each part given by its fields or a preset's name."""
+    _only(d, {"name", "cpu", "gpus", "link"}, where)
+    if "cpu" not in d:
+        raise HardwareError(f"{where}: a machine needs a \"cpu\" (fields, or a preset name: {', '.join(CPUS)})")
+    gpus = d.get("gpus") or []
+    if not isinstance(gpus, list):
+        raise HardwareError(f"{where}: \"gpus\" must be a list, got {type(gpus).__name__}")
+    cpu = _named_or_fields(d["cpu"], "cpu", CPUS, where)
+    cards = tuple(_named_or_fields(g, "gpu", GPUS, f"{where}, gpus[{i}]") for i, g in enumerate(gpus))
+    link = None if d.get("link") is None else _named_or_fields(d["link"], "link", LINKS, where)
+    name = d.get("name")
+    if name is not None and not isinstance(name, str):
+        raise HardwareError(f"{where}: \"name\" must be a string, got {name!r:.40}")
+    if link is None and cards:                                  # the presets' rule: the slower PCIe
+        from moert.hardware import preset_link
+
+        link = preset_link(cpu, cards)
+    return Hardware(cpu, cards, link, name=name or "")
+
+
+def part(d: dict, kind: str, where: str = "hardware"):
+    """A CPU, GPU or Link from its fields, each checked against the dataclass's."""
+    cls = _KINDS[kind]
+    known = {f.name: f for f in fields(cls)}
+    _only(d, set(known), f"{where} ({kind})")
+    missing = [n for n, f in known.items() if f.default is MISSING and n not in d]
+    if missing:
+        raise HardwareError(f"{where} ({kind}): missing {', '.join(missing)}")
+    kw = {n: _value(v, known[n].type, f"{where} ({kind}) {n}") for n, v in d.items()}
+    try:
+        return cls(**kw)
+    except HardwareError as e:                                  # a figure out of range: say which file
+        raise HardwareError(f"{where}: {e}") from None
+
+
+def _kind(d: dict, where: str) -> str:
+    if "cores" in d:
+        return "cpu"
+    if "mem_gib" in d:
+        return "gpu"
+    if "latency_us" in d or set(d) <= {"bw_gbs", "name", "efficiency"} and "bw_gbs" in d:
+        return "link"
+    raise HardwareError(f"{where}: cannot tell what part this is: a CPU has \"cores\" and \"mem_bw_gbs\", a GPU "
+                        f"\"mem_gib\", \"bw_gbs\" and \"fp16_tflops\", a link \"bw_gbs\" (and \"latency_us\")")
+
+
+def _named_or_fields(v, kind: str, presets: dict, where: str):
+    if isinstance(v, str):
+        if v.lower() not in presets:
+            raise HardwareError(f"{where}: unknown {kind} {v!r}; known: {', '.join(presets)}")
+        return presets[v.lower()]
+    if isinstance(v, dict):
+        return part(v, kind, where)
+    raise HardwareError(f"{where}: a {kind} is a preset name or an object of fields, got {type(v).__name__}")
+
+
+def _only(d: dict, known: set, where: str) -> None:
+    unknown = sorted(set(d) - known)
+    if unknown:
+        raise HardwareError(f"{where}: unknown field(s) {', '.join(map(repr, unknown))}; known: "
+                            f"{', '.join(sorted(known))}")
+
+
+def _value(v, annotation: str, where: str):
+    """v checked against a field's annotation ("float", "int", "str", or a tuple of (name, rate) pairs)."""
+    if annotation in ("float", "int"):
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+            raise HardwareError(f"{where} must be a number, got {v!r:.40}")
+        if annotation == "int" and v != int(v):
+            raise HardwareError(f"{where} must be a whole number, got {v!r}")
+        return int(v) if annotation == "int" else float(v)
+    if annotation == "str":
+        if not isinstance(v, str):
+            raise HardwareError(f"{where} must be a string, got {v!r:.40}")
+        return v
+    # kernel_gbs / kernel_gflops: [[name, rate], ...] as JSON writes the tuples
+    ok = isinstance(v, (list, tuple)) and all(
+        isinstance(p, (list, tuple)) and len(p) == 2 and isinstance(p[0], str) and not isinstance(p[1], bool)
+        and isinstance(p[1], (int, float)) and math.isfinite(p[1]) and p[1] > 0 for p in v)
+    if not ok:
+        raise HardwareError(f"{where} must be a list of [name, rate > 0] pairs, got {v!r:.60}")
+    return tuple((str(a), float(b)) for a, b in v)
+
+
+__all__ = ["MAX_BYTES", "machine", "part", "read"]
