@@ -18,6 +18,16 @@ def _cache(tmp_path_factory, monkeypatch):
     monkeypatch.setenv("MOERT_CACHE", str(tmp_path_factory.getbasetemp() / "cache"))
 
 
+def _validator():
+    """bench/validate_published.py as a module."""
+    sys.path.insert(0, str(BENCH))
+    try:
+        import validate_published
+    finally:
+        sys.path.remove(str(BENCH))
+    return validate_published
+
+
 def _entries() -> list[dict]:
     with open(BENCH / "published.json") as f:
         return json.load(f)["entries"]
@@ -48,11 +58,7 @@ def test_every_entry_has_a_source_a_quote_and_parts_moert_knows():
 
 
 def test_the_validator_predicts_one_entry(tmp_path):
-    sys.path.insert(0, str(BENCH))
-    try:
-        import validate_published
-    finally:
-        sys.path.remove(str(BENCH))
+    validate_published = _validator()
     out = tmp_path / "v.json"
     assert validate_published.main(["--only", "ik841-gptoss20b-4080-7950x", "--calibrate", "", "--json", str(out)]) == 0
     res = json.loads(out.read_text())
@@ -62,11 +68,7 @@ def test_the_validator_predicts_one_entry(tmp_path):
 
 
 def test_the_validator_predicts_a_cpu_only_entry_with_its_threads(tmp_path):
-    sys.path.insert(0, str(BENCH))
-    try:
-        import validate_published
-    finally:
-        sys.path.remove(str(BENCH))
+    validate_published = _validator()
     (e,) = [x for x in _entries() if x["id"] == "reddit-qwen3-30b-epyc9b14-cpu"]
     assert validate_published.machine(e).gpus == ()
     few = validate_published.predict(e)["gen"]
@@ -75,11 +77,7 @@ def test_the_validator_predicts_a_cpu_only_entry_with_its_threads(tmp_path):
 
 
 def test_ranking_scores_a_predicted_tie_as_no_call_and_rows_know_their_kind():
-    sys.path.insert(0, str(BENCH))
-    try:
-        import validate_published as v
-    finally:
-        sys.path.remove(str(BENCH))
+    v = _validator()
 
     def row(i, measured, predicted):
         return {"id": i, "use": "error", "pair": "box", "gen": {"measured": None, "predicted": None},
@@ -97,11 +95,7 @@ def test_ranking_scores_a_predicted_tie_as_no_call_and_rows_know_their_kind():
 def test_what_compare_says_of_the_models_error_is_what_the_validator_finds(tmp_path):
     from moert.predict import VALIDATION, trust
 
-    sys.path.insert(0, str(BENCH))
-    try:
-        import validate_published
-    finally:
-        sys.path.remove(str(BENCH))
+    validate_published = _validator()
     out = tmp_path / "v.json"
     assert validate_published.main(["--json", str(out)]) == 0
     res = json.loads(out.read_text())
