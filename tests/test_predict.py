@@ -203,9 +203,14 @@ def test_decode_crossings_are_latency_bound_and_absent_when_all_is_on_the_gpu():
     hw = hardware.preset("rtx4090+ryzen-7950x")
     r = moert.predict(_plan(hw=hw, cpu_moe=True), hw)
     hops = [x for x in r.parts if x.phase == "decode" and x.stage == "transfer" and x.ops > 1.5]
-    assert len(hops) == 48 and all(x.bound == "latency" for x in hops)       # expert round trip per layer
-    # P(at least one of 8 picks lands on the CPU's 128 experts) = 1: two copies of 2048 floats each
-    assert all(x.ops == pytest.approx(2.0) and x.bytes == pytest.approx(2 * 2048 * 4) for x in hops)
+    assert len(hops) == 2 * 48 and all(x.bound == "latency" for x in hops)   # two crossings per layer:
+    # P(at least one of 8 picks lands on the CPU's 128 experts) = 1: the activations there and back, two copies of
+    # 2048 floats; and the router's selection to the CPU split, its ids and weights (8 x 4 bytes each), ggml's
+    # scheduler copying each input of a split made on another backend
+    acts = [x for x in hops if x.bytes == pytest.approx(2 * 2048 * 4)]
+    picks = [x for x in hops if x.bytes == pytest.approx(2 * 8 * 4)]
+    assert len(acts) == len(picks) == 48 and all(x.ops == pytest.approx(2.0) for x in hops)
+    assert sum(x.seconds for x in picks) == pytest.approx(48 * 2 * hw.link.latency_us * 1e-6, rel=0.01)
     full = moert.predict(_plan(hw=hw), hw)
     assert not [x for x in full.parts if x.stage == "transfer" and x.layer not in (None, 0)]
 
