@@ -43,13 +43,14 @@ import re
 import sys
 import types
 from collections import defaultdict
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
 from moert import predict_launch as launch
 from moert.errors import ArgumentError, PlacementError, check_float, check_int
 from moert.hardware import Hardware
+from moert.predict_shape import ROUTER, Shape, elements, expert_load, expert_sets, md_value, selection
 
 POLICIES = ("llama.cpp", "ik_llama.cpp", "none")
 # How far predict() as shipped is from public llama.cpp / ik_llama.cpp measurements (`python
@@ -67,9 +68,6 @@ def trust() -> str:
             f"on the CPU beside a GPU predicted too fast); same-box placements ranked right {v['ranked']} of "
             f"{v['pairs']} (bench/RESULTS.md)")
 OFFLOAD_MIN_BATCH = 32                       # ggml-cuda.cu: get_op_batch_size(op) >= 32
-_EXPERT = re.compile(r"\.ffn_(up|down|gate|gate_up)_(ch|)exps\.(weight|bias)$")   # gpt-oss: per-expert biases
-_LAYER = re.compile(r"^blk\.(\d+)\.")
-_ROUTER = re.compile(r"\.(ffn_gate_inp|exp_probs_b)\.")
 _DOWN_BIAS = re.compile(r"\.ffn_down_(ch|)exps\.bias$")
 # ops (graph nodes) per stage beyond its matmuls: norms, RoPE, KV copies, softmax/top-k, activations, adds.
 # The stages are moert's phases (moert/stats.py): "router" is the MoE block's norm and gate, "ffn" a dense FFN
@@ -143,46 +141,6 @@ class Prediction:
                 "parts": [asdict(p) for p in self.parts]}
 
 
-# ------------------------------------------------------------------------------------- the model's shape
-
-def _md(md: dict, key: str, default=None):
-    v = md.get(f"{md.get('general.architecture')}.{key}", default)
-    if v is None:
-        raise PlacementError(f"metadata key '{md.get('general.architecture')}.{key}' is missing; predict needs it")
-    return int(max(v)) if isinstance(v, (list, tuple, np.ndarray)) else v
-
-
-def expert_sets(plan) -> dict[str, dict[str, list[int]]]:
-    """Expert tensor -> device -> the experts of it held there (a tensor split over experts by expert-set rules
-    has one piece per device and rule; a whole tensor holds all of its experts on one device)."""
-    out: dict[str, dict[str, list[int]]] = {}
-    for e in plan:
-        if _EXPERT.search(e.name):
-            ids = list(e.experts) if e.experts is not None else list(range(e.shape[0]))
-            out.setdefault(e.name, {}).setdefault(e.device, []).extend(ids)
-    return out
-
-
-def _selection(md: dict, trace, n_layer: int) -> np.ndarray:
-    """q (n_layer, E): the chance a token selects each expert: K/E, or a trace's counts normalized to K."""
-    E, K = int(_md(md, "expert_count", 0)), int(_md(md, "expert_used_count", 0))
-    if trace is None:
-        return np.full((n_layer, max(E, 1)), K / E if E else 0.0)
-    try:
-        c = np.asarray(trace, dtype=np.float64)
-    except (TypeError, ValueError):
-        c = np.full(1, np.nan)
-    if c.shape == (n_layer, E) and not (np.isfinite(c).all() and (c >= 0).all()):
-        raise PlacementError("trace has a negative, NaN or infinite count; it must hold selection counts, as "
-                             "Model.stats.expert_counts")
-    if c.shape != (n_layer, E):
-        raise PlacementError(f"trace has shape {c.shape}; it must be (n_layer, n_expert) = ({n_layer}, {E}) "
-                             f"selection counts, as Model.stats.expert_counts")
-    tokens = c.sum(axis=1, keepdims=True) / max(K, 1)                  # (n_layer, 1) tokens seen per layer
-    q = np.divide(c, tokens, out=np.full_like(c, K / E), where=tokens > 0)
-    return np.clip(q, 0.0, 1.0)     # an expert serves a token at most once (counts from a real trace obey it)
-
-
 # ------------------------------------------------------------------------------------------- predict
 
 ACT_QUANT = (None, "none", "int16", "int8")     # kernels/matmul_q.ACT_QUANT's names (not imported: no Numba here)
@@ -227,7 +185,7 @@ def predict(plan, hardware: Hardware, n_prompt: int = 512, n_gen: int = 128, dep
                              f"(or gpu_layers=0 for a CPU-only machine)")
     cost = CostModel(plan, hardware, threads, act_quant=act_quant, kv_bytes=kv_bytes, experts=experts)
     m = cost.shape
-    q = _selection(plan.metadata, trace, m.n_layer)
+    q = selection(plan.metadata, trace, m.n_layer)
     parts: list[Part] = []
     mean_kv = depth + n_gen / 2                          # decode cost is linear in n_kv: the mean is exact
     parts += launch.apply(_forward(cost, q, 1, mean_kv, "decode", policy), hardware, graphs)
@@ -245,56 +203,6 @@ def predict(plan, hardware: Hardware, n_prompt: int = 512, n_gen: int = 128, dep
     return Prediction(1.0 / decode_s if decode_s else math.inf, n_prompt / prefill_s if prefill_s else 0.0,
                       decode_s, prefill_s, parts, all(v["need"] <= v["capacity"] for v in memory.values()),
                       memory, settings)
-
-
-class _Shape:
-    """What the cost model needs from a plan: per-layer tensors by stage, and attention dimensions."""
-
-    def __init__(self, plan, kv_bytes: int, experts: dict | None = None):
-        md = plan.metadata
-        # the multi-token-prediction layers at the end (GLM-4.5) are in the file but llama.cpp skips them
-        self.n_layer = plan.n_layer - int(_md(md, "nextn_predict_layers", 0))
-        self.D = int(_md(md, "embedding_length"))
-        self.H = int(_md(md, "attention.head_count"))
-        self.Hkv = int(_md(md, "attention.head_count_kv", self.H))
-        self.Dk = int(_md(md, "attention.key_length", self.D // self.H))
-        self.Dv = int(_md(md, "attention.value_length", self.Dk))
-        self.E, self.K = int(_md(md, "expert_count", 0)), int(_md(md, "expert_used_count", 0))
-        self.kv_bytes = kv_bytes
-        # KV elements cached per token per layer: K and V, or for MLA (key_length_mla present) only the
-        # compressed K of kv_lora + rope, V being a view of it (llama.cpp's deepseek2 cache)
-        mla = f"{md.get('general.architecture')}.attention.key_length_mla" in md
-        self.kv_width = self.Dk if mla else self.Dk + self.Dv
-        self.layers: list[dict[str, list]] = [defaultdict(list) for _ in range(self.n_layer)]
-        self.io: list = []                                 # token_embd, output_norm, output
-        seen: set[str] = set()
-        for e in plan:
-            if e.experts is not None:                      # a piece of a split tensor: the whole tensor, once
-                if e.name in seen:
-                    continue
-                seen.add(e.name)
-                pieces = plan.pieces(e.name)
-                devs = {p.device for p in pieces}                  # "cpu" if any expert runs there (its
-                e = replace(e, nbytes=sum(p.nbytes for p in pieces), experts=None,   # per-layer CPU cost)
-                            device="cpu" if "cpu" in devs else pieces[0].device)
-            mt = _LAYER.match(e.name)
-            if not mt:
-                self.io.append(e)
-            elif ".nextn." not in e.name and int(mt.group(1)) < self.n_layer:
-                stage = ("experts" if _EXPERT.search(e.name) else "attention" if "attn" in e.name
-                         else "router" if _ROUTER.search(e.name) else "ffn")
-                self.layers[int(mt.group(1))][stage].append(e)
-        for st in self.layers:                  # a MoE block's norm (1-D tensors) goes with its router
-            if st["router"]:
-                st["router"] += [e for e in st["ffn"] if len(e.shape) == 1]
-                st["ffn"] = [e for e in st["ffn"] if len(e.shape) > 1]
-        self.outputs = [e for e in self.io if not e.name.startswith("token_embd")]   # output_norm, output
-        self.experts = {**expert_sets(plan), **(experts or {})}
-        for name, sets in self.experts.items():
-            n = plan.pieces(name)[0].shape[0]
-            if sorted(i for r in sets.values() for i in r) != list(range(n)):
-                raise PlacementError(f"experts[{name!r}]: the devices' ranges must cover experts 0..{n - 1} "
-                                     f"once each, got {dict(sets)}")
 
 
 def _gpu_index(dev: str) -> int:
@@ -336,7 +244,7 @@ def _time(dev: str, items, ops: float, cost: CostModel, batch: int) -> tuple[flo
 
 def _items(ents, B: int) -> list[tuple[str, float, float]]:
     """(type, bytes, FLOPs) of dense tensors read once and applied to B tokens."""
-    return [(e.type, float(e.nbytes), 2.0 * B * _elements(e)) for e in ents]
+    return [(e.type, float(e.nbytes), 2.0 * B * elements(e)) for e in ents]
 
 
 class CostModel:
@@ -347,7 +255,7 @@ class CostModel:
                  kv_bytes: int = 2, experts: dict | None = None):
         self.plan, self.hw, self.act_quant = plan, hardware, act_quant
         self.threads = threads or hardware.cpu.cores
-        self.shape = _Shape(plan, kv_bytes, experts)
+        self.shape = Shape(plan, kv_bytes, experts)
 
     def part(self, phase: str, dev: str, layer, stage: str, items, ops: float, B: int) -> Part:
         """One term: `items` [(type, bytes, FLOPs[, tokens per matmul])] and `ops` ops on dev (plan name) in a
@@ -380,7 +288,7 @@ class CostModel:
         """Per device holding some of layer's experts: ([(type, bytes of the experts read, FLOPs, tokens per
         expert)], chance the batch uses the device at all), from q (E,) the chance a token selects each expert
         (expected), or counts (E,) a batch's actual selections."""
-        return _expert_load(self.shape.layers[layer]["experts"], self.shape, B, q, counts)
+        return expert_load(self.shape.layers[layer]["experts"], self.shape, B, q, counts)
 
 
 def _forward(cost: CostModel, q: np.ndarray, B: int, n_kv: float, phase: str, policy: str) -> list[Part]:
@@ -418,7 +326,7 @@ def _forward(cost: CostModel, q: np.ndarray, B: int, n_kv: float, phase: str, po
                     hop(il, sum(e.nbytes for e in ents), stage="offload")
                 if run_on != home:
                     hop(il, act, 2.0)
-                if stage == "router" and any(_ROUTER.search(e.name) for e in ents):
+                if stage == "router" and any(ROUTER.search(e.name) for e in ents):
                     router = run_on
                 parts.append(cost.dense(phase, run_on, il, stage, ents, B))
             if stage == "attention":                                    # the attention itself, where KV lives
@@ -454,7 +362,7 @@ def _forward(cost: CostModel, q: np.ndarray, B: int, n_kv: float, phase: str, po
         rows = 1                                                         # llama-bench keeps the last logits only
         parts.append(cost.output(phase, dev, ents, rows, B))
         if dev != "cpu":
-            hop(None, rows * _elements(ents[-1]) / m.D * 4)             # logits back to the host
+            hop(None, rows * elements(ents[-1]) / m.D * 4)             # logits back to the host
     if hw.cpu.token_us:
         parts.append(Part(phase, "cpu", None, "overhead", 0, 0, 1, hw.cpu.token_us * 1e-6, "overhead"))
     return parts
@@ -472,47 +380,17 @@ def _by_device(entries) -> dict[str, list]:
     return out
 
 
-def _elements(e) -> int:
-    return int(np.prod(e.shape, dtype=np.int64))
-
-
-def _expert_load(entries, m: _Shape, B: int, q: np.ndarray | None, counts: np.ndarray | None) -> dict[str, tuple]:
-    """device -> ([(type, bytes of the distinct experts read, FLOPs, tokens per expert)], chance any expert there
-    is used), expected from q (E,) or, given a batch's selection counts (E,), what it did select."""
-    out: dict[str, list] = {}
-    for e in entries:
-        per_expert_bytes, per_expert_el = e.nbytes / e.shape[0], _elements(e) / e.shape[0]
-        for dev, experts in m.experts[e.name].items():
-            if counts is not None:                    # what a batch did: its distinct experts and pairs here
-                c = np.asarray(counts)[list(experts)]
-                distinct, pairs, p_used = float(np.count_nonzero(c)), float(c.sum()), float(c.sum() > 0)
-            else:
-                qe = q[list(experts)]                                      # (experts on dev,)
-                distinct = float(np.sum(1.0 - (1.0 - qe) ** B))           # experts of this set a batch touches
-                pairs = B * float(qe.sum())                                # token-expert pairs computed here
-                if np.allclose(qe, m.K / max(m.E, 1)):    # uniform: a token picks K distinct experts of E
-                    none = math.comb(m.E - len(experts), m.K) / math.comb(m.E, m.K)
-                else:                                      # a trace: picks taken as independent
-                    none = float(np.prod(1.0 - qe))
-                p_used = 1.0 - none ** B                   # the chance the batch needs this device at all
-            acc = out.setdefault(dev, [[], 0.0])
-            acc[0].append((e.type, distinct * per_expert_bytes, 2.0 * pairs * per_expert_el,
-                           pairs / distinct if distinct else B))   # tokens each used expert multiplies
-            acc[1] = max(acc[1], p_used)
-    return {d: tuple(v) for d, v in out.items()}
-
-
 def gpu_memory(plan, hardware: Hardware, n_ctx: int, n_ubatch: int = 512, kv_bytes: int = 2) -> dict[str, dict]:
     """Per GPU of `hardware`: bytes needed (weights, f16 KV, buffers) and capacity, without predicting speed."""
-    return _gpu_memory(plan, _Shape(plan, kv_bytes), hardware, n_ctx, n_ubatch)
+    return _gpu_memory(plan, Shape(plan, kv_bytes), hardware, n_ctx, n_ubatch)
 
 
-def _gpu_memory(plan, m: _Shape, hw: Hardware, n_ctx: int, n_ubatch: int) -> dict[str, dict]:
+def _gpu_memory(plan, m: Shape, hw: Hardware, n_ctx: int, n_ubatch: int) -> dict[str, dict]:
     """Per GPU: weights + f16 KV of its attention layers + a llama.cpp-like compute buffer (flash attention:
     no score matrix; B x (4 D + 3 K F) floats, plus B x vocabulary logits where the output layer is);
     capacity is the card's memory less `reserved_gib` (CUDA context and workspaces)."""
     out: dict[str, dict] = {}
-    F = int(_md(plan.metadata, "expert_feed_forward_length", 0))
+    F = int(md_value(plan.metadata, "expert_feed_forward_length", 0))
     for d in plan.devices:
         if _gpu_index(d.name) >= len(hw.gpus):
             continue                                                   # an unused device of the plan

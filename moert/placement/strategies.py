@@ -151,10 +151,10 @@ def cost_greedy(model, hw, context: int = 4096, trace=None) -> list[TensorOverri
     """moert's own: start from all experts on the CPU, then bring experts to the GPU in order of predicted
     decode seconds saved per GPU byte (a trace's hot layers first), while they fit: whole layers first (a
     layer half on each side pays a link round trip per token), then single tensors of the layers left."""
-    from moert.predict import _selection
+    from moert.predict_shape import selection
 
     info = model_info(model)
-    q = _selection(info.metadata, trace, info.n_layer)                  # (n_layer, E)
+    q = selection(info.metadata, trace, info.n_layer)                  # (n_layer, E)
     gpu_gbs = hw.gpus[0].read_gbs()
     by_layer: dict[int, list[tuple[float, str, int]]] = {}
     for name, (typ, shape, nbytes) in info.tensors.items():
