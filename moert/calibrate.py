@@ -24,7 +24,7 @@ import time
 
 import numpy as np
 
-_TYPES = ("Q4_K", "Q5_K", "Q6_K", "Q8_0", "F16", "MXFP4", "F32")
+_TYPES = ("Q4_K", "Q5_K", "Q6_K", "Q8_0", "F16", "BF16", "MXFP4", "F32")   # every kernel-table type, and F32
 # kernels with quantized-activation variants
 _ACT = {"Q4_K": ("int16", "int8"), "Q6_K": ("int16", "int8"), "MXFP4": ("int8",)}
 
@@ -108,8 +108,8 @@ def kernel_rates(mib: int = 128, rounds: int = 3, types=_TYPES) -> tuple[dict, d
             for x, suffix in ((x64, ""), (x64[:8], "@8")):             # 8 tokens: what one expert sees
                 s = _best(lambda p=p, x=x: p(x), rounds)
                 gflops[key + suffix] = round(2 * x.shape[0] * 512 * cols / s / 1e9, 3)
-    if "F32" in gflops:
-        gflops["*"] = gflops["F32"]                        # a type without a kernel is kept as float32
+    if "F32" in gflops:                                    # a type without a kernel is kept as float32
+        gflops["*"], gflops["*@8"] = gflops["F32"], gflops["F32@8"]
     return gbs, gflops
 
 

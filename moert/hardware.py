@@ -15,6 +15,7 @@ A calibrated CPU carries measured rates instead (`kernel_gbs`, `kernel_gflops`, 
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
@@ -70,6 +71,7 @@ class CPU:
     def __post_init__(self):
         _positive(self, "cores", "mem_bw_gbs", "ghz", "flops_per_cycle")
         _share(self, "bw_efficiency", "compute_efficiency")
+        _not_negative(self, "mem_channels", "mem_mts", "call_us", "layer_us", "token_us", "bw_1thread_gbs")
         if self.ccds < 0 or self.fclk_ghz < 0 or (self.ccds > 0) != (self.fclk_ghz > 0):
             raise HardwareError(f"CPU {self.name!r}: ccds and fclk_ghz go together (both > 0, or both 0 for no "
                                 f"fabric cap); got ccds={self.ccds!r}, fclk_ghz={self.fclk_ghz!r}")
@@ -154,8 +156,12 @@ class GPU:
     source: str = ""
 
     def __post_init__(self):
-        _positive(self, "mem_gib", "bw_gbs", "fp16_tflops", "launch_us_nograph")
+        _positive(self, "mem_gib", "bw_gbs", "fp16_tflops", "launch_us_nograph", "pcie_lanes")
         _share(self, "bw_efficiency", "compute_efficiency")
+        _not_negative(self, "int8_tops", "launch_us", "reserved_gib")
+        if self.pcie_gen not in PCIE_GT_S:
+            raise HardwareError(f"GPU {self.name!r}: pcie_gen must be one of {', '.join(map(str, PCIE_GT_S))}, "
+                                f"got {self.pcie_gen!r}")
 
     @property
     def mem_bytes(self) -> int:
@@ -184,6 +190,7 @@ class Link:
     def __post_init__(self):
         _positive(self, "bw_gbs")
         _share(self, "efficiency")
+        _not_negative(self, "latency_us")
 
     def seconds(self, nbytes: float, copies: int = 1) -> float:
         """Time of `copies` copies moving `nbytes` in total."""
@@ -228,6 +235,13 @@ def _positive(obj: Any, *names: str) -> None:
                                 f"got {getattr(obj, n)!r}")
 
 
+def _not_negative(obj: Any, *names: str) -> None:
+    for n in names:
+        if not getattr(obj, n) >= 0:
+            raise HardwareError(f"{type(obj).__name__} {getattr(obj, 'name', '')!r}: {n} must be >= 0, "
+                                f"got {getattr(obj, n)!r}")
+
+
 def _share(obj: Any, *names: str) -> None:
     for n in names:
         if not 0 < getattr(obj, n) <= 1:
@@ -240,10 +254,12 @@ def ddr_gbs(channels: int, mts: int) -> float:
     return channels * mts * 8 / 1000
 
 
+PCIE_GT_S = {3: 8.0, 4: 16.0, 5: 32.0}     # GT/s per lane of the PCIe generations with 128b/130b encoding
+
+
 def pcie_gbs(gen: int, lanes: int = 16) -> float:
     """Peak PCIe bandwidth per direction: lanes x GT/s x 128/130 (encoding) / 8 bits, in GB/s."""
-    gts = {3: 8.0, 4: 16.0, 5: 32.0}[gen]
-    return lanes * gts * 128 / 130 / 8
+    return lanes * PCIE_GT_S[gen] * 128 / 130 / 8
 
 
 # ------------------------------------------------------------------------------------------- presets
@@ -361,6 +377,9 @@ _PLATFORM_PCIE = {"ryzen-7600": 5, "ryzen-7950x": 5, "ryzen-9950x": 5, "i9-14900
                   "i9-10900x": 3}
 
 
+MAX_GPUS = 64                                   # one machine; a bigger count is a typo, not a box
+
+
 def preset(name: str) -> Hardware:
     """A Hardware from preset part names: "rtx3090+ryzen-7950x", "ryzen-9950x", "2x rtx3090+epyc-9554",
     "rtx4090+ryzen-7950x+pcie4x16", "...+local" (this machine's CPU, calibrate()d), or JSON files for parts
@@ -372,13 +391,18 @@ def preset(name: str) -> Hardware:
     label = []                                                  # the name, a file's part by its own name
     for raw in parts:
         part = raw if raw.lower().endswith(".json") else raw.lower()
-        count, _, bare = part.partition("x ") if part[:1].isdigit() and "x " in part else ("1", "", part)
+        m = re.match(r"^(\d+)x\s+(\S.*)$", part)                    # "2x rtx3090": a count of GPUs
+        count, bare = (int(m.group(1)), m.group(2)) if m else (None, part)
         item = _json_part(bare, name, len(parts)) if bare.lower().endswith(".json") else None
+        is_gpu = bare in GPUS or isinstance(item, GPU)
+        if count is not None and (not 1 <= count <= MAX_GPUS or not is_gpu):
+            raise HardwareError(f"hardware {name!r}: {part!r}: a count ('2x ') goes before a GPU, from 1 to "
+                                f"{MAX_GPUS}")
         if isinstance(item, Hardware):
             return item
-        label.append(raw if item is None else f"{'' if count == '1' else count + 'x '}{item.name or bare}")
-        if bare in GPUS or isinstance(item, GPU):
-            gpus += [item or GPUS[bare]] * int(count)
+        label.append(raw if item is None else f"{'' if count is None else f'{count}x '}{item.name or bare}")
+        if is_gpu:
+            gpus += [item or GPUS[bare]] * (count or 1)
         elif bare in CPUS or bare == "local" or isinstance(item, CPU):
             if cpu is not None:
                 raise HardwareError(f"hardware {name!r} names two CPUs ({cpu.name}, {bare}); give one")

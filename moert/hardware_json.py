@@ -19,7 +19,7 @@ import math
 from dataclasses import MISSING, fields
 from pathlib import Path
 
-from moert.hardware import CPU, CPUS, GPU, GPUS, LINKS, Hardware, HardwareError, Link
+from moert.hardware import CPU, CPUS, GPU, GPUS, LINKS, MAX_GPUS, Hardware, HardwareError, Link
 
 MAX_BYTES = 1 << 20          # a machine is a few hundred bytes; a bigger file is not one
 _KINDS = {"cpu": CPU, "gpu": GPU, "link": Link}
@@ -29,14 +29,16 @@ def read(path: str | Path):
     """The JSON file at path as a CPU, GPU, Link or Hardware (HardwareError saying what is wrong where)."""
     p = Path(path)
     try:
-        if p.stat().st_size > MAX_BYTES:
-            raise HardwareError(f"hardware file {str(p)!r} is {p.stat().st_size:,} bytes; a description of a "
-                                f"machine is a few hundred (limit {MAX_BYTES:,})")
-        d = json.loads(p.read_text(encoding="utf-8"))
+        with open(p, "rb") as f:                 # at most the cap + 1 bytes, whatever stat says (a pipe, /dev/zero)
+            raw = f.read(MAX_BYTES + 1)
+        if len(raw) > MAX_BYTES:
+            raise HardwareError(f"hardware file {str(p)!r} is over {MAX_BYTES:,} bytes; a description of a "
+                                f"machine is a few hundred")
+        d = json.loads(raw.decode("utf-8"))
     except OSError as e:
         raise HardwareError(f"hardware file {str(p)!r}: {e.strerror or e}") from None
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise HardwareError(f"hardware file {str(p)!r} is not JSON: {e}") from None
+    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as e:
+        raise HardwareError(f"hardware file {str(p)!r} is not JSON: {str(e) or 'nested too deeply'}") from None
     if not isinstance(d, dict):
         raise HardwareError(f"hardware file {str(p)!r} holds a {type(d).__name__}; give an object: a CPU, a GPU, "
                             f"a link, or {{\"cpu\": ..., \"gpus\": [...]}}")
@@ -51,9 +53,12 @@ def machine(d: dict, where: str = "hardware") -> Hardware:
     _only(d, {"name", "cpu", "gpus", "link"}, where)
     if "cpu" not in d:
         raise HardwareError(f"{where}: a machine needs a \"cpu\" (fields, or a preset name: {', '.join(CPUS)})")
-    gpus = d.get("gpus") or []
+    gpus = d.get("gpus")
+    gpus = [] if gpus is None else gpus
     if not isinstance(gpus, list):
         raise HardwareError(f"{where}: \"gpus\" must be a list, got {type(gpus).__name__}")
+    if len(gpus) > MAX_GPUS:
+        raise HardwareError(f"{where}: {len(gpus):,} GPUs; one machine has at most {MAX_GPUS}")
     cpu = _named_or_fields(d["cpu"], "cpu", CPUS, where)
     cards = tuple(_named_or_fields(g, "gpu", GPUS, f"{where}, gpus[{i}]") for i, g in enumerate(gpus))
     link = None if d.get("link") is None else _named_or_fields(d["link"], "link", LINKS, where)
@@ -110,10 +115,18 @@ def _only(d: dict, known: set, where: str) -> None:
                             f"{', '.join(sorted(known))}")
 
 
+def _finite(v) -> bool:
+    """A finite float (an integer too big for one is not)."""
+    try:
+        return math.isfinite(float(v))
+    except OverflowError:
+        return False
+
+
 def _value(v, annotation: str, where: str):
     """v checked against a field's annotation ("float", "int", "str", or a tuple of (name, rate) pairs)."""
     if annotation in ("float", "int"):
-        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not _finite(v):
             raise HardwareError(f"{where} must be a number, got {v!r:.40}")
         if annotation == "int" and v != int(v):
             raise HardwareError(f"{where} must be a whole number, got {v!r}")
@@ -125,7 +138,7 @@ def _value(v, annotation: str, where: str):
     # kernel_gbs / kernel_gflops: [[name, rate], ...] as JSON writes the tuples
     ok = isinstance(v, (list, tuple)) and all(
         isinstance(p, (list, tuple)) and len(p) == 2 and isinstance(p[0], str) and not isinstance(p[1], bool)
-        and isinstance(p[1], (int, float)) and math.isfinite(p[1]) and p[1] > 0 for p in v)
+        and isinstance(p[1], (int, float)) and _finite(p[1]) and p[1] > 0 for p in v)
     if not ok:
         raise HardwareError(f"{where} must be a list of [name, rate > 0] pairs, got {v!r:.60}")
     return tuple((str(a), float(b)) for a, b in v)

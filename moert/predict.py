@@ -43,7 +43,7 @@ import re
 import sys
 import types
 from collections import defaultdict
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 
 import numpy as np
 
@@ -162,7 +162,7 @@ def _check_arguments(n_prompt, n_gen, depth, threads, n_ubatch, kv_bytes, act_qu
 
 
 def predict(plan, hardware: Hardware, n_prompt: int = 512, n_gen: int = 128, depth: int = 0, trace=None,
-            threads: int | None = None, *, policy: str = "llama.cpp", n_ubatch: int = 512, kv_bytes: int = 2,
+            threads: int | None = None, *, policy: str = "llama.cpp", n_ubatch: int = 512, kv_bytes: float = 2,
             act_quant: str | None = None, experts: dict | None = None, n_ctx: int | None = None,
             graphs: str = "per-split") -> Prediction:
     """Predict llama-bench's pp{n_prompt} and tg{n_gen} at KV position `depth` for `plan` on `hardware`.
@@ -189,12 +189,17 @@ def predict(plan, hardware: Hardware, n_prompt: int = 512, n_gen: int = 128, dep
     parts: list[Part] = []
     mean_kv = depth + n_gen / 2                          # decode cost is linear in n_kv: the mean is exact
     parts += launch.apply(_forward(cost, q, 1, mean_kv, "decode", policy), hardware, graphs)
+    # the prompt's u-batches: the full ones differ only in their KV position, and every term is linear in it (the
+    # attention's bytes and FLOPs, a max of two quantities proportional to it, plus fixed costs), so one forward at
+    # their mean position, times their number, is their sum: exact, and constant work for any n_prompt
+    full, rest = divmod(n_prompt, n_ubatch)
     prefill_s = 0.0
-    for start in range(0, n_prompt, n_ubatch):
-        B = min(n_ubatch, n_prompt - start)
-        ub = _forward(cost, q, B, depth + start + B / 2, "prefill", policy)
-        parts += ub
-        prefill_s += sum(p.seconds for p in ub)
+    for B, count, n_kv in ((n_ubatch, full, depth + n_ubatch * (full - 1) / 2 + n_ubatch / 2),
+                           (rest, 1, depth + full * n_ubatch + rest / 2)):
+        if B and count:
+            ub = [_times(p, count) for p in _forward(cost, q, B, n_kv, "prefill", policy)]
+            parts += ub
+            prefill_s += sum(p.seconds for p in ub)
     decode_s = sum(p.seconds for p in parts if p.phase == "decode")
     memory = _gpu_memory(plan, m, hardware, n_ctx or depth + n_prompt + n_gen, n_ubatch)
     settings = dict(hardware=hardware.name, n_prompt=n_prompt, n_gen=n_gen, depth=depth, policy=policy,
@@ -203,6 +208,11 @@ def predict(plan, hardware: Hardware, n_prompt: int = 512, n_gen: int = 128, dep
     return Prediction(1.0 / decode_s if decode_s else math.inf, n_prompt / prefill_s if prefill_s else 0.0,
                       decode_s, prefill_s, parts, all(v["need"] <= v["capacity"] for v in memory.values()),
                       memory, settings)
+
+
+def _times(p: Part, n: int) -> Part:
+    """A part done n times: its bytes, FLOPs, ops and seconds times n."""
+    return p if n == 1 else replace(p, bytes=p.bytes * n, flops=p.flops * n, ops=p.ops * n, seconds=p.seconds * n)
 
 
 def _gpu_index(dev: str) -> int:
@@ -252,7 +262,7 @@ class CostModel:
     clock (moert/vclock.py) charges the same terms as a real forward on sim GPUs runs, so the two agree."""
 
     def __init__(self, plan, hardware: Hardware, threads: int | None = None, *, act_quant: str | None = None,
-                 kv_bytes: int = 2, experts: dict | None = None):
+                 kv_bytes: float = 2, experts: dict | None = None):
         self.plan, self.hw, self.act_quant = plan, hardware, act_quant
         self.threads = threads or hardware.cpu.cores
         self.shape = Shape(plan, kv_bytes, experts)
@@ -380,7 +390,7 @@ def _by_device(entries) -> dict[str, list]:
     return out
 
 
-def gpu_memory(plan, hardware: Hardware, n_ctx: int, n_ubatch: int = 512, kv_bytes: int = 2) -> dict[str, dict]:
+def gpu_memory(plan, hardware: Hardware, n_ctx: int, n_ubatch: int = 512, kv_bytes: float = 2) -> dict[str, dict]:
     """Per GPU of `hardware`: bytes needed (weights, f16 KV, buffers) and capacity, without predicting speed."""
     return _gpu_memory(plan, Shape(plan, kv_bytes), hardware, n_ctx, n_ubatch)
 

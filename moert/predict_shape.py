@@ -51,11 +51,14 @@ def selection(md: dict, trace, n_layer: int) -> np.ndarray:
         return np.full((n_layer, max(E, 1)), K / E if E else 0.0)
     try:
         c = np.asarray(trace, dtype=np.float64)
-    except (TypeError, ValueError):
-        c = np.full(1, np.nan)
-    if c.shape == (n_layer, E) and not (np.isfinite(c).all() and (c >= 0).all()):
-        raise PlacementError("trace has a negative, NaN or infinite count; it must hold selection counts, as "
-                             "Model.stats.expert_counts")
+    except (TypeError, ValueError, OverflowError):
+        raise PlacementError(f"trace is a {type(trace).__name__}, not an array of selection counts; give the "
+                             f"(n_layer, n_expert) = ({n_layer}, {E}) counts of Model.stats.expert_counts") from None
+    with np.errstate(over="ignore", invalid="ignore"):
+        sums_finite = bool(np.isfinite(c.sum(axis=-1)).all()) if c.ndim else False
+    if c.shape == (n_layer, E) and not (sums_finite and (c >= 0).all()):
+        raise PlacementError("trace has a negative, NaN or infinite count (or counts whose sum is); it must hold "
+                             "selection counts, as Model.stats.expert_counts")
     if c.shape != (n_layer, E):
         raise PlacementError(f"trace has shape {c.shape}; it must be (n_layer, n_expert) = ({n_layer}, {E}) "
                              f"selection counts, as Model.stats.expert_counts")
@@ -67,7 +70,7 @@ def selection(md: dict, trace, n_layer: int) -> np.ndarray:
 class Shape:
     """What the cost model needs from a plan: per-layer tensors by stage, and attention dimensions."""
 
-    def __init__(self, plan, kv_bytes: int, experts: dict | None = None):
+    def __init__(self, plan, kv_bytes: float, experts: dict | None = None):
         md = plan.metadata
         # the multi-token-prediction layers at the end (GLM-4.5) are in the file but llama.cpp skips them
         self.n_layer = plan.n_layer - int(md_value(md, "nextn_predict_layers", 0))

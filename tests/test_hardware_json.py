@@ -109,3 +109,41 @@ def test_the_readmes_two_commands_calibrate_to_a_file_and_compare_with_it(tmp_pa
     assert main(["compare", "zoo:olmoe-1b-7b", "--hardware", f"{gpu}+{here}", "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
     assert out["hardware"].startswith("rtx3080+local (") and any(r["best"] for r in out["rows"])
+
+
+def test_hostile_files_and_figures_end_in_hardware_errors(tmp_path):
+    from moert import hardware_json
+
+    deep = _write(tmp_path, "deep.json", "[" * 100_000)                       # under the cap, too deep to parse
+    with pytest.raises(HardwareError, match="is not JSON"):
+        hardware_json.read(deep)
+    with pytest.raises(HardwareError, match="over 1,048,576 bytes"):           # no size to stat: read up to the cap
+        hardware_json.read("/dev/zero")
+    huge_int = '{"name": "c", "cores": 1' + "0" * 400 + ', "mem_bw_gbs": 80}'
+    with pytest.raises(HardwareError, match="cores must be a number"):
+        hardware_json.read(_write(tmp_path, "int.json", huge_int))
+    for fields, message in (({"pcie_gen": 2}, "pcie_gen must be one of 3, 4, 5"), ({"pcie_lanes": 0}, "pcie_lanes"),
+                            ({"launch_us": -1}, "launch_us must be >= 0"), ({"reserved_gib": -2}, "reserved_gib")):
+        with pytest.raises(HardwareError, match=message):
+            hardware.preset(_write(tmp_path, "g.json", {**RTX3080, **fields}) + "+ryzen-7950x")
+    with pytest.raises(HardwareError, match="latency_us must be >= 0"):
+        hardware_json.read(_write(tmp_path, "l.json", {"bw_gbs": 31.5, "latency_us": -100}))
+    with pytest.raises(HardwareError, match="bw_1thread_gbs must be >= 0"):
+        hardware_json.read(_write(tmp_path, "c.json", {"name": "c", "cores": 8, "mem_bw_gbs": 80,
+                                                       "bw_1thread_gbs": -5}))
+    for gpus in ({}, 0, False, ""):                                             # falsy, still not a list
+        with pytest.raises(HardwareError, match='"gpus" must be a list'):
+            hardware_json.read(_write(tmp_path, "m.json", {"cpu": "ryzen-7950x", "gpus": gpus}))
+    with pytest.raises(HardwareError, match="at most 64"):
+        hardware_json.read(_write(tmp_path, "many.json", {"cpu": "ryzen-7950x", "gpus": ["rtx3090"] * 65}))
+
+
+def test_a_count_goes_before_a_gpu_and_is_bounded(tmp_path):
+    cpu = _write(tmp_path, "cpu.json", {"name": "c", "cores": 8, "mem_bw_gbs": 80})
+    for name in ("2x ryzen-7950x", "0x rtx3090+ryzen-7950x", "100000000x rtx3090+ryzen-7950x", "rtx3090+2x " + cpu,
+                 "rtx3090+2x pcie4x16"):
+        with pytest.raises(HardwareError, match="a count .* goes before a GPU, from 1 to 64"):
+            hardware.preset(name)
+    with pytest.raises(HardwareError, match="unknown part '2.5x rtx3090'"):
+        hardware.preset("2.5x rtx3090+ryzen-7950x")
+    assert len(hardware.preset("3x rtx3090+ryzen-7950x").gpus) == 3

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import re
 import warnings
 
@@ -281,6 +282,7 @@ def test_compare_says_when_no_override_is_needed_and_how_far_to_trust_it(capsys)
     assert main(["compare", "zoo:olmoe-1b-7b", "--hardware", "rtx4090+ryzen-7950x"]) == 0   # 24 GiB: all fits
     out = capsys.readouterr().out
     assert "--n-cpu-moe 0 (every expert on the GPU)" in out and "-ot ''" not in out
+    assert "last 0 layers" not in out                                     # the same placement, one row
     assert "no -ot needed (-ngl 99 alone)" in out
     assert "how far to trust it: checked against" in out and "ranked right" in out
 
@@ -342,7 +344,7 @@ def _hits(plan, counts) -> dict:
     return t.hits(plan)
 
 
-def test_bad_arguments_are_typed_errors_before_any_work():
+def test_bad_arguments_are_typed_errors():
     from moert.errors import ArgumentError
 
     hw = hardware.preset("rtx3090+ryzen-7950x")
@@ -353,8 +355,49 @@ def test_bad_arguments_are_typed_errors_before_any_work():
                     (dict(n_ctx=-1), "n_ctx must be"), (dict(n_gen=2.5), "n_gen must be an integer")):
         with pytest.raises(ArgumentError, match=re.escape(msg)):
             moert.predict(p, hw, **kw)
-    with pytest.raises(PlacementError, match="trace has shape"):
+    with pytest.raises(PlacementError, match="trace is a str, not an array of selection counts"):
         moert.predict(p, hw, trace="nonsense")
+    with pytest.raises(PlacementError, match=r"trace has shape \(3,\)"):
+        moert.predict(p, hw, trace=[1, 2, 3])
+    with pytest.raises(PlacementError, match="or counts whose sum is"):              # finite counts, infinite sums
+        moert.predict(p, hw, trace=np.full((16, 64), 1e308))
     with pytest.raises(PlacementError, match="negative, NaN or infinite"):
         moert.predict(p, hw, trace=-np.ones((16, 64)))
     assert moert.predict(p, hw, n_prompt=0, n_gen=0, kv_bytes=34 / 32).prefill_tok_s == 0.0   # no prompt test
+
+
+def test_a_long_prompt_costs_one_forward_per_u_batch_size_and_sums_exactly():
+    import moert.predict as pm
+
+    hw = hardware.preset("rtx3090+ryzen-7950x")
+    p = moert.plan(zoo.path("olmoe-1b-7b"), gpu_backend="sim", gpu_memory=hw.gpu_memory(), cpu_moe=True)
+    for policy, depth in (("llama.cpp", 0), ("ik_llama.cpp", 3000)):
+        r = moert.predict(p, hw, n_prompt=5000, n_ubatch=512, depth=depth, policy=policy)
+        cost = pm.CostModel(p, hw)
+        q = pm.selection(p.metadata, None, cost.shape.n_layer)
+        each = sum(x.seconds for start in range(0, 5000, 512)                 # every u-batch at its own position
+                   for x in pm._forward(cost, q, min(512, 5000 - start), depth + start + min(512, 5000 - start) / 2,
+                                        "prefill", policy))
+        assert r.prefill_s == pytest.approx(each, rel=1e-12)
+    import time
+
+    t0 = time.perf_counter()
+    assert moert.predict(p, hw, n_prompt=10**9, n_ubatch=1).prefill_tok_s > 0   # 1e9 u-batches: no loop over them
+    assert time.perf_counter() - t0 < 5
+
+
+def test_experts_split_within_a_layer_receive_the_selection_only_where_the_router_is_not():
+    hw = hardware.preset("rtx3090+ryzen-7950x")
+    p = moert.plan(zoo.path("olmoe-1b-7b"), gpu_backend="sim", gpu_memory=hw.gpu_memory())   # all on the GPU
+    names = [e.name for e in p if e.name.startswith("blk.0.ffn_") and "exps" in e.name]
+    half = {n: {"sim:0": range(0, 32), "cpu": range(32, 64)} for n in names}             # layer 0: half on the CPU
+    hops = [x for x in moert.predict(p, hw, experts=half).parts if x.phase == "decode" and x.device == "link"
+            and x.layer is not None and x.stage == "transfer"]
+    p_cpu = 1 - math.comb(32, 8) / math.comb(64, 8)                  # a token picks one of the CPU's 32 at least
+    acts = [x for x in hops if x.bytes == pytest.approx(2 * 2048 * 4 * p_cpu)]
+    picks = [x for x in hops if x.bytes == pytest.approx(2 * 8 * 4 * p_cpu)]          # ids + weights, K = 8 each
+    assert len(acts) == len(picks) == 1 and all(x.layer == 0 and x.ops == pytest.approx(2 * p_cpu) for x in hops
+                                                if x in acts + picks)
+    whole = [x for x in moert.predict(p, hw).parts if x.phase == "decode" and x.device == "link"
+             and x.layer is not None and x.ops > 1.5]
+    assert not whole                           # all on the GPU: no round trip (only the embedding row goes up)
