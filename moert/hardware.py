@@ -71,8 +71,9 @@ class CPU:
     def __post_init__(self):
         _positive(self, "cores", "mem_bw_gbs", "ghz", "flops_per_cycle")
         _share(self, "bw_efficiency", "compute_efficiency")
-        _not_negative(self, "mem_channels", "mem_mts", "call_us", "layer_us", "token_us", "bw_1thread_gbs")
-        if self.ccds < 0 or self.fclk_ghz < 0 or (self.ccds > 0) != (self.fclk_ghz > 0):
+        _not_negative(self, "mem_channels", "mem_mts", "call_us", "layer_us", "token_us", "bw_1thread_gbs", "ccds",
+                      "fclk_ghz")
+        if (self.ccds > 0) != (self.fclk_ghz > 0):
             raise HardwareError(f"CPU {self.name!r}: ccds and fclk_ghz go together (both > 0, or both 0 for no "
                                 f"fabric cap); got ccds={self.ccds!r}, fclk_ghz={self.fclk_ghz!r}")
 
@@ -464,7 +465,7 @@ def table() -> str:
                           f"{'GFLOPS':>7}"]
     rows += [f"  {c.name:<23} {c.cores:>5} {c.mem_label or f'{c.mem_channels} x DDR{c.ddr}-{c.mem_mts}':>20} "
              f"{c.mem_bw_gbs:>10.1f} "
-             f"{f'{c.ccds} x {c.fclk_ghz * 32:g} GB/s' if c.ccds else '-':>14} {c.peak_gflops:>7.0f}"
+             f"{f'{c.ccds} x {c.fabric_gbs / c.ccds:g} GB/s' if c.ccds else '-':>14} {c.peak_gflops:>7.0f}"
              for c in CPUS.values()]
     rows += ["", "links:"] + [f"  {k:<11} {v.bw_gbs:.1f} GB/s per direction, {v.latency_us:g} us per copy"
                               for k, v in LINKS.items()]

@@ -19,7 +19,7 @@ import math
 from dataclasses import MISSING, fields
 from pathlib import Path
 
-from moert.hardware import CPU, CPUS, GPU, GPUS, LINKS, MAX_GPUS, Hardware, HardwareError, Link
+from moert.hardware import CPU, CPUS, GPU, GPUS, LINKS, MAX_GPUS, Hardware, HardwareError, Link, preset_link
 
 MAX_BYTES = 1 << 20          # a machine is a few hundred bytes; a bigger file is not one
 _KINDS = {"cpu": CPU, "gpu": GPU, "link": Link}
@@ -66,8 +66,6 @@ def machine(d: dict, where: str = "hardware") -> Hardware:
     if name is not None and not isinstance(name, str):
         raise HardwareError(f"{where}: \"name\" must be a string, got {name!r:.40}")
     if link is None and cards:                                  # the presets' rule: the slower PCIe
-        from moert.hardware import preset_link
-
         link = preset_link(cpu, cards)
     return Hardware(cpu, cards, link, name=name or "")
 

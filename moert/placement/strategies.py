@@ -249,10 +249,9 @@ def named(model, hw, context: int = 4096, trace=None) -> dict[str, list[TensorOv
     out: dict[str, list | None] = {"all experts on CPU (--cpu-moe)": all_cpu_experts(model)}
     for which, label in (("first", "--n-cpu-moe N (first N layers)"), ("last", "last N layers (ik_llama.cpp)")):
         found = smallest_fitting(model, hw, context, lambda n, w=which: cpu_layers(model, n, w))
-        if found and found[0] == 0:                      # everything fits: say so rather than "first 0 layers"
-            if which == "last":
-                continue                                 # the same placement as the "first" row's
-            label = label.split(" (")[0].replace(" N", " 0") + " (every expert on the GPU)"
+        if found and found[0] == 0:       # everything fits: one row says so ("last 0 layers" is the same placement)
+            out["--n-cpu-moe 0 (every expert on the GPU)"] = found[1]
+            break
         out[label.replace(" N", f" {found[0]}") if found else label] = found[1] if found else None
     out["--fit order (front layers, then part of one)"] = fit_order(model, hw, context)
     out["equal share of experts per layer"] = equal_share(model, hw, context)
