@@ -10,6 +10,16 @@ their dispatch) and "the rest": model code, NumPy glue, wrappers, timers. On tin
 own fixed costs (per-row calls, a parallel region, small allocations) are a visible part of it.
 Medians move with other jobs on a shared machine; the last column uses each model's fastest step, which
 other jobs can only slow down.
+
+    python bench/overhead.py --demo [--rounds 6] [--steps 64] [--json out.json]
+
+The shipped demo model (moert/data/demo-qwen3moe.gguf) on ONE thread, moert and llama.cpp (llama-cpp-python)
+side by side in one run: engines take turns every round (the order rotating), each round an 8-token prompt
+(untimed) then `--steps` one-token forwards at positions 8.., each timed (bench/busy.py's rounds). Also moert
+with `fused_decode = False` (every layer through the architecture's Python block: moert/fused.py's twin).
+Reported per engine, ms per token: the median step, the best round's median, the fastest step, the spread
+(worst round median / best - 1); and moert / llama.cpp, of the medians and of each round's pair. The load
+average (`uptime`'s) is read at the start of every round.
 """
 
 from __future__ import annotations
@@ -25,6 +35,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import busy  # noqa: E402
 import common  # noqa: E402
 
 import moert  # noqa: E402
@@ -97,12 +108,80 @@ def measure(layers: int, threads: int, steps: int) -> dict:
     return dict(step=statistics.median(step), kernels=statistics.median(kern), best=step[i], best_kernels=kern[i])
 
 
+class Unfused:
+    """moert -t 1 with every layer through the architecture's Python block (Model.fused_decode = False)."""
+
+    def __init__(self, path: Path):
+        self.e = busy.Moert(path, 1, None)
+        self.e.m.fused_decode = False
+        self.name = "moert -t 1, unfused"
+
+    def __getattr__(self, name):
+        return getattr(self.e, name)
+
+
+def demo(args) -> dict:
+    """moert -t 1 (fused and not) and llama.cpp -t 1 on the demo model, rounds alternating (module docstring)."""
+    from moert.demo import demo_model_path
+    from moert.threads import set_threads
+
+    set_threads(1)
+    path = demo_model_path()
+    mach = common.machine(1, with_bandwidth=False)
+    engines = [busy.Moert(path, 1, None), busy.LlamaCpp(path, 1)] + ([] if args.no_unfused else [Unfused(path)])
+    res = {e.name: dict(rounds=[], steps=[]) for e in engines}
+    loads = []
+    try:
+        for e in engines:                                 # compile and touch everything before timing
+            busy.run_round(e, 8)
+        for r in range(args.rounds):
+            loads.append(round(os.getloadavg()[0], 2))
+            k = r % len(engines)
+            for e in engines[k:] + engines[:k]:
+                s = busy.run_round(e, args.steps)
+                res[e.name]["rounds"].append(statistics.median(s))
+                res[e.name]["steps"] += s
+            print(f"  round {r + 1}: load {loads[-1]}; " + ", ".join(
+                f"{n} {d['rounds'][-1] * 1e3:.3f}" for n, d in res.items()) + " ms/token", flush=True)
+    finally:
+        for e in engines:
+            e.close()
+    llama = res["llama.cpp -t 1"]
+    for d in res.values():
+        d.update(median_ms=statistics.median(d["steps"]) * 1e3, best_round_ms=min(d["rounds"]) * 1e3,
+                 fastest_ms=min(d["steps"]) * 1e3, spread=max(d["rounds"]) / min(d["rounds"]) - 1,
+                 vs_llama=[a / b for a, b in zip(d["rounds"], llama["rounds"])])
+    for d in res.values():
+        d["median_vs_llama"] = d["median_ms"] / llama["median_ms"]
+        del d["steps"]
+    rows = [[name, f"{d['median_ms']:.3f}", f"{d['best_round_ms']:.3f}", f"{d['fastest_ms']:.3f}", f"{d['spread']:.0%}",
+             f"{d['median_vs_llama']:.2f}x", f"{min(d['vs_llama']):.2f}-{max(d['vs_llama']):.2f}x"]
+            for name, d in res.items()]
+    print(f"\n# {common.machine_line(mach)}; load average per round: {loads}")
+    print(f"# {path.name}, one thread; {args.rounds} rounds of {args.steps} decode steps after an 8-token prompt "
+          f"(positions 8-{7 + args.steps}); ms per token")
+    print(common.table(["engine", "median step", "best round median", "fastest step", "spread",
+                        "median / llama.cpp's", "round medians / llama.cpp's"], rows))
+    print(f"# command: {common.command()}")
+    return dict(machine=mach, loads=loads, engines=res)
+
+
 def main(argv: list[str] | None = None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--threads", default="1,2", help="comma-separated thread counts")
-    ap.add_argument("--steps", type=int, default=300)
+    ap.add_argument("--steps", type=int, default=None, help="decode steps (default 300; --demo: per round, 64)")
+    ap.add_argument("--demo", action="store_true", help="the demo model, moert vs llama.cpp, one thread")
+    ap.add_argument("--rounds", type=int, default=6, help="--demo: rounds per engine")
+    ap.add_argument("--no-unfused", action="store_true", help="--demo: leave out moert with fused_decode = False")
     ap.add_argument("--json", type=Path, help="write the results here")
     args = ap.parse_args(argv)
+    if args.demo:
+        args.steps = args.steps or 64
+        out = demo(args)
+        if args.json:
+            args.json.write_text(json.dumps(out, indent=1))
+        return out
+    args.steps = args.steps or 300
     rows, out = [], []
     for threads in (int(t) for t in args.threads.split(",")):
         a, b = measure(2, threads, args.steps), measure(10, threads, args.steps)

@@ -1,4 +1,4 @@
-"""x86 AVX2 one-token float dots for Q4_K and Q6_K: the default (float) path's decode kernels on a CPU with
+"""x86 AVX2 one-token float dots for Q4_K, Q6_K and Q8_0: the default (float) path's decode kernels on a CPU with
 AVX2, in LLVM IR as kernels/simd.py's int8 ones. Numba's own loop (kernels/qblocks.py dot1_q4_k,
 dot1_q6_k, the fallback on other CPUs) spends ~0.75 instructions per weight: LLVM widens the nibbles
 through shuffles and multiplies every weight by its sub-block's scale. Here each weight costs about half:
@@ -9,13 +9,16 @@ through shuffles and multiplies every weight by its sub-block's scale. Here each
            FMA per block.
     Q6_K   the 6-bit values and their -32 as bytes (32 lanes at a time, as simd.py's int8 kernel), then
            8 lanes sign-extended, converted and FMA'd with x; one FMA per 16 weights for the scale d*sc_g.
+    Q8_0   4 x 8 int8 sign-extended (vpmovsxbd), converted and FMA'd with x, one FMA for the block's d: 2x
+           Numba's loop on the short rows of a small model's ffn_down (4 blocks a row; bench/RESULTS.md).
 
 The sums are float32, grouped differently from the reference (within the kernels' 1e-5 of sum|w x|, checked
 in tests/test_kernels_matmul.py with every other kernel).
 
     q4k_dot(w, o, nb, x, c, xs, cs)   sum over nb Q4_K blocks from w[o] with x[c:], per-32 sums xs[cs:]
     q6k_dot(w, o, nb, x, c)           sum over nb Q6_K blocks from w[o] with x[c:]
-    dot1_q4_k, dot1_q6_k              the two in qblocks.dot1's signature: the kernel table's one-token dots
+    q8_0_dot(w, o, nb, x, c)          sum over nb Q8_0 blocks from w[o] with x[c:]
+    dot1_q4_k, dot1_q6_k, dot1_q8_0   the three in qblocks.dot1's signature: the kernel table's one-token dots
 
 w a uint8 array, x and xs float32 arrays, each contiguous from the given flat offset (a row's bytes and a
 token's values, as qblocks' dot1 gets them). Only called when simd.available() (kernels/ktypes.py).
@@ -48,7 +51,7 @@ from moert.kernels.simd import (
     q6k_values,
 )
 
-__all__ = ["dot1_q4_k", "dot1_q6_k", "q4k_dot", "q6k_dot"]
+__all__ = ["dot1_q4_k", "dot1_q6_k", "dot1_q8_0", "q4k_dot", "q6k_dot", "q8_0_dot"]
 
 _F8 = ir.VectorType(ir.FloatType(), 8)
 _F16 = ir.VectorType(ir.FloatType(), 16)
@@ -112,6 +115,15 @@ def _q6k(context, builder, aty, wa, o, xty, xa, c, acc):
     return acc
 
 
+def _q80(context, builder, aty, wa, o, xty, xa, c, acc):
+    """One Q8_0 block at w[o:] (x at x[c:]) into the 8-lane accumulator: 4 x 8 int8 sign-extended, converted,
+    FMA'd with x, then times d in one more FMA."""
+    terms = [(builder.sitofp(builder.sext(_vload(context, builder, aty, wa, _at(builder, o, 2 + 8 * k),
+                                                 ir.VectorType(_I8, 8)), _V32x8), _F8),
+              _vload(context, builder, xty, xa, _at(builder, c, 8 * k), _F8)) for k in range(4)]
+    return _fma(builder, _dot(builder, terms), _fsplat(builder, _half_at(context, builder, aty, wa, o)), acc)
+
+
 def _check(w, x):
     return (isinstance(w, types.Array) and w.dtype == types.uint8 and isinstance(x, types.Array)
             and x.dtype == types.float32)
@@ -159,6 +171,25 @@ def q6k_dot(typingctx, w, o, nb, x, c):
     return types.float32(w, o, nb, x, c), codegen
 
 
+@intrinsic
+def q8_0_dot(typingctx, w, o, nb, x, c):
+    """sum over nb Q8_0 blocks from w[o] of the block . x[c + 32 b:]."""
+    if not _check(w, x):
+        return None
+
+    def codegen(context, builder, sig, args):
+        o_, nb_, c_ = _intp(context, builder, sig, args, 1, 2, 4)
+        acc = cgutils.alloca_once_value(builder, ir.Constant(_F8, [0.0] * 8))
+        with cgutils.for_range(builder, nb_) as loop:
+            b = loop.index
+            ob, cb = builder.add(o_, builder.mul(b, ir.Constant(b.type, 34))), \
+                builder.add(c_, builder.mul(b, ir.Constant(b.type, 32)))
+            builder.store(_q80(context, builder, sig.args[0], args[0], ob, sig.args[3], args[3], cb, builder.load(acc)),
+                          acc)
+        return _fhsum(builder, builder.load(acc))
+    return types.float32(w, o, nb, x, c), codegen
+
+
 # The kernel table's one-token dots (kernels/ktypes.py, on a CPU with AVX2), in qblocks.dot1's signature:
 # w one row's bytes of nb blocks, x its values, xs x's per-32 sums (Q4_K), f16 unused (F16C converts).
 
@@ -170,3 +201,8 @@ def dot1_q4_k(w, x, xs, nb, f16):
 @njit(cache=True, inline="always")
 def dot1_q6_k(w, x, xs, nb, f16):
     return q6k_dot(w, Z0, nb, x, Z0)
+
+
+@njit(cache=True, inline="always")
+def dot1_q8_0(w, x, xs, nb, f16):
+    return q8_0_dot(w, Z0, nb, x, Z0)

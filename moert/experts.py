@@ -57,6 +57,15 @@ def run_experts(m, il: int, x, ids, weights, names: tuple[str, str, str], logits
     return _placed(m, il, layout, ffn, x, ids, ids_h, weights, counts, src)
 
 
+def cpu_layer(m, names: tuple[str, str, str], act: str = "swiglu"):
+    """The CPU kernel object run_experts calls for a layer whose gate/up/down (names) are all whole on the CPU,
+    without biases (a kernels.moe_fused.PreparedExperts where the fused kernel takes the types); None when they
+    are elsewhere or split."""
+    ffn = (names, act, None)
+    layout = m.cached(("layout", ffn), lambda: ExpertLayout.of(m.weights, names, m.config.n_expert))
+    return _cpu_layer(m, ffn) if layout.home is CPU else None
+
+
 def _placed(m, il: int, layout: ExpertLayout, ffn, x, ids, ids_h, weights, counts: np.ndarray, src: Device):
     """The selected experts of layer il (ids (T, K), -1: skipped; ids_h their host copy, counts (E,) of them) run
     where the plan put them; (T, D) on src."""

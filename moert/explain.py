@@ -79,11 +79,13 @@ class Recorder:
                       ("attention_device", "to", "experts", "output", "_add_time", "_add_predicted")}
         m.attention_device, m.to, m.experts = self._attention_device, self._to, self._experts
         m.output, m._add_time, m._add_predicted = self._output, self._add_time, self._add_predicted
+        self._fused, m.fused_decode = m.fused_decode, False    # the block, whose calls it watches (moert/fused.py)
         return self
 
     def __exit__(self, *exc) -> None:
         for name in self._orig:
             delattr(self.m, name)      # the class's methods again
+        self.m.fused_decode = self._fused
 
     def host(self, x) -> np.ndarray:
         """A recorded array on the host, float64 (the read is not counted as a transfer of the model's)."""

@@ -71,11 +71,13 @@ def _recording_attention(m, out: dict):
 
     blocks.attention, blocks.cpu_arrays = rec, (lambda *a: False)        # the reference path, for this step
     m.attention_device = attention_device
+    fused, m.fused_decode = m.fused_decode, False                        # the block, not one call (moert/fused.py)
     try:
         yield
     finally:
         blocks.attention, blocks.cpu_arrays = attention, cpu_arrays
         del m.attention_device                                            # the class's method again
+        m.fused_decode = fused
 
 
 def attention_view(m, prompt, token: int = -1, top: int = 5) -> dict:

@@ -62,7 +62,8 @@ class Model(ModelRuntime, TextAPI, Tracing):
         self.stats = ModelStats(config.n_layer, getattr(config, "n_expert", 0))
         self._call: Stats | None = None
         self._phases: list[list] = []            # the open phase timers, innermost last
-        self._rope: dict[tuple, tuple] = {}      # (id(device), head dim, base) -> cos, sin of this chunk
+        self._rope: dict[tuple, tuple] = {}      # (id(device), head dim, base, yarn) -> cos, sin of this chunk
+        self._rope_tables: dict[tuple, tuple] = {}   # the same key -> cos, sin of positions 0, 1, ... (rope)
         self._n = 0                              # tokens in this chunk
         self._last_only = False                  # this forward call wants the last position's logits only
         self._batch = None                       # a moert.batch.Batch while forward_batch runs
@@ -76,6 +77,10 @@ class Model(ModelRuntime, TextAPI, Tracing):
         self.clock = None
         self.expert_cache = None                  # a dynamic.runtime.RuntimeCache (use_expert_cache)
         self.stall_guard = StallGuard()           # decode steps stalled by a busy core go to one thread (threads.py)
+        # a one-token step runs each CPU layer as one kernel call where it can (moert/fused.py; time counted as
+        # the phase "layer"); False: always the architecture's Python block, with per-phase times
+        self.fused_decode = True
+        self._fused: dict = {}                    # a fused layer kind -> per layer its fused.LayerStep or None
 
     # -- the public interface
     def forward(self, tokens, last_only: bool = False, *, batch=None) -> np.ndarray:
@@ -242,11 +247,15 @@ class Model(ModelRuntime, TextAPI, Tracing):
         t = np.asarray(tokens)
         if t.ndim == 0:
             t = t.reshape(1)
-        if t.ndim != 1 or not (np.issubdtype(t.dtype, np.integer) or t.size == 0):
+        if t.ndim != 1 or not (t.dtype.kind in "iu" or t.size == 0):
             raise InvalidTokenError(f"tokens must be a 1-D sequence of integer ids, got {t.dtype} shape {t.shape}")
         t = t.astype(np.int64)
-        bad = np.flatnonzero((t < 0) | (t >= self.config.n_vocab))
-        if bad.size:
+        if len(t) == 1:                                   # a decode step: no array operations (~2 us a token)
+            lo = hi = int(t[0])
+        else:
+            lo, hi = (int(t.min()), int(t.max())) if t.size else (0, 0)
+        if lo < 0 or hi >= self.config.n_vocab:
+            bad = np.flatnonzero((t < 0) | (t >= self.config.n_vocab))
             i = int(bad[0])
             raise InvalidTokenError(f"token id {int(t[i])} at index {i} is outside the vocabulary "
                                     f"[0, {self.config.n_vocab}); nothing was processed")

@@ -5,6 +5,8 @@ moert.Model (moert/model.py: the session, forward and context) builds on it."""
 
 from __future__ import annotations
 
+import time
+
 import numpy as np
 
 from moert import devices as _devices
@@ -75,6 +77,25 @@ class ModelRuntime:
             return Phase(self, name, dev, predicted)
         return Phase(self, name, dev)
 
+    def fused_layer(self, il: int, x, fused):
+        """Layer il of a one-token step as one CPU kernel call (moert/fused.py: `fused` says which layer the
+        architecture has), or None where that does not apply: then the architecture's block runs."""
+        if not self.fused_decode or self._n != 1 or self._batch is not None or self.clock is not None \
+                or self.expert_cache is not None or self._trace is not None and self._trace.full:
+            return None
+        steps = self._fused.get(fused)
+        if steps is None:
+            steps = self._fused[fused] = [fused.prepare(self, i) for i in range(self.config.n_layer)]
+        step = steps[il]
+        if step is None or not step.runs(self.position) or type(x) is not np.ndarray:
+            return None
+        self._layer, t0 = il, time.perf_counter()
+        cos, sin = self.rope(CPU, *step.rope)
+        x = step(x, self.position, cos, sin)                            # (1, D)
+        self.record_routing(il, step.counts, step.ids, step.wts)
+        self._add_time("layer", "cpu", time.perf_counter() - t0)
+        return x
+
     def _add_time(self, phase: str, dev: str, s: float, replaced: bool = False) -> None:
         """Measured seconds of (phase, device); replaced: measured inside a predicted phase, so left out."""
         if replaced:
@@ -102,10 +123,26 @@ class ModelRuntime:
         """cos, sin (T, Dh/2) for this chunk's positions, computed once per device, head dim, base and
         scaling (a layers.Yarn, or None)."""
         k = (id(dev), head_dim, base, yarn)
-        if k not in self._rope:
-            self._rope[k] = rope_angles(self.position, self._n, head_dim, base, dev.xp, yarn,
-                                        None if self._batch is None else self._batch.positions)
-        return self._rope[k]
+        got = self._rope.get(k)
+        if got is None:
+            if self._batch is not None or dev is not CPU:     # a GPU's memory holds this chunk's angles only
+                got = rope_angles(self.position, self._n, head_dim, base, dev.xp, yarn,
+                                  None if self._batch is None else self._batch.positions)
+            else:
+                cos, sin = self._rope_table(dev, head_dim, base, yarn, self.position + self._n)
+                got = cos[self.position:self.position + self._n], sin[self.position:self.position + self._n]
+            self._rope[k] = got
+        return got
+
+    def _rope_table(self, dev: Device, head_dim: int, base: float, yarn, n: int):
+        """cos, sin (>= n, Dh/2) of positions 0, 1, ... on the CPU: rope_angles once per head dim, base and
+        scaling, grown 1024 positions at a time as the context fills (row p is what rope_angles gives position p;
+        ~13 us a step saved on the demo model)."""
+        k = (id(dev), head_dim, base, yarn)
+        t = self._rope_tables.get(k)
+        if t is None or t[0].shape[0] < n:
+            t = self._rope_tables[k] = rope_angles(0, -(-n // 1024) * 1024, head_dim, base, dev.xp, yarn)
+        return t
 
     def embed(self, name: str, tokens: np.ndarray):
         """Rows `tokens` of the embedding, dequantized on its device: (T, D) there."""

@@ -34,6 +34,9 @@ class Runtime(Protocol):
     def to(self, x: Any, dev: Device, what: str = "") -> Any:
         """x moved to dev (explicit, counted); x itself when it is there already."""
 
+    def fused_layer(self, il: int, x: Any, fused: Any) -> Any:
+        """Layer il of a one-token step as one CPU kernel call (moert/fused.py), or None: run the block."""
+
     def phase(self, name: str, dev: Device | str) -> AbstractContextManager:
         """`with m.phase("attention", dev):` attributes the time inside to (phase, device) in the stats."""
 

@@ -226,10 +226,8 @@ class WeightStore(dict):
         dev = t.device if dev is None else dev
         if t.device is not dev:
             return x @ self.w(name, dev).T
-        if dev is CPU and t.type in kmatmul.MATMUL_TYPES and t.type != "F32":
-            mm = self.prepared[asked] = kmatmul.Prepared(QTensor(t.data, t.type, tuple(t.shape)), self.act_quant,
-                                                          self.repack)
-            return mm(x)                                                # (T, out)
+        if dev is CPU and _has_kernel(t):
+            return self.cpu_matmul(asked)(x)                            # (T, out)
         if dev is CPU:
             w = self.dense.get(name)
             if w is None and t.type == "F32":
@@ -250,14 +248,40 @@ class WeightStore(dict):
         with fused kernels run as one parallel region (kernels.matmul.PreparedGroup), else one by one."""
         g = self.prepared.get(names)
         if g is None:
-            ts = [self[self.tensor_name(n)] for n in names]
-            ok = len(ts) == 3 and all(t.device is CPU and t.type in kmatmul.MATMUL_TYPES and t.type != "F32"
-                                      and len(t.shape) == 2 for t in ts) and len({t.shape[1] for t in ts}) == 1
-            g = self.prepared[names] = kmatmul.PreparedGroup(
-                [QTensor(t.data, t.type, tuple(t.shape)) for t in ts], self.act_quant, self.repack) if ok else False
+            g = self._group(names)
         if g and (dev is None or dev is CPU):
             return g(x)
         return tuple(self.linear(x, n, dev) for n in names)
+
+    def _group(self, names: tuple[str, ...]):
+        """The PreparedGroup of three CPU weights with kernels reading one x (made once), or False."""
+        ts = [self[self.tensor_name(n)] for n in names]
+        ok = len(ts) == 3 and all(_has_kernel(t) and len(t.shape) == 2 for t in ts) \
+            and len({t.shape[1] for t in ts}) == 1
+        g = self.prepared[names] = kmatmul.PreparedGroup(
+            [QTensor(t.data, t.type, tuple(t.shape)) for t in ts], self.act_quant, self.repack) if ok else False
+        return g
+
+    def cpu_matmul(self, name: str) -> kmatmul.Prepared | None:
+        """The CPU kernel of x @ W.T for the 2-D weight `name` (kernels.matmul.Prepared, made once; what `linear`
+        runs on the CPU), or None when W is not on the CPU or its type has no fused kernel (F32: NumPy's `@`)."""
+        mm = self.prepared.get(name)
+        if mm is None:
+            t = self[self.tensor_name(name)]
+            if not _has_kernel(t) or len(t.shape) != 2:
+                return None
+            mm = self.prepared[name] = kmatmul.Prepared(QTensor(t.data, t.type, tuple(t.shape)), self.act_quant,
+                                                        self.repack)
+        return mm
+
+    def cpu_matmuls(self, names: tuple[str, ...]) -> list | None:
+        """cpu_matmul of each of names; of q, k, v the PreparedGroup's own parts where `linears` groups them (one
+        copy of a repacked weight). None when one of them has no CPU kernel."""
+        g = self.prepared.get(names)
+        if g is None:
+            g = self._group(names)
+        mms = g.parts if g else [self.cpu_matmul(n) for n in names]
+        return None if any(mm is None for mm in mms) else list(mms)
 
     def dense_bytes(self) -> int:
         return sum(a.nbytes for a in self.dense.values())
@@ -273,6 +297,11 @@ class WeightStore(dict):
     def repacked_bytes(self) -> int:
         """Bytes of the CPU weights copied into kernels/repack.py's layout so far."""
         return sum(getattr(v, "packed_bytes", 0) for v in self.prepared.values())
+
+
+def _has_kernel(t) -> bool:
+    """Whether `linear` reads t (a Weight, or a SplitWeight) with a CPU kernel: on the CPU, a type with one, not F32."""
+    return getattr(t, "device", None) is CPU and t.type in kmatmul.MATMUL_TYPES and t.type != "F32"
 
 
 def _host_view(g: Any, src: str, typ: str, shape: tuple[int, ...]) -> np.ndarray:

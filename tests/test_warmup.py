@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ast
 import os
 import subprocess
 import sys
@@ -66,7 +67,9 @@ def test_a_type_compiles_only_its_own_row_kernels(tmp_path):
     env = dict(os.environ, NUMBA_CACHE_DIR=str(tmp_path))
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stderr
-    assert out.stdout.split("\n")[-2] == "{'Q8_0': ['dot1_q8_0', 'rows1_q8_0', 'rowsb_q8_0']}"
+    got = ast.literal_eval(out.stdout.split("\n")[-2])
+    # dot1_q8_0 compiles on its own where it is Numba's loop; with AVX2 (kernels/simd_f32.py) it is inlined
+    assert list(got) == ["Q8_0"] and set(got["Q8_0"]) - {"dot1_q8_0"} == {"rows1_q8_0", "rowsb_q8_0"}
 
 
 def test_warmup_near_a_full_context(path):

@@ -13,15 +13,18 @@ from moert.layers import attention, cpu_arrays, rms_norm, rope, softmax
 from moert.models.spec import TensorSpec, spec
 
 
-def decoder(m, tokens, block, embed_scale: float | None = None, n_layer: int | None = None):
+def decoder(m, tokens, block, embed_scale: float | None = None, n_layer: int | None = None, fused=None):
     """The forward every decoder here shares: embedding (times embed_scale), block(m, il, x) for each of the
     first n_layer layers (default all), final norm and output projection. Logits (T, V) on the host,
-    continuing at m.position."""
+    continuing at m.position. fused: the moert/fused.py kind of layer `block` is, whose one-token steps on
+    the CPU then run as one kernel call a layer where they can (m.fused_layer; `block` is its twin)."""
     x = m.embed("token_embd.weight", tokens)                            # (T, D)
     if embed_scale is not None:
         x = x * np.float32(embed_scale)
+    one = fused is not None and len(tokens) == 1
     for il in range(m.config.n_layer if n_layer is None else n_layer):
-        x = block(m, il, x)
+        y = m.fused_layer(il, x, fused) if one else None
+        x = block(m, il, x) if y is None else y
     return m.output("output_norm.weight", "output.weight", x)           # (T, V)
 
 

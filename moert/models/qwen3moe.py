@@ -18,6 +18,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from moert.config import MoEConfig
+from moert.fused import QKNormMoE
 from moert.layers import rms_norm
 from moert.models.blocks import (
     decoder,
@@ -57,9 +58,14 @@ def route(logits, k: int, xp=np):
     return softmax_topk(logits, k, xp, renorm=True)
 
 
+# the same layer as one CPU kernel call for a decode step, where every tensor of it is on the CPU (moert/fused.py);
+# `block` below is its definition and twin
+FUSED = QKNormMoE(neox=ROPE_NEOX, renorm=True)
+
+
 def forward(m, tokens: np.ndarray):
     """Logits (T, n_vocab) for `tokens` (T,) continuing at position m.position; on the output's device."""
-    return decoder(m, tokens, block)
+    return decoder(m, tokens, block, fused=FUSED)
 
 
 def block(m, il: int, x):

@@ -1,0 +1,99 @@
+"""One decoder layer for ONE token in one Numba call: the per-token glue of a small model, gone.
+
+    layer_kernel(mm, moe) -> kernel     made on first use per (q, k, v, output matmul drivers, expert layer kernel)
+
+A small model's decode step is mostly Python around microsecond kernels (bench/RESULTS.md, "The demo model's
+per-token glue"): ~10 kernel calls a layer, each with its wrapper, checks and phase timer. This kernel runs the
+same kernels, in the same order, from one call:
+
+    h = rms_norm(x) * attn_norm                                      kernels/layers.py _rms_norm
+    q, k, v = h @ Wq.T, h @ Wk.T, h @ Wv.T                           the weights' serial matmul drivers
+    a = attention(rope(rms_norm(q)), rope(rms_norm(k)) -> cache, v)  kernels/layers.py _qk_attention1
+    x = x + a @ Wo.T
+    h = rms_norm(x) * ffn_norm;  logits = h @ Wr.T                  router (float32 weights, a plain loop)
+    ids, w = softmax -> top-k (-> renormalize)                       kernels/layers.py _softmax_topk
+    x = x + experts(h, ids, w)                                       the layer's serial kernels/moe_fused.py kernel
+
+Its twin is the architecture's Python block (moert/models/qwen3moe.py `block`, through moert/fused.py), which
+calls the same kernels one by one: results agree to float32 rounding (the router's dot products are summed in
+another order than NumPy's BLAS); tests/test_fused.py compares logits and tokens. Serial only: a caller uses it
+where every one of these calls would run on one thread anyway (small weights, short context).
+
+Dimension legend: D hidden, H query heads, Hk KV heads, Dh head dim, Dv value head dim, E experts, K used.
+"""
+
+from __future__ import annotations
+
+import hashlib
+
+import numpy as np
+
+from moert.kernels.blockdot import Z0
+from moert.kernels.jit import variant
+from moert.kernels.layers import _qk_attention1, _rms_norm, _softmax_topk
+
+__all__ = ["layer_kernel"]
+
+# Bound per layer kernel by layer_kernel: mm_q, mm_k, mm_v, mm_o (the weights' serial matmul drivers, signature
+# (w, x, out, r0, r1, b0, b1, f16): kernels/matmul.py kernels_for) and moe (the serial expert layer kernel,
+# kernels/moe_fused.py serial_kernel). The placeholders only name them.
+mm_q = mm_k = mm_v = mm_o = moe = None
+
+
+def _layer(x, attn_norm, eps, wq, fq, nbq, wk, fk, nbk, wv, fv, nbv, wo, fo, nbo, H, q_norm, k_norm, cos, sin, neox,
+           k_cache, v_cache, pos0, scale, ffn_norm, router, renorm, g_raw, g_f16, u_raw, u_f16, d_raw, d_f16, nb_in,
+           nb_down, block_down, parts, act, gb, ub, db, ids, wts, counts):
+    """x (1, D) -> x after the layer (1, D); writes k, v at pos0 of the caches, the chosen experts into ids, wts
+    (1, K) and how often each was chosen into counts (E,)."""
+    D = x.shape[1]
+    Hk, Dh, Dv = k_cache.shape[1], k_cache.shape[2], v_cache.shape[2]
+    h = np.empty((1, D), dtype=np.float32)
+    _rms_norm(x, attn_norm, eps, h)                                     # (1, D)
+    q = np.empty((1, H * Dh), dtype=np.float32)
+    k = np.empty((1, Hk * Dh), dtype=np.float32)
+    v = np.empty((1, Hk * Dv), dtype=np.float32)
+    mm_q(wq, h, q, Z0, H * Dh, Z0, nbq, fq)                             # (1, H*Dh)
+    mm_k(wk, h, k, Z0, Hk * Dh, Z0, nbk, fk)                            # (1, Hk*Dh)
+    mm_v(wv, h, v, Z0, Hk * Dv, Z0, nbv, fv)                            # (1, Hk*Dv)
+    a = np.empty((H, Dv), dtype=np.float32)
+    _qk_attention1(q.reshape(H, Dh), k.reshape(Hk, Dh), v.reshape(Hk, Dv), q_norm, k_norm, eps, cos, sin, neox,
+                   k_cache, v_cache, pos0, Z0, scale, a)                # (H, Dv)
+    o = np.empty((1, D), dtype=np.float32)
+    mm_o(wo, a.reshape(1, H * Dv), o, Z0, D, Z0, nbo, fo)               # (1, D)
+    x1 = np.empty((1, D), dtype=np.float32)
+    for i in range(D):
+        x1[0, i] = x[0, i] + o[0, i]
+    _rms_norm(x1, ffn_norm, eps, h)                                     # (1, D)
+    E = router.shape[0]
+    logits = np.empty((1, E), dtype=np.float32)
+    for e in range(E):                                                  # (1, E)
+        s = np.float32(0.0)
+        for i in range(D):
+            s += h[0, i] * router[e, i]
+        logits[0, e] = s
+    _softmax_topk(logits, ids.shape[1], renorm, ids, wts)               # (1, K) each
+    for e in range(E):
+        counts[e] = 0
+    for j in range(ids.shape[1]):
+        counts[ids[0, j]] += 1
+    y = moe(h, ids, wts, g_raw, g_f16, u_raw, u_f16, d_raw, d_f16, nb_in, nb_down, block_down, parts, act, gb, ub,
+            db, 1)                                                      # (1, D)
+    for i in range(D):
+        x1[0, i] += y[0, i]
+    return x1
+
+
+_KERNELS: dict[tuple, object] = {}
+
+
+def layer_kernel(mm: tuple, moe_kernel):
+    """The compiled one-token layer for matmul drivers mm = (q, k, v, output) and the serial expert layer kernel
+    moe_kernel (Numba dispatchers), made on first use. Its name carries a hash of theirs: one cached
+    compilation per combination of types."""
+    key = (*mm, moe_kernel)
+    if key not in _KERNELS:
+        names = "/".join(f.py_func.__name__ for f in key)
+        tag = hashlib.sha1(names.encode()).hexdigest()[:10]
+        _KERNELS[key] = variant(_layer, f"decode_layer_{tag}", mm_q=mm[0], mm_k=mm[1], mm_v=mm[2], mm_o=mm[3],
+                                moe=moe_kernel)
+    return _KERNELS[key]

@@ -1,0 +1,92 @@
+"""A decode step's layer as one Numba call (kernels/decode.py) where every tensor of it is on the CPU.
+
+    FUSED = QKNormMoE(neox=True, renorm=True)     an architecture file declares which layer it has
+    decoder(m, tokens, block, fused=FUSED)         models/blocks.py: per layer, m.fused_layer(il, x, FUSED)
+                                                   (model_runtime.py), or `block` where it returns None
+
+The architecture's Python `block` stays the definition and the twin: the fused step runs the same kernels in
+the same order, so logits agree to float32 rounding (tests/test_fused.py). It applies to one token (decode),
+with no trace, expert cache, virtual clock or batch of sequences (those go through `block`), when the layer's
+attention, KV cache, weights and experts are all on the CPU, q/k/v/output have CPU kernels (not F32), the caches
+are float32, and every kernel would run on one thread anyway (Model.fused_decode = False turns it off, e.g. to
+see per-phase times: a fused layer's time is counted as the phase "layer").
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from moert.devices import CPU
+from moert.experts import cpu_layer
+from moert.kernels.jit import threads
+from moert.kernels.layers import _PARALLEL_MIN_WORK
+from moert.kernels.matmul import _PARALLEL_MIN_BYTES
+from moert.kernels.moe_fused import PreparedExperts
+
+
+class QKNormMoE:
+    """A Qwen3-MoE-style layer: RMSNorm -> q/k/v -> per-head RMSNorm of q and k -> RoPE -> GQA attention ->
+    output + residual -> RMSNorm -> softmax router -> top-k (renormalized when renorm) -> SwiGLU experts + residual.
+    No biases, no shared expert, no window. neox: RoPE's pairing (i, i + Dh/2), else (2i, 2i+1)."""
+
+    __slots__ = ("neox", "renorm")
+
+    def __init__(self, neox: bool, renorm: bool):
+        self.neox, self.renorm = bool(neox), bool(renorm)
+
+    def prepare(self, m, il: int):
+        """Layer il's LayerStep, or None where the fused kernel does not apply (see the module docstring)."""
+        c, b = m.config, f"blk.{il}."
+        names = {n: b + n + ".weight" for n in ("attn_norm", "attn_q", "attn_k", "attn_v", "attn_output",
+                                                "attn_q_norm", "attn_k_norm", "ffn_norm", "ffn_gate_inp")}
+        if m.kv.devices[il] is not CPU or any(m.device_of(n) is not CPU for n in names.values()):
+            return None
+        k_cache, v_cache = m.kv.k[il], m.kv.v[il]
+        if not all(type(a) is np.ndarray and a.dtype == np.float32 and a.ndim == 3 for a in (k_cache, v_cache)):
+            return None
+        mms = m.weights.cpu_matmuls((names["attn_q"], names["attn_k"], names["attn_v"]))
+        mo = m.weights.cpu_matmul(names["attn_output"])
+        experts = cpu_layer(m, tuple(b + f"ffn_{n}_exps.weight" for n in ("gate", "up", "down")))
+        if mms is None or mo is None or not isinstance(experts, PreparedExperts):
+            return None
+        from moert.kernels.decode import layer_kernel
+
+        mms.append(mo)
+        norms = [m.w(names[n], CPU) for n in ("attn_norm", "attn_q_norm", "attn_k_norm", "ffn_norm")]
+        router = np.ascontiguousarray(m.w(names["ffn_gate_inp"], CPU), dtype=np.float32)     # (E, D)
+        if any(a.dtype != np.float32 or not a.flags.c_contiguous for a in norms):
+            return None
+        kernel = layer_kernel(tuple(mm.serial for mm in mms), experts.serial)
+        weights = tuple(v for mm in mms for v in (mm.raw, mm.f16, mm.nb))
+        small = max(mm.raw.nbytes for mm in mms) < _PARALLEL_MIN_BYTES and \
+            min(c.n_expert_used, c.n_expert) * experts.expert_bytes < _PARALLEL_MIN_BYTES
+        return LayerStep(kernel, self, m, il, norms, weights, router, experts.args, small)
+
+
+class LayerStep:
+    """Layer il of one model made ready for fused decode steps: its kernel and every argument but the token's
+    (kernels/decode.py's order: those before cos, between sin and pos0, after pos0)."""
+
+    __slots__ = ("kernel", "head", "tail", "rest", "small", "rope", "work", "ids", "wts", "counts")
+
+    def __init__(self, kernel, spec: QKNormMoE, m, il: int, norms, weights, router, expert_args, small: bool):
+        c = m.config
+        an, qn, kn, fn = norms
+        self.kernel, self.small = kernel, small
+        self.ids = np.empty((1, c.n_expert_used), dtype=np.int32)      # (1, K) the chosen experts
+        self.wts = np.empty((1, c.n_expert_used), dtype=np.float32)    # (1, K) their weights
+        self.counts = np.empty(c.n_expert, dtype=np.int64)             # (E,) how often each was chosen
+        self.head = (an, float(c.rms_eps), *weights, c.n_head, qn, kn)
+        self.tail = (spec.neox, m.kv.k[il], m.kv.v[il])
+        self.rest = (np.float32(1.0 / np.sqrt(c.head_dim)), fn, router, spec.renorm, *expert_args, self.ids,
+                     self.wts, self.counts)
+        self.rope = (c.head_dim, c.rope_base)                           # m.rope's arguments
+        self.work = c.n_head_kv * (c.head_dim + c.head_dim_v)          # cache elements read per position
+
+    def runs(self, pos: int) -> bool:
+        """Whether every kernel of the step would run on one thread at position pos (else `block` runs)."""
+        return threads() == 1 or self.small and (pos + 1) * self.work < _PARALLEL_MIN_WORK
+
+    def __call__(self, x: np.ndarray, pos: int, cos: np.ndarray, sin: np.ndarray) -> np.ndarray:
+        """x (1, D) float32 -> after the layer (1, D); ids, wts, counts then hold its routing."""
+        return self.kernel(x, *self.head, cos[0], sin[0], *self.tail, pos, *self.rest)
