@@ -42,9 +42,10 @@ mm_q = mm_k = mm_v = mm_o = moe = None
 
 def _layer(x, attn_norm, eps, wq, fq, nbq, wk, fk, nbk, wv, fv, nbv, wo, fo, nbo, H, q_norm, k_norm, cos, sin, neox,
            k_cache, v_cache, pos0, scale, ffn_norm, router, renorm, g_raw, g_f16, u_raw, u_f16, d_raw, d_f16, nb_in,
-           nb_down, block_down, parts, act, gb, ub, db, ids, wts, counts):
+           nb_down, block_down, parts, act, gb, ub, db, ids, wts, counts, il):
     """x (1, D) -> x after the layer (1, D); writes k, v at pos0 of the caches, the chosen experts into ids, wts
-    (1, K) and how often each was chosen into counts (E,)."""
+    (1, K), and adds how often each was chosen to counts[il] (counts (n_layer, E): the forward call's stats).
+    cos, sin (1, Dh/2) this position's RoPE angles."""
     D = x.shape[1]
     Hk, Dh, Dv = k_cache.shape[1], k_cache.shape[2], v_cache.shape[2]
     h = np.empty((1, D), dtype=np.float32)
@@ -56,7 +57,7 @@ def _layer(x, attn_norm, eps, wq, fq, nbq, wk, fk, nbk, wv, fv, nbv, wo, fo, nbo
     mm_k(wk, h, k, Z0, Hk * Dh, Z0, nbk, fk)                            # (1, Hk*Dh)
     mm_v(wv, h, v, Z0, Hk * Dv, Z0, nbv, fv)                            # (1, Hk*Dv)
     a = np.empty((H, Dv), dtype=np.float32)
-    _qk_attention1(q.reshape(H, Dh), k.reshape(Hk, Dh), v.reshape(Hk, Dv), q_norm, k_norm, eps, cos, sin, neox,
+    _qk_attention1(q.reshape(H, Dh), k.reshape(Hk, Dh), v.reshape(Hk, Dv), q_norm, k_norm, eps, cos[0], sin[0], neox,
                    k_cache, v_cache, pos0, Z0, scale, a)                # (H, Dv)
     o = np.empty((1, D), dtype=np.float32)
     mm_o(wo, a.reshape(1, H * Dv), o, Z0, D, Z0, nbo, fo)               # (1, D)
@@ -72,10 +73,8 @@ def _layer(x, attn_norm, eps, wq, fq, nbq, wk, fk, nbk, wv, fv, nbv, wo, fo, nbo
             s += h[0, i] * router[e, i]
         logits[0, e] = s
     _softmax_topk(logits, ids.shape[1], renorm, ids, wts)               # (1, K) each
-    for e in range(E):
-        counts[e] = 0
     for j in range(ids.shape[1]):
-        counts[ids[0, j]] += 1
+        counts[il, ids[0, j]] += 1
     y = moe(h, ids, wts, g_raw, g_f16, u_raw, u_f16, d_raw, d_f16, nb_in, nb_down, block_down, parts, act, gb, ub,
             db, 1)                                                      # (1, D)
     for i in range(D):

@@ -67,7 +67,7 @@ class LayerStep:
     """Layer il of one model made ready for fused decode steps: its kernel and every argument but the token's
     (kernels/decode.py's order: those before cos, between sin and pos0, after pos0)."""
 
-    __slots__ = ("kernel", "head", "tail", "rest", "small", "rope", "work", "ids", "wts", "counts")
+    __slots__ = ("kernel", "head", "tail", "rest", "small", "rope", "work", "ids", "wts")
 
     def __init__(self, kernel, spec: QKNormMoE, m, il: int, norms, weights, router, expert_args, small: bool):
         c = m.config
@@ -75,11 +75,10 @@ class LayerStep:
         self.kernel, self.small = kernel, small
         self.ids = np.empty((1, c.n_expert_used), dtype=np.int32)      # (1, K) the chosen experts
         self.wts = np.empty((1, c.n_expert_used), dtype=np.float32)    # (1, K) their weights
-        self.counts = np.empty(c.n_expert, dtype=np.int64)             # (E,) how often each was chosen
         self.head = (an, float(c.rms_eps), *weights, c.n_head, qn, kn)
         self.tail = (spec.neox, m.kv.k[il], m.kv.v[il])
         self.rest = (np.float32(1.0 / np.sqrt(c.head_dim)), fn, router, spec.renorm, *expert_args, self.ids,
-                     self.wts, self.counts)
+                     self.wts)
         self.rope = (c.head_dim, c.rope_base)                           # m.rope's arguments
         self.work = c.n_head_kv * (c.head_dim + c.head_dim_v)          # cache elements read per position
 
@@ -87,6 +86,7 @@ class LayerStep:
         """Whether every kernel of the step would run on one thread at position pos (else `block` runs)."""
         return threads() == 1 or self.small and (pos + 1) * self.work < _PARALLEL_MIN_WORK
 
-    def __call__(self, x: np.ndarray, pos: int, cos: np.ndarray, sin: np.ndarray) -> np.ndarray:
-        """x (1, D) float32 -> after the layer (1, D); ids, wts, counts then hold its routing."""
-        return self.kernel(x, *self.head, cos[0], sin[0], *self.tail, pos, *self.rest)
+    def __call__(self, x: np.ndarray, pos: int, cos: np.ndarray, sin: np.ndarray, counts: np.ndarray, il: int):
+        """x (1, D) float32 -> after the layer (1, D); ids, wts then hold its routing, added to counts[il]
+        (counts (n_layer, E) int64: Stats.expert_counts); cos, sin (1, Dh/2) the position's RoPE angles."""
+        return self.kernel(x, *self.head, cos, sin, *self.tail, pos, *self.rest, counts, il)

@@ -92,7 +92,7 @@ class Model(ModelRuntime, TextAPI, Tracing):
         tokens = self._check_tokens(tokens) if batch is None else batch.rows
         self.gguf.check_intact()     # a mapped file truncated since load: a typed error, not a SIGBUS
         self._last_only = bool(last_only)
-        devs = [CPU, *self.plan.devices]
+        devs = [d for d in self.plan.devices if d.is_gpu]          # their transfers are counted per call
         before = {d.name: d.stats.copy() for d in devs}
         remote = {d.name: d.remote.copy() for d in self.plan.remote}
         self._call = Stats(*self.stats._shape, calls=1, tokens=len(tokens),
@@ -127,7 +127,7 @@ class Model(ModelRuntime, TextAPI, Tracing):
             raise
         finally:
             self._call.seconds = time.perf_counter() - t0 - self._replaced + self._call.predicted_seconds
-            self._call.transfers = {d.name: d.stats - before[d.name] for d in devs if d.is_gpu}
+            self._call.transfers = {d.name: d.stats - before[d.name] for d in devs}
             self._call.remote = {d.name: d.remote - remote[d.name] for d in self.plan.remote}
             self.stats.add(self._call)
             self._call, self._phases, self._layer, self._batch = None, [], None, None

@@ -91,8 +91,9 @@ class ModelRuntime:
             return None
         self._layer, t0 = il, time.perf_counter()
         cos, sin = self.rope(CPU, *step.rope)
-        x = step(x, self.position, cos, sin)                            # (1, D)
-        self.record_routing(il, step.counts, step.ids, step.wts)
+        x = step(x, self.position, cos, sin, self._call.expert_counts, il)     # (1, D); the routing counted
+        if self._trace is not None:
+            self._trace.layer(il, step.ids.copy(), step.wts.copy(), None)
         self._add_time("layer", "cpu", time.perf_counter() - t0)
         return x
 
