@@ -5,6 +5,7 @@ Dequantization fast paths (kernels/dequant.py; twins in moert/quants/dequant.py)
     dequantize(raw, type, shape)                   whole tensor -> float32 `shape`
     dequantize_rows(raw, type, shape, start, stop) rows [start, stop) of the (rows, row length) view
     dequantize_expert(raw, type, shape, e)         expert e of (n_expert, rows, cols) -> (rows, cols)
+    dequantize_block_rows(rows, type)              (n, row_bytes) whole rows -> (n, row length), no shape checks
 
 Slices read only their own bytes (a row range never splits a block), so dequantizing one expert of
 a memory-mapped file touches only that expert's pages. Each takes `out=` to fill a preallocated
@@ -24,7 +25,7 @@ from moert.quants.types import GGMLType
 
 from .ktypes import DEQUANT_TYPES, TYPES
 
-__all__ = ["DEQUANT_TYPES", "dequantize", "dequantize_expert", "dequantize_rows"]
+__all__ = ["DEQUANT_TYPES", "dequantize", "dequantize_block_rows", "dequantize_expert", "dequantize_rows"]
 
 # Up to this many blocks (a few rows: one token's embedding), a serial copy of the kernel: a parallel region
 # costs more than the work, and on a busy machine it waits for a descheduled thread (one row of Q4_K, 2 threads:
@@ -59,6 +60,21 @@ def dequantize(raw: np.ndarray, ggml_type: str | GGMLType, shape: Sequence[int],
         if blocks.shape[0] <= _SERIAL_BLOCKS:
             kernel = _serial(t.name)
         kernel(blocks, out.reshape(blocks.shape[0], t.block_size), table)
+    return out
+
+
+def dequantize_block_rows(rows: np.ndarray, type_name: str) -> np.ndarray:
+    """(n, row_bytes) uint8 whole rows of a tensor of a type in DEQUANT_TYPES (what a weight's `data[ids]` gives)
+    -> (n, row length) float32: `dequantize` without its per-call shape checks (a token's embedding: ~4 us)."""
+    kt = TYPES[type_name]
+    blocks = rows.reshape(-1, kt.block_bytes)                           # (n_blocks, type_size)
+    if blocks.flags.writeable:                                          # one compiled variant, as dequantize
+        blocks = blocks.view()
+        blocks.flags.writeable = False
+    out = np.empty((rows.shape[0], rows.shape[1] // kt.block_bytes * kt.block), dtype=np.float32)
+    kernel = _serial(type_name) if blocks.shape[0] <= _SERIAL_BLOCKS else kt.dequant
+    if blocks.shape[0]:
+        kernel(blocks, out.reshape(blocks.shape[0], kt.block), kt.table)
     return out
 
 

@@ -12,6 +12,7 @@ import numpy as np
 from moert import devices as _devices
 from moert.devices import CPU, Device
 from moert.experts import run_experts
+from moert.kernels import DEQUANT_TYPES, dequantize_block_rows
 from moert.layers import rms_norm, rope_angles
 from moert.stats import Phase
 
@@ -150,6 +151,8 @@ class ModelRuntime:
         t, dev = self.weights[name], self.plan.device(name)
         with self.phase("embed", dev):
             ids = tokens if dev is CPU else self.to(tokens, dev, "token ids")
+            if dev is CPU and t.type in DEQUANT_TYPES:                  # the per-token lookup, without checks
+                return dequantize_block_rows(t.data[ids], t.type)                     # (T, D)
             return t.dequantize_raw(t.data[ids], (len(tokens), t.shape[1]))           # (T, D)
 
     def output(self, norm_name: str, name: str, x) -> np.ndarray:

@@ -44,6 +44,15 @@ def test_kernel_with_any_scale_bits(name):
         np.testing.assert_array_equal(kernels.dequantize(raw, name, shape), want)
 
 
+@pytest.mark.parametrize("name", FAST)
+def test_block_rows_are_the_reference_rows(name):
+    """dequantize_block_rows (a token's embedding rows, picked by fancy indexing: a writable copy) bit for bit."""
+    shape = (9, 2 * TYPES[name].block_size)
+    raw = random_tensor(name, shape, np.random.default_rng(3)).reshape(9, -1)   # (rows, row_bytes)
+    ids = np.array([4, 0, 4, 8])
+    assert_bits_equal(kernels.dequantize_block_rows(raw[ids], name), dequantize(raw, name, shape)[ids])
+
+
 def test_fp16_table_is_numpy_conversion():
     """Every one of the 65536 fp16 patterns, NaN payloads included, converts as NumPy does."""
     h = np.arange(1 << 16, dtype=np.uint32).astype(np.uint16)
