@@ -32,7 +32,7 @@ from moert.kernels.blockdot import Z0
 from moert.kernels.jit import variant
 from moert.kernels.layers import _qk_attention1, _rms_norm, _softmax_topk
 
-__all__ = ["layer_kernel"]
+__all__ = ["DIMS", "layer_kernel"]
 
 # Bound per layer kernel by layer_kernel: mm_q, mm_k, mm_v, mm_o (the weights' serial matmul drivers, signature
 # (w, x, out, r0, r1, b0, b1, f16): kernels/matmul.py kernels_for) and moe (the serial expert layer kernel,
@@ -40,27 +40,36 @@ __all__ = ["layer_kernel"]
 mm_q = mm_k = mm_v = mm_o = moe = None
 
 
-def _layer(x, attn_norm, eps, wq, fq, nbq, wk, fk, nbk, wv, fv, nbv, wo, fo, nbo, H, q_norm, k_norm, cos, sin, neox,
-           k_cache, v_cache, pos0, scale, ffn_norm, router, renorm, g_raw, g_f16, u_raw, u_f16, d_raw, d_f16, nb_in,
-           nb_down, block_down, parts, act, gb, ub, db, ids, wts, counts, il):
+# What `dims` (int64) holds, by index: the layer's sizes and codes that are not array shapes.
+DIMS = ("n_head", "nb_q", "nb_k", "nb_v", "nb_o", "nb_in", "nb_down", "block_down", "parts", "act", "neox", "renorm")
+
+
+def _layer(x, pos0, cos, sin, k_cache, v_cache, ids, wts, counts, il, wq, wk, wv, wo, g_raw, u_raw, d_raw, f16, norms,
+           router, dims, eps, scale):
     """x (1, D) -> x after the layer (1, D); writes k, v at pos0 of the caches, the chosen experts into ids, wts
     (1, K), and adds how often each was chosen to counts[il] (counts (n_layer, E): the forward call's stats).
-    cos, sin (1, Dh/2) this position's RoPE angles."""
+    cos, sin (1, Dh/2): this position's RoPE angles. Weights: q, k, v, output (R, row_bytes) and the experts'
+    gate, up, down (E, R, row_bytes) raw bytes, all read through the one 16-bit table f16; norms (2 D + 2 Dh,)
+    float32: attn_norm, attn_q_norm, attn_k_norm, ffn_norm in a row; router (E, D) float32; dims as DIMS says.
+    (Few arguments: a Numba call costs ~0.1 us an argument.)"""
     D = x.shape[1]
     Hk, Dh, Dv = k_cache.shape[1], k_cache.shape[2], v_cache.shape[2]
+    H = dims[0]
+    attn_norm, q_norm, k_norm = norms[:D], norms[D:D + Dh], norms[D + Dh:D + 2 * Dh]
+    ffn_norm = norms[D + 2 * Dh:2 * D + 2 * Dh]
     h = np.empty((1, D), dtype=np.float32)
     _rms_norm(x, attn_norm, eps, h)                                     # (1, D)
     q = np.empty((1, H * Dh), dtype=np.float32)
     k = np.empty((1, Hk * Dh), dtype=np.float32)
     v = np.empty((1, Hk * Dv), dtype=np.float32)
-    mm_q(wq, h, q, Z0, H * Dh, Z0, nbq, fq)                             # (1, H*Dh)
-    mm_k(wk, h, k, Z0, Hk * Dh, Z0, nbk, fk)                            # (1, Hk*Dh)
-    mm_v(wv, h, v, Z0, Hk * Dv, Z0, nbv, fv)                            # (1, Hk*Dv)
+    mm_q(wq, h, q, Z0, H * Dh, Z0, dims[1], f16)                        # (1, H*Dh)
+    mm_k(wk, h, k, Z0, Hk * Dh, Z0, dims[2], f16)                       # (1, Hk*Dh)
+    mm_v(wv, h, v, Z0, Hk * Dv, Z0, dims[3], f16)                       # (1, Hk*Dv)
     a = np.empty((H, Dv), dtype=np.float32)
-    _qk_attention1(q.reshape(H, Dh), k.reshape(Hk, Dh), v.reshape(Hk, Dv), q_norm, k_norm, eps, cos[0], sin[0], neox,
-                   k_cache, v_cache, pos0, Z0, scale, a)                # (H, Dv)
+    _qk_attention1(q.reshape(H, Dh), k.reshape(Hk, Dh), v.reshape(Hk, Dv), q_norm, k_norm, eps, cos[0], sin[0],
+                   dims[10] != 0, k_cache, v_cache, pos0, Z0, scale, a)    # (H, Dv)
     o = np.empty((1, D), dtype=np.float32)
-    mm_o(wo, a.reshape(1, H * Dv), o, Z0, D, Z0, nbo, fo)               # (1, D)
+    mm_o(wo, a.reshape(1, H * Dv), o, Z0, D, Z0, dims[4], f16)          # (1, D)
     x1 = np.empty((1, D), dtype=np.float32)
     for i in range(D):
         x1[0, i] = x[0, i] + o[0, i]
@@ -72,11 +81,12 @@ def _layer(x, attn_norm, eps, wq, fq, nbq, wk, fk, nbk, wv, fv, nbv, wo, fo, nbo
         for i in range(D):
             s += h[0, i] * router[e, i]
         logits[0, e] = s
-    _softmax_topk(logits, ids.shape[1], renorm, ids, wts)               # (1, K) each
+    _softmax_topk(logits, ids.shape[1], dims[11] != 0, ids, wts)        # (1, K) each
     for j in range(ids.shape[1]):
         counts[il, ids[0, j]] += 1
-    y = moe(h, ids, wts, g_raw, g_f16, u_raw, u_f16, d_raw, d_f16, nb_in, nb_down, block_down, parts, act, gb, ub,
-            db, 1)                                                      # (1, D)
+    none = np.zeros((0, 0), dtype=np.float32)                           # no expert biases
+    y = moe(h, ids, wts, g_raw, f16, u_raw, f16, d_raw, f16, dims[5], dims[6], dims[7], dims[8], dims[9], none, none,
+            none, 1)                                                    # (1, D)
     for i in range(D):
         x1[0, i] += y[0, i]
     return x1

@@ -49,36 +49,42 @@ class QKNormMoE:
         experts = cpu_layer(m, tuple(b + f"ffn_{n}_exps.weight" for n in ("gate", "up", "down")))
         if mms is None or mo is None or not isinstance(experts, PreparedExperts):
             return None
-        from moert.kernels.decode import layer_kernel
+        from moert.kernels.decode import DIMS, layer_kernel
 
         mms.append(mo)
+        g_raw, g_f16, u_raw, u_f16, d_raw, d_f16, nb_in, nb_down, block_down, parts, act, *biases = experts.args
+        f16 = mms[0].f16
+        if any(b.size for b in biases) or any(t is not f16 for t in (*(mm.f16 for mm in mms), g_f16, u_f16, d_f16)):
+            return None                                 # biases; types of two 16-bit tables (BF16 beside F16)
         norms = [m.w(names[n], CPU) for n in ("attn_norm", "attn_q_norm", "attn_k_norm", "ffn_norm")]
-        router = np.ascontiguousarray(m.w(names["ffn_gate_inp"], CPU), dtype=np.float32)     # (E, D)
-        if any(a.dtype != np.float32 or not a.flags.c_contiguous for a in norms):
+        if any(a.dtype != np.float32 for a in norms):
             return None
-        kernel = layer_kernel(tuple(mm.serial for mm in mms), experts.serial)
-        weights = tuple(v for mm in mms for v in (mm.raw, mm.f16, mm.nb))
+        dims = dict(n_head=c.n_head, nb_q=mms[0].nb, nb_k=mms[1].nb, nb_v=mms[2].nb, nb_o=mms[3].nb, nb_in=nb_in,
+                    nb_down=nb_down, block_down=block_down, parts=parts, act=act, neox=self.neox, renorm=self.renorm)
         small = max(mm.raw.nbytes for mm in mms) < _PARALLEL_MIN_BYTES and \
             min(c.n_expert_used, c.n_expert) * experts.expert_bytes < _PARALLEL_MIN_BYTES
-        return LayerStep(kernel, self, m, il, norms, weights, router, experts.args, small)
+        step = LayerStep(m, il, small)
+        step.kernel = layer_kernel(tuple(mm.serial for mm in mms), experts.serial)
+        step.rest = (*(mm.raw for mm in mms), g_raw, u_raw, d_raw, f16,
+                     np.concatenate(norms).astype(np.float32),                        # (2 D + 2 Dh,)
+                     np.ascontiguousarray(m.w(names["ffn_gate_inp"], CPU), dtype=np.float32),   # (E, D)
+                     np.array([int(dims[k]) for k in DIMS], dtype=np.int64), float(c.rms_eps),
+                     np.float32(1.0 / np.sqrt(c.head_dim)))
+        return step
 
 
 class LayerStep:
-    """Layer il of one model made ready for fused decode steps: its kernel and every argument but the token's
-    (kernels/decode.py's order: those before cos, between sin and pos0, after pos0)."""
+    """Layer il of one model made ready for fused decode steps: its kernel and its arguments (kernels/decode.py):
+    the caches and routing buffers, and `rest`, the weights and sizes (prepare makes them)."""
 
-    __slots__ = ("kernel", "head", "tail", "rest", "small", "rope", "work", "ids", "wts")
+    __slots__ = ("kernel", "caches", "rest", "small", "rope", "work", "ids", "wts")
 
-    def __init__(self, kernel, spec: QKNormMoE, m, il: int, norms, weights, router, expert_args, small: bool):
+    def __init__(self, m, il: int, small: bool):
         c = m.config
-        an, qn, kn, fn = norms
-        self.kernel, self.small = kernel, small
+        self.small, self.kernel, self.rest = small, None, ()
         self.ids = np.empty((1, c.n_expert_used), dtype=np.int32)      # (1, K) the chosen experts
         self.wts = np.empty((1, c.n_expert_used), dtype=np.float32)    # (1, K) their weights
-        self.head = (an, float(c.rms_eps), *weights, c.n_head, qn, kn)
-        self.tail = (spec.neox, m.kv.k[il], m.kv.v[il])
-        self.rest = (np.float32(1.0 / np.sqrt(c.head_dim)), fn, router, spec.renorm, *expert_args, self.ids,
-                     self.wts)
+        self.caches = (m.kv.k[il], m.kv.v[il], self.ids, self.wts)
         self.rope = (c.head_dim, c.rope_base)                           # m.rope's arguments
         self.work = c.n_head_kv * (c.head_dim + c.head_dim_v)          # cache elements read per position
 
@@ -89,4 +95,4 @@ class LayerStep:
     def __call__(self, x: np.ndarray, pos: int, cos: np.ndarray, sin: np.ndarray, counts: np.ndarray, il: int):
         """x (1, D) float32 -> after the layer (1, D); ids, wts then hold its routing, added to counts[il]
         (counts (n_layer, E) int64: Stats.expert_counts); cos, sin (1, Dh/2) the position's RoPE angles."""
-        return self.kernel(x, *self.head, cos, sin, *self.tail, pos, *self.rest, counts, il)
+        return self.kernel(x, pos, cos, sin, *self.caches, counts, il, *self.rest)
