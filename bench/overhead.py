@@ -4,8 +4,9 @@
 
 Tiny qwen3moe models (64 wide, 8 experts, 2 used, Q8_0; every tensor on the CPU) with 2 and 10 layers:
 the slope of the median decode step between them is what one layer costs (bench/e2e.py --overhead
-reports the same slope). Each Numba kernel call the model makes (matmul drivers, the MoE layer kernel,
-kernels/layers.py) is also timed from Python, so the per-layer time splits into "in kernels" (including
+reports the same slope). Each Numba kernel call the model makes (the fused decode layer of moert/fused.py,
+matmul drivers, the MoE layer kernel, kernels/layers.py) is also timed from Python, so the per-layer time
+splits into "in kernels" (including
 their dispatch) and "the rest": model code, NumPy glue, wrappers, timers. On tiny shapes the kernels'
 own fixed costs (per-row calls, a parallel region, small allocations) are a visible part of it.
 Medians move with other jobs on a shared machine; the last column uses each model's fastest step, which
@@ -67,6 +68,10 @@ class KernelClock:
                     self._wrap(p, name)
         for name in LAYER_KERNELS:
             self._wrap(kl, name)
+        for steps in m._fused.values():                 # fused decode layers (moert/fused.py), made by the warm-up
+            for step in steps:
+                if step is not None:
+                    self._wrap(step, "kernel")
 
     def _wrap(self, obj, name):
         f = getattr(obj, name)
