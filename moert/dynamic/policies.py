@@ -89,6 +89,13 @@ class Policy:
     def touch(self, key: int, t: int, step: int, nxt: int) -> None:
         """Bookkeeping of a request (before the hit test)."""
 
+    def state(self) -> dict:
+        """A copy of everything the policy keeps (`restore` puts it back: a forward that fails changes nothing)."""
+        return {k: v.copy() if isinstance(v, (dict, set)) else v for k, v in vars(self).items()}
+
+    def restore(self, state: dict) -> None:
+        vars(self).update(state)
+
     def admit(self, key: int, nxt: int) -> bool:
         return self.slots > 0
 

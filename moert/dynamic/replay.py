@@ -16,8 +16,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from moert.dynamic.cache import CacheError, ExpertCache
-from moert.dynamic.requests import Accesses, accesses, partitions
+from moert.dynamic.cache import CacheError, ExpertCache, cacheable
+from moert.dynamic.requests import Accesses, accesses, partitions, prefetches
 
 
 @dataclass
@@ -59,21 +59,27 @@ class Replay:
 
 
 def replay(trace, cache: ExpertCache, *, fast: bool = True, n_batch: int | None = None,
-           expert_bytes=None, acc: Accesses | None = None, prefetch: list | None = None) -> Replay:
+           expert_bytes=None, acc: Accesses | None = None, prefetch: list | None = None, plan=None) -> Replay:
     """Run `cache`'s policy over `trace` (a moert.Trace); fast=False steps the plain-Python policies of
     policies.py instead of the Numba kernel (same result). expert_bytes: (L,) or one number, the bytes of
     one expert per layer, for `bytes`; acc: accesses(trace) when sweeping many caches over one trace.
-    prefetch: [(chunk, layer, experts), ...] inserted before that chunk's requests of that layer (a run's
-    `m.expert_cache.prefetch_log`, the cache attached when the trace started); the Python path runs it."""
+    plan: the run's placement when it keeps some experts on a GPU (--n-cpu-moe N): only the experts it put on
+    the CPU are requests (moert.dynamic.cache.cacheable), as at run time.
+    A cache with prefetch="next-router" inserts the predictions the trace recorded (Trace.prefetch, from a run
+    with such a cache attached from the trace's start) before each chunk's requests of their layer; prefetch:
+    [(chunk, layer, experts), ...] instead (a run's `m.expert_cache.prefetch_log`). The Python path runs them."""
     if not isinstance(cache, ExpertCache):
         raise CacheError(f"replay takes a moert.ExpertCache, not {type(cache).__name__}: "
                          f"replay(trace, moert.ExpertCache('sim:0', slots=16, policy='lru'))")
-    acc = acc if acc is not None else accesses(trace, n_batch)
+    mask = None if plan is None else cacheable(plan, trace.n_layer, int(trace.n_expert))
+    acc = acc if acc is not None else accesses(trace, n_batch, cacheable=mask)
     L, E = acc.n_layer, acc.n_expert
     counts = cache.hot_counts(trace) if cache.policy == "static" else None
     if counts is not None and counts.shape != (L, E):
         raise CacheError(f"the static cache's hot set comes from counts of shape {counts.shape}, the trace is "
                          f"{L} layers x {E} experts: give hot= a trace of the same model")
+    if prefetch is None:
+        prefetch = prefetches(trace, cache, n_batch, mask)
     early = None
     if prefetch is not None:
         hits, adm, ev, early = _slow(acc, cache, counts, prefetch)
@@ -95,29 +101,55 @@ def _fast(acc: Accesses, cache: ExpertCache, counts) -> tuple[np.ndarray, np.nda
     return per_layer[0], per_layer[1], per_layer[2]
 
 
-def _slow(acc: Accesses, cache: ExpertCache, counts, prefetch: list | None = None) -> tuple:
-    """The plain-Python twin: policies.py's objects, one request at a time (and the prefetches' inserts)."""
+def steps(acc: Accesses, cache: ExpertCache, counts, prefetch: list | None = None) -> tuple:
+    """policies.py's objects stepped one request at a time, with the prefetches' inserts [(chunk, layer,
+    experts), ...] each before the first request at or after its (chunk, layer): per request (n,) bool hit,
+    admitted, evicted, and {(chunk, layer): (admitted, evicted, copied)} of the inserts (copied: the admitted
+    ones still resident when the prefetch ends, which the runtime copies; another insert of the same prefetch
+    may evict one before)."""
     part, _ = partitions(acc, cache)
     pols = cache.policies(acc.n_layer, acc.n_expert, counts)
-    L, E = acc.n_layer, acc.n_expert
-    hits, adm, ev, early = (np.zeros(L, np.int64) for _ in range(4))
-    inserts = {(s, il): es for s, il, es in (prefetch or ())}
-    t, group = 0, None
-    for k, s, nx, p in zip(acc.keys.tolist(), acc.step.tolist(), acc.nxt.tolist(), part.tolist()):
-        il = k // E
-        if (s, il) != group:                                   # a layer's first request of a chunk
-            group = (s, il)
-            for e in inserts.get(group, ()):
-                admitted, evicted = pols[p].insert(il * E + e, t, s)
-                t += 1
-                early[il] += admitted
-                ev[il] += evicted >= 0
-        hit, admitted, evicted = pols[p].access(k, t, s, nx)
+    n, E = len(acc), acc.n_expert
+    hit, adm, ev = (np.zeros(n, bool) for _ in range(3))
+    pending = sorted(prefetch or ())
+    early: dict[tuple, tuple] = {}
+    t, j = 0, 0
+
+    def insert(c: int, il: int, es) -> None:
+        nonlocal t
+        a = e_ = 0
+        new: set[int] = set()                  # admitted by this prefetch: an eviction of one saves its copy
+        for e in es:
+            admitted, evicted = pols[il if cache.per_layer else 0].insert(il * E + e, t, c)
+            t += 1
+            a, e_ = a + admitted, e_ + (evicted >= 0)
+            new.discard(evicted)
+            if admitted:
+                new.add(il * E + e)
+        early[c, il] = (a, e_, len(new))
+    for i, (k, s, nx, p) in enumerate(zip(acc.keys.tolist(), acc.step.tolist(), acc.nxt.tolist(), part.tolist())):
+        while j < len(pending) and pending[j][:2] <= (s, k // E):
+            insert(*pending[j])
+            j += 1
+        h, a, evicted = pols[p].access(k, t, s, nx)
         t += 1
-        hits[il] += hit
-        adm[il] += admitted
-        ev[il] += evicted >= 0
-    return (hits, adm, ev, early) if prefetch is not None else (hits, adm, ev)
+        hit[i], adm[i], ev[i] = h, a, evicted >= 0
+    for c, il, es in pending[j:]:
+        insert(c, il, es)
+    return hit, adm, ev, early
+
+
+def _slow(acc: Accesses, cache: ExpertCache, counts, prefetch: list | None = None) -> tuple:
+    """The plain-Python twin (`steps`), its answers summed per layer."""
+    hit, adm, ev, early = steps(acc, cache, counts, prefetch)
+    L, lay = acc.n_layer, acc.layer
+    per = [np.bincount(lay[x], minlength=L).astype(np.int64) for x in (hit, adm, ev)]
+    if prefetch is None:
+        return tuple(per)
+    pre = np.zeros((2, L), np.int64)
+    for (_, il), (a, e, _) in early.items():
+        pre[:, il] += (a, e)
+    return per[0], per[1], per[2] + pre[1], pre[0]
 
 
 def sweep(trace, slots, policies, per_layer: bool = True, expert_bytes=None, n_batch: int | None = None,
@@ -128,4 +160,4 @@ def sweep(trace, slots, policies, per_layer: bool = True, expert_bytes=None, n_b
                    expert_bytes=expert_bytes) for p in policies for s in slots]
 
 
-__all__ = ["Replay", "replay", "sweep"]
+__all__ = ["Replay", "replay", "steps", "sweep"]

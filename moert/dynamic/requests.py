@@ -1,7 +1,7 @@
 """The requests an expert cache sees while a model processes a trace's tokens, and one policy's answers.
 
     acc = accesses(trace)                      # keys (n,) = layer * E + expert, in request order
-    acc, hit, admitted = decisions(trace, cache)
+    acc, hit, admitted, early = decisions(trace, cache)
 
 What a request is (the runtime asks the cache the same questions in the same order): the model runs a
 forward in chunks (a prompt in pieces of n_batch tokens, a decode step one token); in each chunk, layer by
@@ -73,11 +73,15 @@ def chunks(trace, n_batch: int | None = None) -> np.ndarray:
     return np.cumsum(new) - 1
 
 
-def accesses(trace, n_batch: int | None = None, fast: bool = True) -> Accesses:
-    """The requests a cache sees while the model processes `trace`'s tokens (module docstring)."""
-    ids = np.sort(np.asarray(trace.ids), axis=2)                    # (N, L, K) each token's experts ascending
+def accesses(trace, n_batch: int | None = None, fast: bool = True, cacheable: np.ndarray | None = None) -> Accesses:
+    """The requests a cache sees while the model processes `trace`'s tokens (module docstring). cacheable: (L, E)
+    bool, the experts the plan put on the CPU (moert.dynamic.cache.cacheable); the others are no requests."""
+    ids = np.asarray(trace.ids)
     N, L, K = ids.shape
     E = int(trace.n_expert)
+    if cacheable is not None:                                       # a GPU's own experts: as if unselected
+        ids = np.where((ids >= 0) & cacheable[np.arange(L)[None, :, None], np.maximum(ids, 0)], ids, -1)
+    ids = np.sort(ids, axis=2)                                      # (N, L, K) each token's experts ascending
     chunk = chunks(trace, n_batch)
     multi = np.bincount(chunk, minlength=1)[chunk] > 1 if N else np.zeros(0, bool)   # tokens of a prompt chunk
     code = (chunk[:, None, None] * L + np.arange(L)[None, :, None]) * E + ids     # (N, L, K) int64
@@ -109,19 +113,49 @@ def partitions(acc: Accesses, cache) -> tuple[np.ndarray, int]:
     return (acc.layer, acc.n_layer) if cache.per_layer else (np.zeros(len(acc), np.int64), 1)
 
 
-def decisions(trace, cache, acc: Accesses | None = None) -> tuple[Accesses, np.ndarray, np.ndarray]:
+def prefetches(trace, cache, n_batch: int | None = None, cacheable: np.ndarray | None = None) -> list | None:
+    """What a prefetching cache (prefetch="next-router") inserts before each chunk's requests of a layer,
+    [(chunk, layer, experts), ...] in order, from the predictions the trace recorded (Trace.prefetch: a run with
+    such a cache attached records them; they depend on the router and hidden states only, not on the cache's
+    size or policy). None for a cache without prefetch."""
+    from moert.dynamic.policies import CacheError
+
+    if not cache.prefetch:
+        return None
+    rows = getattr(trace, "prefetch", None)
+    if rows is None:
+        raise CacheError("a prefetching cache replays the predictions its run made, and this trace has none: record "
+                         "the trace with the cache attached (moert.load(..., expert_cache=ExpertCache(..., prefetch="
+                         "'next-router'), trace=True)), or replay ExpertCache(..., prefetch=None)")
+    rows = np.asarray(rows, dtype=np.int64).reshape(-1, 3)
+    if cacheable is not None:
+        rows = rows[cacheable[rows[:, 1], rows[:, 2]]]
+    chunk = chunks(trace, n_batch)[rows[:, 0]]
+    out: dict[tuple, list] = {}
+    for c, il, e in zip(chunk.tolist(), rows[:, 1].tolist(), rows[:, 2].tolist()):
+        out.setdefault((c, il), []).append(e)
+    return [(c, il, tuple(sorted(es))) for (c, il), es in sorted(out.items())]
+
+
+def decisions(trace, cache, acc: Accesses | None = None, cacheable: np.ndarray | None = None) -> tuple:
     """The requests of `trace` and, per request, whether it hit and whether it was admitted (n,) bool: what
-    predict() costs token by token."""
+    predict() costs token by token; and with prefetch, {(chunk, layer): experts a prefetch copied in for it}."""
     from moert.dynamic import kernels
 
-    acc = acc if acc is not None else accesses(trace)
+    acc = acc if acc is not None else accesses(trace, cacheable=cacheable)
+    if cache.prefetch:
+        from moert.dynamic.replay import steps
+
+        counts = cache.hot_counts(trace) if cache.policy == "static" else None
+        hit, admitted, _, early = steps(acc, cache, counts, prefetches(trace, cache, cacheable=cacheable))
+        return acc, hit, admitted, early
     counts = cache.hot_counts(trace) if cache.policy == "static" else None
     part, n_parts = partitions(acc, cache)
     keep = cache.keep(counts) if counts is not None else np.zeros(acc.n_layer * acc.n_expert, dtype=bool)
     hit, admitted, _ = kernels.run(kernels.KINDS[cache.policy], acc.keys, acc.step, acc.nxt, part, n_parts,
                                    int(cache.slots), acc.n_layer * acc.n_expert, keep, 1.0 / cache.half_life,
                                    acc.layer, acc.n_layer)
-    return acc, hit.astype(bool), admitted.astype(bool)
+    return acc, hit.astype(bool), admitted.astype(bool), {}
 
 
-__all__ = ["Accesses", "accesses", "chunks", "decisions", "next_use_numpy", "partitions"]
+__all__ = ["Accesses", "accesses", "chunks", "decisions", "next_use_numpy", "partitions", "prefetches"]
