@@ -164,10 +164,11 @@ class Recorder:
         self._guesses: dict[int, tuple] = {}        # layer -> experts a cache's prefetch predicted, this chunk
         self._prefetch: list[np.ndarray] = []       # (m, 3) rows (token, layer, expert) of the chunks done
         self._tokens = 0                            # tokens of the chunks done
+        self._prefetching = False                   # a prefetching cache ran: Trace.prefetch is an array
 
     def guess(self, layer: int, experts) -> None:
-        """An expert cache's prefetch predicted `experts` for `layer` in this chunk."""
-        self._guesses[layer] = tuple(experts)
+        """An expert cache's prefetch predicted `experts` for `layer` in this chunk (none: not a cached layer)."""
+        self._guesses[layer], self._prefetching = tuple(experts), True
 
     def mark(self) -> tuple[int, int, int]:
         """Where the recording stands (a forward that fails goes back here: `rollback`)."""
@@ -213,7 +214,8 @@ class Recorder:
                          z.astype(np.float32), np.zeros((0, self.n_layer, self.n_expert), np.float32)
                          if self.full else None, dict(self.header))
         cols = list(zip(*self._done))
-        pf = np.concatenate(self._prefetch) if self._prefetch else None
+        pf = np.concatenate(self._prefetch) if self._prefetch else \
+            np.zeros((0, 3), np.int64) if self._prefetching else None
         return Trace(self.n_expert, np.concatenate(cols[0]), np.concatenate(cols[1]), np.concatenate(cols[2]),
                      np.concatenate(cols[3]), np.concatenate(cols[4]) if self.full else None, dict(self.header),
                      pf)

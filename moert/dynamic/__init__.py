@@ -10,10 +10,10 @@
     formats.py    traces of other tools (llama.cpp's llama-moe-trace CSVs) read as moert.Trace; moert's format
 """
 
-from moert.dynamic.cache import CacheError, ExpertCache, expert_bytes
+from moert.dynamic.cache import CacheError, ExpertCache, cacheable, expert_bytes
 from moert.dynamic.policies import POLICIES
 from moert.dynamic.replay import Replay, replay, sweep
 from moert.dynamic.requests import Accesses, accesses
 
-__all__ = ["POLICIES", "Accesses", "CacheError", "ExpertCache", "Replay", "accesses", "expert_bytes", "replay",
-           "sweep"]
+__all__ = ["POLICIES", "Accesses", "CacheError", "ExpertCache", "Replay", "accesses", "cacheable", "expert_bytes",
+           "replay", "sweep"]
