@@ -96,27 +96,6 @@ class ExpertCache:
         return np.asarray(src.counts() if hasattr(src, "counts") else src, dtype=np.int64)
 
 
-def cacheable(plan, n_layer: int, n_expert: int) -> np.ndarray:
-    """(L, E) bool: the experts a cache may hold, those whose tensors (gate, up, down, biases) `plan` put on the
-    CPU. An expert the plan put on a GPU stays there, outside the cache: never a request, hit or miss."""
-    from moert.placement.memory import EXPERT_TENSORS
-
-    out = np.zeros((n_layer, n_expert), dtype=bool)
-    layers: dict[int, list[str]] = {}
-    for e in plan:
-        if EXPERT_TENSORS.search(e.name) and e.layer is not None and e.layer < n_layer:
-            layers.setdefault(e.layer, []).append(e.name)
-    for il, names in layers.items():
-        out[il] = True
-        for name in dict.fromkeys(names):
-            devs = plan.expert_devices(name)
-            if len(devs) != n_expert:
-                raise CacheError(f"{name} has {len(devs)} experts, the trace or model {n_expert}: give the plan "
-                                 f"of the model the trace was recorded on")
-            out[il] &= np.array([d == "cpu" for d in devs])
-    return out
-
-
 def expert_bytes(model: Any, n_layer: int | None = None) -> np.ndarray:
     """(L,) int64: the bytes of one expert (its gate, up and down rows, biases included) in each layer of
     `model` (a GGUF path, open file or Plan's model), 0 in layers without routed experts: what a miss copies."""
@@ -133,4 +112,4 @@ def expert_bytes(model: Any, n_layer: int | None = None) -> np.ndarray:
     return out
 
 
-__all__ = ["PREFETCH", "CacheError", "ExpertCache", "cacheable", "expert_bytes"]
+__all__ = ["PREFETCH", "CacheError", "ExpertCache", "expert_bytes"]

@@ -34,9 +34,8 @@ from dataclasses import replace
 
 import numpy as np
 
-from moert.dynamic.cache import cacheable
 from moert.dynamic.policies import CacheError
-from moert.dynamic.requests import chunks, decisions
+from moert.dynamic.requests import cacheable, chunks, decisions
 
 
 def cache_cost_model(plan, hardware, device: str, **kw):

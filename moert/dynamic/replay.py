@@ -16,8 +16,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from moert.dynamic.cache import CacheError, ExpertCache, cacheable
-from moert.dynamic.requests import Accesses, accesses, partitions, prefetches
+from moert.dynamic.cache import CacheError, ExpertCache
+from moert.dynamic.requests import Accesses, accesses, cacheable, partitions, prefetches, steps
 
 
 @dataclass
@@ -64,7 +64,7 @@ def replay(trace, cache: ExpertCache, *, fast: bool = True, n_batch: int | None 
     policies.py instead of the Numba kernel (same result). expert_bytes: (L,) or one number, the bytes of
     one expert per layer, for `bytes`; acc: accesses(trace) when sweeping many caches over one trace.
     plan: the run's placement when it keeps some experts on a GPU (--n-cpu-moe N): only the experts it put on
-    the CPU are requests (moert.dynamic.cache.cacheable), as at run time.
+    the CPU are requests (moert.dynamic.requests.cacheable), as at run time.
     A cache with prefetch="next-router" inserts the predictions the trace recorded (Trace.prefetch, from a run
     with such a cache attached from the trace's start) before each chunk's requests of their layer; prefetch:
     [(chunk, layer, experts), ...] instead (a run's `m.expert_cache.prefetch_log`). The Python path runs them."""
@@ -101,44 +101,6 @@ def _fast(acc: Accesses, cache: ExpertCache, counts) -> tuple[np.ndarray, np.nda
     return per_layer[0], per_layer[1], per_layer[2]
 
 
-def steps(acc: Accesses, cache: ExpertCache, counts, prefetch: list | None = None) -> tuple:
-    """policies.py's objects stepped one request at a time, with the prefetches' inserts [(chunk, layer,
-    experts), ...] each before the first request at or after its (chunk, layer): per request (n,) bool hit,
-    admitted, evicted, and {(chunk, layer): (admitted, evicted, copied)} of the inserts (copied: the admitted
-    ones still resident when the prefetch ends, which the runtime copies; another insert of the same prefetch
-    may evict one before)."""
-    part, _ = partitions(acc, cache)
-    pols = cache.policies(acc.n_layer, acc.n_expert, counts)
-    n, E = len(acc), acc.n_expert
-    hit, adm, ev = (np.zeros(n, bool) for _ in range(3))
-    pending = sorted(prefetch or ())
-    early: dict[tuple, tuple] = {}
-    t, j = 0, 0
-
-    def insert(c: int, il: int, es) -> None:
-        nonlocal t
-        a = e_ = 0
-        new: set[int] = set()                  # admitted by this prefetch: an eviction of one saves its copy
-        for e in es:
-            admitted, evicted = pols[il if cache.per_layer else 0].insert(il * E + e, t, c)
-            t += 1
-            a, e_ = a + admitted, e_ + (evicted >= 0)
-            new.discard(evicted)
-            if admitted:
-                new.add(il * E + e)
-        early[c, il] = (a, e_, len(new))
-    for i, (k, s, nx, p) in enumerate(zip(acc.keys.tolist(), acc.step.tolist(), acc.nxt.tolist(), part.tolist())):
-        while j < len(pending) and pending[j][:2] <= (s, k // E):
-            insert(*pending[j])
-            j += 1
-        h, a, evicted = pols[p].access(k, t, s, nx)
-        t += 1
-        hit[i], adm[i], ev[i] = h, a, evicted >= 0
-    for c, il, es in pending[j:]:
-        insert(c, il, es)
-    return hit, adm, ev, early
-
-
 def _slow(acc: Accesses, cache: ExpertCache, counts, prefetch: list | None = None) -> tuple:
     """The plain-Python twin (`steps`), its answers summed per layer."""
     hit, adm, ev, early = steps(acc, cache, counts, prefetch)
@@ -160,4 +122,4 @@ def sweep(trace, slots, policies, per_layer: bool = True, expert_bytes=None, n_b
                    expert_bytes=expert_bytes) for p in policies for s in slots]
 
 
-__all__ = ["Replay", "replay", "steps", "sweep"]
+__all__ = ["Replay", "replay", "sweep"]

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from moert.dynamic.policies import NEVER
+from moert.dynamic.policies import NEVER, CacheError
 
 
 @dataclass
@@ -73,6 +73,27 @@ def chunks(trace, n_batch: int | None = None) -> np.ndarray:
     return np.cumsum(new) - 1
 
 
+def cacheable(plan, n_layer: int, n_expert: int) -> np.ndarray:
+    """(L, E) bool: the experts a cache may hold, those whose tensors (gate, up, down, biases) `plan` put on the
+    CPU. An expert the plan put on a GPU stays there, outside the cache: never a request, hit or miss."""
+    from moert.placement.memory import EXPERT_TENSORS
+
+    out = np.zeros((n_layer, n_expert), dtype=bool)
+    layers: dict[int, list[str]] = {}
+    for e in plan:
+        if EXPERT_TENSORS.search(e.name) and e.layer is not None and e.layer < n_layer:
+            layers.setdefault(e.layer, []).append(e.name)
+    for il, names in layers.items():
+        out[il] = True
+        for name in dict.fromkeys(names):
+            devs = plan.expert_devices(name)
+            if len(devs) != n_expert:
+                raise CacheError(f"{name} has {len(devs)} experts, the trace or model {n_expert}: give the plan "
+                                 f"of the model the trace was recorded on")
+            out[il] &= np.array([d == "cpu" for d in devs])
+    return out
+
+
 def accesses(trace, n_batch: int | None = None, fast: bool = True, cacheable: np.ndarray | None = None) -> Accesses:
     """The requests a cache sees while the model processes `trace`'s tokens (module docstring). cacheable: (L, E)
     bool, the experts the plan put on the CPU (moert.dynamic.cache.cacheable); the others are no requests."""
@@ -118,8 +139,6 @@ def prefetches(trace, cache, n_batch: int | None = None, cacheable: np.ndarray |
     [(chunk, layer, experts), ...] in order, from the predictions the trace recorded (Trace.prefetch: a run with
     such a cache attached records them; they depend on the router and hidden states only, not on the cache's
     size or policy). None for a cache without prefetch."""
-    from moert.dynamic.policies import CacheError
-
     if not cache.prefetch:
         return None
     rows = getattr(trace, "prefetch", None)
@@ -144,8 +163,6 @@ def decisions(trace, cache, acc: Accesses | None = None, cacheable: np.ndarray |
 
     acc = acc if acc is not None else accesses(trace, cacheable=cacheable)
     if cache.prefetch:
-        from moert.dynamic.replay import steps
-
         counts = cache.hot_counts(trace) if cache.policy == "static" else None
         hit, admitted, _, early = steps(acc, cache, counts, prefetches(trace, cache, cacheable=cacheable))
         return acc, hit, admitted, early
@@ -158,4 +175,43 @@ def decisions(trace, cache, acc: Accesses | None = None, cacheable: np.ndarray |
     return acc, hit.astype(bool), admitted.astype(bool), {}
 
 
-__all__ = ["Accesses", "accesses", "chunks", "decisions", "next_use_numpy", "partitions", "prefetches"]
+def steps(acc: Accesses, cache, counts, prefetch: list | None = None) -> tuple:
+    """policies.py's objects stepped one request at a time, with the prefetches' inserts [(chunk, layer,
+    experts), ...] each before the first request at or after its (chunk, layer): per request (n,) bool hit,
+    admitted, evicted, and {(chunk, layer): (admitted, evicted, copied)} of the inserts (copied: the admitted
+    ones still resident when the prefetch ends, which the runtime copies; another insert of the same prefetch
+    may evict one before)."""
+    part, _ = partitions(acc, cache)
+    pols = cache.policies(acc.n_layer, acc.n_expert, counts)
+    n, E = len(acc), acc.n_expert
+    hit, adm, ev = (np.zeros(n, bool) for _ in range(3))
+    pending = sorted(prefetch or ())
+    early: dict[tuple, tuple] = {}
+    t, j = 0, 0
+
+    def insert(c: int, il: int, es) -> None:
+        nonlocal t
+        a = e_ = 0
+        new: set[int] = set()                  # admitted by this prefetch: an eviction of one saves its copy
+        for e in es:
+            admitted, evicted = pols[il if cache.per_layer else 0].insert(il * E + e, t, c)
+            t += 1
+            a, e_ = a + admitted, e_ + (evicted >= 0)
+            new.discard(evicted)
+            if admitted:
+                new.add(il * E + e)
+        early[c, il] = (a, e_, len(new))
+    for i, (k, s, nx, p) in enumerate(zip(acc.keys.tolist(), acc.step.tolist(), acc.nxt.tolist(), part.tolist())):
+        while j < len(pending) and pending[j][:2] <= (s, k // E):
+            insert(*pending[j])
+            j += 1
+        h, a, evicted = pols[p].access(k, t, s, nx)
+        t += 1
+        hit[i], adm[i], ev[i] = h, a, evicted >= 0
+    for c, il, es in pending[j:]:
+        insert(c, il, es)
+    return hit, adm, ev, early
+
+
+__all__ = ["Accesses", "accesses", "cacheable", "chunks", "decisions", "next_use_numpy", "partitions", "prefetches",
+           "steps"]

@@ -3,10 +3,12 @@
     m = moert.load(path, cpu_moe=True, gpu_backend="sim", expert_cache=moert.ExpertCache("sim:0", slots=4))
     m.generate("...", 32); m.stats.cache.hits, m.stats.cache.misses, m.stats.cache.weight_bytes
 
-The plan puts every routed expert on the CPU (cpu_moe, -ot exps=CPU); the cache holds copies of some of them
-on a GPU. In each forward chunk, layer by layer, the cache is asked for the chunk's distinct selected experts
-in ascending id (the requests `moert.replay` replays, so its counts equal these exactly). On a hit the expert
-runs on the cache device from its copy. On a miss it runs on the CPU where the plan put it (today's
+The cache holds, on a GPU, copies of some of the experts the plan put on the CPU (cpu_moe: all of them;
+n_cpu_moe=N: the first N layers'; -ot exps=CPU); the experts the plan put on a GPU stay there and never ask the
+cache (moert.dynamic.requests.cacheable; replay(..., plan=) leaves them out too). In each forward chunk, layer
+by layer, the cache is asked for the chunk's distinct selected experts in ascending id (the requests
+`moert.replay` replays, so its counts equal these exactly). On a hit the expert runs on the cache device from
+its copy. On a miss it runs on the CPU where the plan put it (today's
 behaviour: nothing waits for a copy), and then, if the policy admits it, its quantized bytes (gate, up, down
 and biases) are copied to the cache device, evicting the policy's victim: the next request hits. The copies
 are counted as weights (TransferStats.weight_bytes), apart from activations; on a virtual clock they take the
@@ -17,9 +19,15 @@ prefetch="next-router" (the approximation Pre-gated MoE, HybriMoE and llama.cpp 
 l's experts run, layer l + 1's router is applied to layer l's MoE input, and the top-K experts it picks over
 the chunk's tokens are inserted into the cache (policy.insert: bookkept as a reference, not counted as a
 request) and copied on a "copy stream": on a virtual clock those copies cost the link's time less the layer's
-expert compute they hide behind (0 if they fit). m.stats.cache.precision / .recall say, per layer, how many
-predicted experts were then requested and how many requests were predicted; `m.expert_cache.prefetch_log`
-replays them: moert.replay(trace, cache, prefetch=log) gives the run's counts exactly.
+expert compute they hide behind (the cost model's time for the hits on the GPU and the misses where they live:
+`window`, what moert.predict charges too), never below 0. m.stats.cache.precision / .recall say, per layer,
+how many predicted experts were then requested and how many requests were predicted. The guesses go into the
+trace (Trace.prefetch), so moert.replay(trace, cache) gives the run's counts exactly;
+`m.expert_cache.prefetch_log` holds them in the cache's own chunks (replay(..., prefetch=log)).
+
+A forward that fails part way leaves the cache as it was (Model.forward: snapshot before, restore on failure):
+the policies' bookkeeping, the resident copies (those made since freed, those evicted since copied again), the
+counters and m.stats.cache.
 """
 
 from __future__ import annotations
@@ -31,8 +39,9 @@ from dataclasses import dataclass, fields
 import numpy as np
 
 from moert.devices import CPU
-from moert.dynamic.cache import CacheError, ExpertCache, cacheable
+from moert.dynamic.cache import CacheError, ExpertCache
 from moert.dynamic.policies import NEVER, POLICIES
+from moert.dynamic.requests import cacheable
 from moert.layers import glu_ffn
 from moert.moe import dispatch
 from moert.stats import Phase
