@@ -100,3 +100,31 @@ def test_plans_it_does_not_model_are_refused(path):
     with pytest.raises(CacheError, match="moert.Trace"):
         moert.predict(plan_of(path), hw, cache=ExpertCache("sim:0", 2), trace=m.trace.counts())
     m.close()
+
+
+def test_a_mixed_plan_predicts_its_cached_layers_as_the_clock_runs_them(path):
+    cache = ExpertCache("sim:0", 2, "lru", prefetch="next-router")
+    m = moert.load(path, n_cpu_moe=1, gpu_backend="sim", context_size=64, n_batch=4, warmup=False, hardware=HW,
+                   expert_cache=cache, trace=True)
+    m.forward(np.array([5, 6, 7, 8, 5, 6, 7, 8]))
+    for t in (3, 1, 4, 1, 5, 9, 2, 6, 5, 3):
+        m.forward(np.array([t]))
+    p = moert.predict(m.plan, moert.cost.machines.preset(HW), n_prompt=8, n_gen=10, cache=cache, trace=m.trace)
+    assert p.settings["cache"]["cached_layers"] == [0]
+    n, dec = m.stats.decode.calls, m.stats.decode
+    # decode on sim:0: layer 0's hits (predicted with the cache) and layer 1's own GPU experts (the clock's term
+    # for each token's selection, recomputed here: predict keeps its static expectation for that layer)
+    hits = sum(q.seconds for q in p.parts if q.phase == "decode" and q.stage == "experts" and q.device == "gpu0"
+               and q.layer == 0)
+    cost, dec_ids = m.clock.cost, m.trace.ids[~m.trace.prefill, 1]                       # (n, K) layer 1
+    own = 0.0
+    for ids in dec_ids:
+        items, used = cost.expert_load(1, 1, counts=np.bincount(ids, minlength=m.config.n_expert))["sim:0"]
+        own += cost.stage("clock", "sim:0", 1, "experts", items, len(items), 1, used).seconds
+    assert dec.time["experts"]["sim:0"] == pytest.approx(hits * n + own, rel=1e-9) and hits > 0
+    for phase, st, k in (("decode", dec, n), ("prefill", m.stats.prefill, 1)):
+        copies = sum(q.seconds for q in p.parts if q.phase == phase and q.stage == "cache copy")
+        assert st.time["transfers"].get("cpu->sim:0 weights", 0) == pytest.approx(copies * k, rel=1e-9)
+        assert all(q.layer == 0 for q in p.parts if q.stage in ("cache copy", "prefetch copy"))
+    assert m.stats.cache.misses[1] == 0 and m.stats.cache.misses[0] > 0
+    m.close()

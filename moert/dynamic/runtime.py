@@ -195,10 +195,8 @@ class RuntimeCache:
         """Layer `layer`'s router applied to x (this layer's MoE input): its top-K experts over the chunk's
         tokens are inserted into the cache now (policy.insert); returns the copy events."""
         name = f"blk.{layer}.ffn_gate_inp.weight"
-        if layer >= self.L or not m.has(name):
-            return []
-        if not self.cacheable[layer].any():                      # the GPU's own experts: nothing to predict
-            m.record_prefetch(layer, ())
+        if layer >= self.L or not m.has(name) or not self.cacheable[layer].any():
+            m.record_prefetch(layer, ())                         # nothing to predict (the GPU's own experts)
             return []
         dev = m.device_of(name)
         with m.phase("router", dev):
