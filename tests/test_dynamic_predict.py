@@ -34,11 +34,11 @@ def test_prediction_equals_the_virtual_clock_of_the_run(path, slots, policy, pre
     cache = ExpertCache("sim:0", slots, policy, prefetch=prefetch)
     m = moert.load(path, cpu_moe=True, gpu_backend="sim", context_size=64, n_batch=4, warmup=False, hardware=HW,
                    expert_cache=cache, trace=True)
-    m.forward(np.array([5, 6, 7, 8, 5, 6, 7, 8]))                # a prompt of two chunks: the second hits
+    m.forward(np.array([5, 6, 7, 8, 5, 6]))                      # a prompt of two chunks: the second hits
     for t in (3, 1, 4, 1, 5, 9, 2, 6, 5, 3):
         m.forward(np.array([t]))
     trace = m.trace
-    p = moert.predict(m.plan, moert.cost.machines.preset(HW), n_prompt=8, n_gen=10, cache=cache, trace=trace)
+    p = moert.predict(m.plan, moert.cost.machines.preset(HW), n_prompt=6, n_gen=10, cache=cache, trace=trace)
     assert (trace.prefetch is not None) == bool(prefetch)
     for phase, st, n in (("decode", m.stats.decode, m.stats.decode.calls), ("prefill", m.stats.prefill, 1)):
         def term(stage, device="link", phase=phase, n=n):

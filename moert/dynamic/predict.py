@@ -93,12 +93,15 @@ def predict_with_cache(plan, hardware, cache, trace, n_prompt: int = 512, n_gen:
         for on, model, sel in ((dev, gpu_m, hits), ("cpu", cpu_m, missed)):
             if not sel.any():
                 continue
-            key = (on, il, int(sel.sum()))
-            if B > 1 or key not in memo:       # one token: its n experts there cost the same whichever they are
+            key = (on, il, int(sel.sum()))     # one token: its n experts there cost the same whichever they are
+            part = memo.get(key) if B == 1 else None
+            if part is None:
                 items, used = model.expert_load(il, B, counts=np.where(sel, tokens, 0))[on]
-                memo[key] = model.stage(phase, on, il, "experts", items, len(items), B, used)
-            _add(out, memo[key])
-            took += memo[key].seconds
+                part = model.stage(phase, on, il, "experts", items, len(items), B, used)
+                if B == 1:
+                    memo[key] = part
+            _add(out, part)
+            took += part.seconds
         busy[step, il] = took
         if missed.any() and link is not None:                                   # the CPU experts' inputs and output
             for nbytes in (B * D * 4.0, B * K * 4.0):
