@@ -193,3 +193,13 @@ def test_insert_is_a_prefetch_not_a_request():
     q = LFU(2)
     q.access(1, 0, 0, NEVER), q.access(1, 1, 0, NEVER)                  # 1 asked twice
     assert q.insert(2, 2, 0) == (True, -1) and q.insert(3, 3, 0) == (True, 2)   # 2 and 3 once each: 2 older
+
+
+@pytest.mark.parametrize("policy", list(POLICIES))
+def test_a_prefetch_never_overfills_the_cache(policy):
+    p = POLICIES[policy](2, frozenset({1, 2})) if policy == "static" else POLICIES[policy](2)
+    for t, key in enumerate([1, 2, 3, 4, 1, 5]):
+        admitted, evicted = p.insert(key, t, t)
+        assert len(p.resident) <= 2 and (not admitted or key in p.resident) and evicted not in p.resident
+    if policy == "belady":                       # an inserted key is never asked for again: never worth a slot
+        assert p.resident == {1, 2}

@@ -82,6 +82,8 @@ class Policy:
         evicted = -1
         if len(self.resident) >= self.slots:
             evicted = self.victim()
+            if evicted == key:               # belady: the inserted key is the one to drop (bypass)
+                return False, -1
             self.resident.discard(evicted)
         self.resident.add(key)
         return True, evicted
