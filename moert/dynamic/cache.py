@@ -45,6 +45,9 @@ class ExpertCache:
             raise ArgumentError(f"ExpertCache policy={self.policy!r}: use one of {', '.join(POLICIES)}")
         if self.prefetch not in PREFETCH:
             raise ArgumentError(f"ExpertCache prefetch={self.prefetch!r}: use None or 'next-router'")
+        if self.prefetch and self.policy == "belady":
+            raise ArgumentError("ExpertCache policy='belady' with prefetch: Belady already knows every request, a "
+                                "prediction adds nothing to the optimum; give prefetch=None (or another policy)")
         if not (isinstance(self.half_life, (int, float)) and self.half_life > 0):
             raise ArgumentError(f"ExpertCache half_life={self.half_life!r}: give a positive number of tokens")
 

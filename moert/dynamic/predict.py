@@ -111,7 +111,7 @@ def predict_with_cache(plan, hardware, cache, trace, n_prompt: int = 512, n_gen:
         if n_adm and link is not None:
             _add(out, Part(phase, "link", il, "cache copy", n_adm * _expert_bytes(plan, il), 0,
                            n_adm * copy_s[il][1], n_adm * copy_s[il][0], "bandwidth"))
-    for (step, il), (_, _, n_pf) in early.items():                            # copies made during layer il - 1
+    for (step, il), n_pf in early.items():                                    # copies made during layer il - 1
         if n_pf and link is not None:
             phase, s = str(phase_of[step]), n_pf * copy_s[il][0]
             _add(sums[phase], Part(phase, "link", il - 1, "prefetch copy", n_pf * _expert_bytes(plan, il), 0,

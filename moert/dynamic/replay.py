@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from moert.dynamic.cache import CacheError, ExpertCache
-from moert.dynamic.requests import Accesses, accesses, cacheable, partitions, prefetches, steps
+from moert.dynamic.requests import Accesses, accesses, as_rows, cacheable, decide, merge, prefetches
 
 
 @dataclass
@@ -67,7 +67,8 @@ def replay(trace, cache: ExpertCache, *, fast: bool = True, n_batch: int | None 
     the CPU are requests (moert.dynamic.requests.cacheable), as at run time.
     A cache with prefetch="next-router" inserts the predictions the trace recorded (Trace.prefetch, from a run
     with such a cache attached from the trace's start) before each chunk's requests of their layer; prefetch:
-    [(chunk, layer, experts), ...] instead (a run's `m.expert_cache.prefetch_log`). The Python path runs them."""
+    [(chunk, layer, experts), ...] instead (a run's `m.expert_cache.prefetch_log`), or (M, 3) rows (chunk,
+    layer, expert)."""
     if not isinstance(cache, ExpertCache):
         raise CacheError(f"replay takes a moert.ExpertCache, not {type(cache).__name__}: "
                          f"replay(trace, moert.ExpertCache('sim:0', slots=16, policy='lru'))")
@@ -78,40 +79,19 @@ def replay(trace, cache: ExpertCache, *, fast: bool = True, n_batch: int | None 
     if counts is not None and counts.shape != (L, E):
         raise CacheError(f"the static cache's hot set comes from counts of shape {counts.shape}, the trace is "
                          f"{L} layers x {E} experts: give hot= a trace of the same model")
-    if prefetch is None:
-        prefetch = prefetches(trace, cache, n_batch, mask)
-    early = None
+    merged = None
     if prefetch is not None:
-        hits, adm, ev, early = _slow(acc, cache, counts, prefetch)
+        rows = as_rows(prefetch)
+    elif cache.prefetch:                  # the trace's guesses and their merge with the requests: once per acc
+        rows = acc._memo("_prefetch_rows", lambda: prefetches(trace, cache, n_batch, mask))
+        merged = acc._memo("_merged", lambda: merge(acc, rows)) if fast else None
     else:
-        hits, adm, ev = (_fast if fast else _slow)(acc, cache, counts)
+        rows = None
+    hits, _, per, _, _ = decide(acc, cache, counts, rows, fast, merged)
     total = acc.requests_per_layer()
     eb = None if expert_bytes is None else np.broadcast_to(np.asarray(expert_bytes, dtype=np.int64), (L,)).copy()
-    return Replay(cache, hits, total - hits, adm, ev, acc.cold(), acc.n_tokens, eb, early)
-
-
-def _fast(acc: Accesses, cache: ExpertCache, counts) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    from moert.dynamic import kernels
-
-    part, n_parts = partitions(acc, cache)
-    keep = cache.keep(counts) if counts is not None else np.zeros(acc.n_layer * acc.n_expert, dtype=bool)
-    _, _, per_layer = kernels.run(kernels.KINDS[cache.policy], acc.keys, acc.step, acc.nxt, part, n_parts,
-                                  int(cache.slots), acc.n_layer * acc.n_expert, keep, 1.0 / cache.half_life,
-                                  acc.layer, acc.n_layer)
-    return per_layer[0], per_layer[1], per_layer[2]
-
-
-def _slow(acc: Accesses, cache: ExpertCache, counts, prefetch: list | None = None) -> tuple:
-    """The plain-Python twin (`steps`), its answers summed per layer."""
-    hit, adm, ev, early = steps(acc, cache, counts, prefetch)
-    L, lay = acc.n_layer, acc.layer
-    per = [np.bincount(lay[x], minlength=L).astype(np.int64) for x in (hit, adm, ev)]
-    if prefetch is None:
-        return tuple(per)
-    pre = np.zeros((2, L), np.int64)
-    for (_, il), (a, e, _) in early.items():
-        pre[:, il] += (a, e)
-    return per[0], per[1], per[2] + pre[1], pre[0]
+    return Replay(cache, per[0], total - per[0], per[1], per[2], acc.cold(), acc.n_tokens, eb,
+                  per[3] if rows is not None else None)
 
 
 def sweep(trace, slots, policies, per_layer: bool = True, expert_bytes=None, n_batch: int | None = None,

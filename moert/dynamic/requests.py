@@ -134,11 +134,11 @@ def partitions(acc: Accesses, cache) -> tuple[np.ndarray, int]:
     return (acc.layer, acc.n_layer) if cache.per_layer else (np.zeros(len(acc), np.int64), 1)
 
 
-def prefetches(trace, cache, n_batch: int | None = None, cacheable: np.ndarray | None = None) -> list | None:
-    """What a prefetching cache (prefetch="next-router") inserts before each chunk's requests of a layer,
-    [(chunk, layer, experts), ...] in order, from the predictions the trace recorded (Trace.prefetch: a run with
-    such a cache attached records them; they depend on the router and hidden states only, not on the cache's
-    size or policy). None for a cache without prefetch."""
+def prefetches(trace, cache, n_batch: int | None = None, cacheable: np.ndarray | None = None) -> np.ndarray | None:
+    """What a prefetching cache (prefetch="next-router") inserts before each chunk's requests of a layer: (M, 3)
+    int64 rows (chunk, layer, expert), sorted, from the predictions the trace recorded (Trace.prefetch: a run
+    with such a cache attached records them; they depend on the router and hidden states only, not on the
+    cache's size or policy). None for a cache without prefetch."""
     if not cache.prefetch:
         return None
     rows = getattr(trace, "prefetch", None)
@@ -149,69 +149,120 @@ def prefetches(trace, cache, n_batch: int | None = None, cacheable: np.ndarray |
     rows = np.asarray(rows, dtype=np.int64).reshape(-1, 3)
     if cacheable is not None:
         rows = rows[cacheable[rows[:, 1], rows[:, 2]]]
-    chunk = chunks(trace, n_batch)[rows[:, 0]]
-    out: dict[tuple, list] = {}
-    for c, il, e in zip(chunk.tolist(), rows[:, 1].tolist(), rows[:, 2].tolist()):
-        out.setdefault((c, il), []).append(e)
-    return [(c, il, tuple(sorted(es))) for (c, il), es in sorted(out.items())]
+    return as_rows(np.stack([chunks(trace, n_batch)[rows[:, 0]], rows[:, 1], rows[:, 2]], axis=1))
+
+
+def as_rows(prefetch) -> np.ndarray:
+    """Inserts as (M, 3) int64 rows (chunk, layer, expert), sorted and unique: from rows, or from a runtime
+    cache's prefetch_log [(chunk, layer, experts), ...]."""
+    if isinstance(prefetch, np.ndarray):
+        rows = prefetch.astype(np.int64).reshape(-1, 3)
+    else:
+        rows = np.array([(c, il, e) for c, il, es in prefetch for e in es], dtype=np.int64).reshape(-1, 3)
+    if not len(rows):
+        return rows
+    m1, m2 = int(rows[:, 1].max()) + 1, int(rows[:, 2].max()) + 1           # np.unique(axis=0), 1-D (fast)
+    code = np.sort((rows[:, 0] * m1 + rows[:, 1]) * m2 + rows[:, 2])
+    code = code[np.r_[True, code[1:] != code[:-1]]]
+    return np.stack([code // (m1 * m2), code // m2 % m1, code % m2], axis=1)
+
+
+def merge(acc: Accesses, rows: np.ndarray) -> tuple:
+    """The requests and the inserts of `rows` in the order a cache sees them (an insert before the first request
+    at or after its (chunk, layer)): order (n + M,) (entries: requests, then inserts), and in that order ins, keys,
+    step, nxt (an insert's: NEVER, "never asked", as Policy.insert tells Belady), grp (an insert's prefetch)."""
+    n, M, L, E = len(acc), len(rows), acc.n_layer, acc.n_expert
+    order = np.argsort(np.concatenate([(acc.step * L + acc.layer) * 2 + 1, (rows[:, 0] * L + rows[:, 1]) * 2]),
+                       kind="stable")
+    new = np.r_[True, (rows[1:, :2] != rows[:-1, :2]).any(axis=1)] if M else np.zeros(0, bool)
+    return (order, np.concatenate([np.zeros(n, np.uint8), np.ones(M, np.uint8)])[order],
+            np.concatenate([acc.keys, rows[:, 1] * E + rows[:, 2]])[order],
+            np.concatenate([acc.step, rows[:, 0]])[order],
+            np.concatenate([acc.nxt, np.full(M, NEVER, np.int64)])[order],
+            np.concatenate([np.full(n, -1, np.int64), np.cumsum(new) - 1])[order])
+
+
+def decide(acc: Accesses, cache, counts, rows: np.ndarray | None = None, fast: bool = True,
+           merged: tuple | None = None) -> tuple:
+    """A cache's answers to the requests (and the inserts of `rows`, as `as_rows` gives them): per request (n,) bool
+    hit and admitted; per layer (4, L) int64 hits, admissions, evictions (the inserts' too), prefetch admissions;
+    per insert (M,) bool admitted and copied (still resident when its prefetch ends: the runtime copies it).
+    fast: the Numba kernel over requests and inserts merged in order (`merge`; merged: its result, when sweeping
+    many caches over one trace); else `steps`, policies.py's objects."""
+    rows = rows if rows is not None else np.zeros((0, 3), np.int64)
+    L, E, n, M = acc.n_layer, acc.n_expert, len(acc), len(rows)
+    if not fast:
+        hit, adm, ev, ins_adm, ins_ev, copied = steps(acc, cache, counts, rows)
+        per = np.zeros((4, L), np.int64)
+        for r, x in enumerate((hit, adm, ev)):
+            per[r] = np.bincount(acc.layer[x], minlength=L)
+        per[2] += np.bincount(rows[ins_ev, 1], minlength=L)
+        per[3] = np.bincount(rows[ins_adm, 1], minlength=L)
+        return hit, adm, per, ins_adm, copied
+    from moert.dynamic import kernels
+
+    order, ins, keys, step, nxt, grp = merged if merged is not None else merge(acc, rows)
+    layer = keys // E
+    part, n_parts = (layer, L) if cache.per_layer else (np.zeros(n + M, np.int64), 1)
+    keep = cache.keep(counts) if counts is not None else np.zeros(L * E, dtype=bool)
+    hit, adm, copied, per = kernels.run(kernels.KINDS[cache.policy], keys, step, nxt, part, n_parts, int(cache.slots),
+                                        L * E, keep, 1.0 / cache.half_life, layer, L, ins, grp)
+    req, back = ins == 0, np.empty(n + M, np.int64)
+    back[order] = np.arange(n + M)                                            # merged position of each entry
+    at = back[n:]
+    return hit[req].astype(bool), adm[req].astype(bool), per, adm[at].astype(bool), copied[at].astype(bool)
 
 
 def decisions(trace, cache, acc: Accesses | None = None, cacheable: np.ndarray | None = None) -> tuple:
     """The requests of `trace` and, per request, whether it hit and whether it was admitted (n,) bool: what
-    predict() costs token by token; and with prefetch, {(chunk, layer): experts a prefetch copied in for it}."""
-    from moert.dynamic import kernels
-
+    predict() costs token by token; and {(chunk, layer): experts a prefetch copied in for it} (with prefetch)."""
     acc = acc if acc is not None else accesses(trace, cacheable=cacheable)
-    if cache.prefetch:
-        counts = cache.hot_counts(trace) if cache.policy == "static" else None
-        hit, admitted, _, early = steps(acc, cache, counts, prefetches(trace, cache, cacheable=cacheable))
-        return acc, hit, admitted, early
     counts = cache.hot_counts(trace) if cache.policy == "static" else None
-    part, n_parts = partitions(acc, cache)
-    keep = cache.keep(counts) if counts is not None else np.zeros(acc.n_layer * acc.n_expert, dtype=bool)
-    hit, admitted, _ = kernels.run(kernels.KINDS[cache.policy], acc.keys, acc.step, acc.nxt, part, n_parts,
-                                   int(cache.slots), acc.n_layer * acc.n_expert, keep, 1.0 / cache.half_life,
-                                   acc.layer, acc.n_layer)
-    return acc, hit.astype(bool), admitted.astype(bool), {}
+    rows = prefetches(trace, cache, cacheable=cacheable)
+    hit, admitted, _, _, copied = decide(acc, cache, counts, rows)
+    early: dict[tuple, int] = {}
+    if rows is not None and copied.any():
+        group, n_copied = np.unique(rows[copied, 0] * acc.n_layer + rows[copied, 1], return_counts=True)
+        early = {(int(g // acc.n_layer), int(g % acc.n_layer)): int(k) for g, k in zip(group, n_copied)}
+    return acc, hit, admitted, early
 
 
-def steps(acc: Accesses, cache, counts, prefetch: list | None = None) -> tuple:
-    """policies.py's objects stepped one request at a time, with the prefetches' inserts [(chunk, layer,
-    experts), ...] each before the first request at or after its (chunk, layer): per request (n,) bool hit,
-    admitted, evicted, and {(chunk, layer): (admitted, evicted, copied)} of the inserts (copied: the admitted
-    ones still resident when the prefetch ends, which the runtime copies; another insert of the same prefetch
-    may evict one before)."""
+def steps(acc: Accesses, cache, counts, rows: np.ndarray) -> tuple:
+    """`decide`'s plain-Python twin: policies.py's objects stepped one request at a time, each prefetch's inserts
+    (rows (chunk, layer, expert), `as_rows`) before the first request at or after its (chunk, layer). Per
+    request (n,) bool hit, admitted, evicted; per insert (M,) bool admitted, evicted, copied (admitted and not
+    evicted by a later insert of the same prefetch)."""
     part, _ = partitions(acc, cache)
     pols = cache.policies(acc.n_layer, acc.n_expert, counts)
-    n, E = len(acc), acc.n_expert
+    n, E, M = len(acc), acc.n_expert, len(rows)
     hit, adm, ev = (np.zeros(n, bool) for _ in range(3))
-    pending = sorted(prefetch or ())
-    early: dict[tuple, tuple] = {}
+    ins_adm, ins_ev, copied = (np.zeros(M, bool) for _ in range(3))
     t, j = 0, 0
 
-    def insert(c: int, il: int, es) -> None:
-        nonlocal t
-        a = e_ = 0
-        new: set[int] = set()                  # admitted by this prefetch: an eviction of one saves its copy
-        for e in es:
-            admitted, evicted = pols[il if cache.per_layer else 0].insert(il * E + e, t, c)
-            t += 1
-            a, e_ = a + admitted, e_ + (evicted >= 0)
-            new.discard(evicted)
-            if admitted:
-                new.add(il * E + e)
-        early[c, il] = (a, e_, len(new))
+    def prefetch() -> None:                   # the inserts of one (chunk, layer), from row j on
+        nonlocal t, j
+        c, il = int(rows[j, 0]), int(rows[j, 1])
+        new: dict[int, int] = {}              # key -> its row, admitted by this prefetch
+        while j < M and rows[j, 0] == c and rows[j, 1] == il:
+            key = il * E + int(rows[j, 2])
+            ins_adm[j], evicted = pols[il if cache.per_layer else 0].insert(key, t, c)
+            ins_ev[j] = evicted >= 0
+            if evicted in new:
+                copied[new.pop(evicted)] = False
+            if ins_adm[j]:
+                new[key] = j
+                copied[j] = True
+            t, j = t + 1, j + 1
     for i, (k, s, nx, p) in enumerate(zip(acc.keys.tolist(), acc.step.tolist(), acc.nxt.tolist(), part.tolist())):
-        while j < len(pending) and pending[j][:2] <= (s, k // E):
-            insert(*pending[j])
-            j += 1
+        while j < M and (rows[j, 0], rows[j, 1]) <= (s, k // E):
+            prefetch()
         h, a, evicted = pols[p].access(k, t, s, nx)
         t += 1
         hit[i], adm[i], ev[i] = h, a, evicted >= 0
-    for c, il, es in pending[j:]:
-        insert(c, il, es)
-    return hit, adm, ev, early
+    while j < M:
+        prefetch()
+    return hit, adm, ev, ins_adm, ins_ev, copied
 
 
 __all__ = ["Accesses", "accesses", "cacheable", "chunks", "decisions", "next_use_numpy", "partitions", "prefetches",
-           "steps"]
+           "steps", "as_rows", "decide", "merge"]
