@@ -97,6 +97,14 @@ def test_plans_it_does_not_model_are_refused(path):
     m.forward(np.arange(1, 5))
     with pytest.raises(CacheError, match="n_cpu_moe"):
         moert.predict(gpu_experts, hw, cache=ExpertCache("sim:0", 2), trace=m.trace)
+    from moert.placement.rules import EXPERT_REGEX, TensorOverride, expert_layer_regex
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        split = moert.plan(path, [TensorOverride(expert_layer_regex(0), "sim:0", experts=[0, 1]),
+                                  TensorOverride(EXPERT_REGEX, "cpu")], gpu_backend="sim")
+    with pytest.raises(CacheError, match="split between the CPU and a GPU"):
+        moert.predict(split, hw, cache=ExpertCache("sim:0", 2), trace=m.trace)
     with pytest.raises(CacheError, match="moert.Trace"):
         moert.predict(plan_of(path), hw, cache=ExpertCache("sim:0", 2), trace=m.trace.counts())
     m.close()

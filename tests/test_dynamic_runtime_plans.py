@@ -8,6 +8,7 @@ import pytest
 
 import moert
 from moert.dynamic import ExpertCache, cacheable, replay
+from moert.placement.rules import EXPERT_REGEX, TensorOverride, expert_layer_regex
 from moert.testing import write_tiny
 
 KW = dict(gpu_backend="sim", context_size=64, n_batch=4, warmup=False)
@@ -24,25 +25,34 @@ def run(m):
     return [m.forward(PROMPT)] + [m.forward(np.array([t])) for t in STEPS]
 
 
+SPLIT = [TensorOverride(expert_layer_regex(0), "sim:0", experts=[0, 1, 2, 3]), TensorOverride(EXPERT_REGEX, "cpu")]
+PLACEMENTS = {"--n-cpu-moe 1": (dict(n_cpu_moe=1), [[True] * 8, [False] * 8]),
+              "layer 0's experts 0-3 on the GPU": (dict(overrides=SPLIT), [[False] * 4 + [True] * 4, [True] * 8])}
+
+
+@pytest.mark.parametrize("placement", list(PLACEMENTS))
 @pytest.mark.parametrize("prefetch", [None, "next-router"])
-def test_a_mixed_plan_caches_only_the_cpu_experts(path, prefetch):
-    static = moert.load(path, n_cpu_moe=1, **KW)
+def test_a_mixed_plan_caches_only_the_cpu_experts(path, placement, prefetch):
+    where, cpu = PLACEMENTS[placement]
+    static = moert.load(path, **where, **KW)
     ref = run(static)
     static.close()
     cache = ExpertCache("sim:0", 2, "lru", prefetch=prefetch)
-    m = moert.load(path, n_cpu_moe=1, **KW, expert_cache=cache, trace=True)
+    m = moert.load(path, **where, **KW, expert_cache=cache, trace=True)
     logits = run(m)
     for a, b in zip(ref, logits):
         assert np.abs(a - b).max() <= 1e-4 * np.abs(a).max()
     mask = cacheable(m.plan, m.config.n_layer, m.config.n_expert)
-    assert mask[0].all() and not mask[1:].any()                           # layer 0's experts on the CPU only
-    st = m.stats.cache
-    assert st.hits[0] + st.misses[0] > 0 and st.hits[1:].sum() == st.misses[1:].sum() == 0
+    assert mask.tolist() == cpu                                          # the experts the plan put on the CPU
+    st, ids = m.stats.cache, m.trace.ids
+    for il in range(m.config.n_layer):                                   # a request per chunk of each CPU expert
+        assert st.hits[il] + st.misses[il] <= np.isin(ids[:, il], np.flatnonzero(mask[il])).sum()
+    assert (st.hits + st.misses)[~mask.any(axis=1)].sum() == 0 and st.misses.sum() > 0
     r = replay(m.trace, cache, plan=m.plan)
     for f in ("hits", "misses", "admissions", "evictions"):
         assert getattr(st, f).tolist() == getattr(r, f).tolist(), f
-    assert replay(m.trace, cache).misses[1:].sum() > 0                      # without the plan: every layer asks
-    assert m.stats.total.time["experts"].get("sim:0", 0) > 0               # layer 1's experts ran on the GPU
+    assert replay(m.trace, cache).misses.sum() > st.misses.sum()         # without the plan: the GPU's ask too
+    assert m.stats.total.time["experts"].get("sim:0", 0) > 0             # the GPU's own experts ran there
     m.close()
 
 
