@@ -97,6 +97,7 @@ def test_prefetch_next_router(model, tmp_path):
     for f in ("hits", "misses", "admissions", "evictions", "prefetch_admissions"):
         assert getattr(st, f).tolist() == getattr(r, f).tolist(), f
         assert getattr(st, f).tolist() == getattr(replay(saved, cache), f).tolist(), f
+    assert st.weight_bytes == replay(saved, cache, expert_bytes=expert_bytes(path)).bytes   # misses' + prefetches'
     # precision and recall, recounted from the trace: each prediction against the experts that chunk's tokens chose
     chunk = chunks(t)
     L = t.n_layer

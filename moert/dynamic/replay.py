@@ -33,7 +33,8 @@ class Replay:
     cold: np.ndarray
     tokens: int
     expert_bytes: np.ndarray | None = None      # (L,) bytes of one expert of each layer (gate + up + down)
-    prefetch_admissions: np.ndarray | None = None   # (L,) experts a prefetch copied in (replay(prefetch=))
+    prefetch_admissions: np.ndarray | None = None   # (L,) experts a prefetch brought in (with prefetch)
+    prefetch_copies: np.ndarray | None = None       # (L,) of them copied (not evicted by their own prefetch)
 
     @property
     def hit_rate(self) -> float:
@@ -42,8 +43,12 @@ class Replay:
 
     @property
     def bytes(self) -> int | None:
-        """Weight bytes copied to the cache (admissions x expert bytes); None without expert_bytes."""
-        return None if self.expert_bytes is None else int((self.admissions * self.expert_bytes).sum())
+        """Weight bytes copied to the cache ((admissions + prefetch copies) x expert bytes); None without
+        expert_bytes."""
+        if self.expert_bytes is None:
+            return None
+        copies = self.admissions + (0 if self.prefetch_copies is None else self.prefetch_copies)
+        return int((copies * self.expert_bytes).sum())
 
     @property
     def bytes_per_token(self) -> float | None:
@@ -55,7 +60,10 @@ class Replay:
         return {"policy": c.policy, "slots": int(c.slots), "per_layer": c.per_layer, "tokens": self.tokens,
                 "hit_rate": round(self.hit_rate, 6), "hits": self.hits.tolist(), "misses": self.misses.tolist(),
                 "admissions": self.admissions.tolist(), "evictions": self.evictions.tolist(),
-                "cold": self.cold.tolist(), "bytes": self.bytes, "bytes_per_token": self.bytes_per_token}
+                "cold": self.cold.tolist(), "bytes": self.bytes, "bytes_per_token": self.bytes_per_token,
+                "prefetch": c.prefetch, **({} if self.prefetch_admissions is None else {
+                    "prefetch_admissions": self.prefetch_admissions.tolist(),
+                    "prefetch_copies": self.prefetch_copies.tolist()})}
 
 
 def replay(trace, cache: ExpertCache, *, fast: bool = True, n_batch: int | None = None,
@@ -87,11 +95,11 @@ def replay(trace, cache: ExpertCache, *, fast: bool = True, n_batch: int | None 
         merged = acc._memo("_merged", lambda: merge(acc, rows)) if fast else None
     else:
         rows = None
-    hits, _, per, _, _ = decide(acc, cache, counts, rows, fast, merged)
+    _, _, per, _, copied = decide(acc, cache, counts, rows, fast, merged)
     total = acc.requests_per_layer()
     eb = None if expert_bytes is None else np.broadcast_to(np.asarray(expert_bytes, dtype=np.int64), (L,)).copy()
-    return Replay(cache, per[0], total - per[0], per[1], per[2], acc.cold(), acc.n_tokens, eb,
-                  per[3] if rows is not None else None)
+    pre = (None, None) if rows is None else (per[3], np.bincount(rows[copied, 1], minlength=L).astype(np.int64))
+    return Replay(cache, per[0], total - per[0], per[1], per[2], acc.cold(), acc.n_tokens, eb, *pre)
 
 
 def sweep(trace, slots, policies, per_layer: bool = True, expert_bytes=None, n_batch: int | None = None,
