@@ -1,4 +1,4 @@
-"""`moert.ExpertCache`: what an expert cache is (device, size, policy), for replays now and the runtime later.
+"""`moert.ExpertCache`: what an expert cache is (device, size, policy, prefetch), for replays, runs and predictions.
 
     cache = moert.ExpertCache("sim:0", slots=16, policy="lru")          # 16 experts per MoE layer
     cache = moert.ExpertCache("sim:0", slots=256, per_layer=False)      # 256 experts shared by all layers
@@ -26,7 +26,9 @@ class ExpertCache:
     """`slots` experts per MoE layer (per_layer=True) or in total (per_layer=False) kept on `device`,
     managed by `policy` (moert/dynamic/policies.py: lru, lfu, lfru, static, belady). `hot`: for "static",
     the trace (or (L, E) selection counts) whose hottest experts it keeps (default: the replayed trace
-    itself); `half_life`: lfru's, in trace steps (tokens in decode)."""
+    itself); `half_life`: lfru's, in trace steps (tokens in decode). `prefetch="next-router"`: layer l + 1's
+    router applied to layer l's MoE input picks experts copied in early (moert/dynamic/runtime.py); a replay or
+    a prediction takes the guesses a run recorded in its trace (Trace.prefetch). Not with belady."""
 
     device: Any = "sim:0"
     slots: int = 8
