@@ -212,7 +212,8 @@ class Recorder:
             z = np.zeros((0, self.n_layer, self.k))
             return Trace(self.n_expert, np.zeros(0, np.int64), np.zeros(0, bool), z.astype(np.int32),
                          z.astype(np.float32), np.zeros((0, self.n_layer, self.n_expert), np.float32)
-                         if self.full else None, dict(self.header))
+                         if self.full else None, dict(self.header),
+                         np.zeros((0, 3), np.int64) if self._prefetching else None)
         cols = list(zip(*self._done))
         pf = np.concatenate(self._prefetch) if self._prefetch else \
             np.zeros((0, 3), np.int64) if self._prefetching else None
