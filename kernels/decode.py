@@ -10,13 +10,13 @@ same kernels, in the same order, from one call:
     q, k, v = h @ Wq.T, h @ Wk.T, h @ Wv.T                           the weights' serial matmul drivers
     a = attention(rope(rms_norm(q)), rope(rms_norm(k)) -> cache, v)  kernels/layers.py _qk_attention1
     x = x + a @ Wo.T
-    h = rms_norm(x) * ffn_norm;  logits = h @ Wr.T                  router (float32 weights, a plain loop)
+    h = rms_norm(x) * ffn_norm;  logits = h @ Wr.T                  kernels/layers.py _gate_logits1
     ids, w = softmax -> top-k (-> renormalize)                       kernels/layers.py _softmax_topk
     x = x + experts(h, ids, w)                                       the layer's serial kernels/moe_fused.py kernel
 
 Its twin is the architecture's Python block (moert/models/qwen3moe.py `block`, through moert/fused.py), which
-calls the same kernels one by one: results agree to float32 rounding (the router's dot products are summed in
-another order than NumPy's BLAS); tests/test_fused.py compares logits and tokens. Serial only: a caller uses it
+calls the same kernels one by one (moert.layers.gate_logits, the router's, on the CPU too), so the logits are the
+same; tests/test_fused.py compares logits, tokens, routing and KV cache. Serial only: a caller uses it
 where every one of these calls would run on one thread anyway (small weights, short context).
 
 Dimension legend: D hidden, H query heads, Hk KV heads, Dh head dim, Dv value head dim, E experts, K used.
@@ -30,7 +30,7 @@ import numpy as np
 
 from moert.kernels.blockdot import Z0
 from moert.kernels.jit import variant
-from moert.kernels.layers import _qk_attention1, _rms_norm, _softmax_topk
+from moert.kernels.layers import _gate_logits1, _qk_attention1, _rms_norm, _softmax_topk
 
 __all__ = ["DIMS", "layer_kernel"]
 
@@ -74,13 +74,8 @@ def _layer(x, pos0, cos, sin, k_cache, v_cache, ids, wts, counts, il, wq, wk, wv
     for i in range(D):
         x1[0, i] = x[0, i] + o[0, i]
     _rms_norm(x1, ffn_norm, eps, h)                                     # (1, D)
-    E = router.shape[0]
-    logits = np.empty((1, E), dtype=np.float32)
-    for e in range(E):                                                  # (1, E)
-        s = np.float32(0.0)
-        for i in range(D):
-            s += h[0, i] * router[e, i]
-        logits[0, e] = s
+    logits = np.empty((1, router.shape[0]), dtype=np.float32)
+    _gate_logits1(h, router, logits)                                    # (1, E)
     _softmax_topk(logits, ids.shape[1], dims[11] != 0, ids, wts)        # (1, K) each
     for j in range(ids.shape[1]):
         counts[il, ids[0, j]] += 1

@@ -1,5 +1,6 @@
 """The fused one-token layer (moert/fused.py, kernels/decode.py) against its twin, the architecture's Python block:
-same logits to 1e-5, same greedy tokens, same routing stats and KV cache; and where it must not run, it does not."""
+same logits to 1e-5, same greedy tokens, same routing stats and KV cache (on this machine bit for bit: the same
+kernels in the same order); and where it must not run, it does not."""
 
 from __future__ import annotations
 
@@ -41,10 +42,12 @@ def check_twins(m, steps: int = 24):
         np.testing.assert_allclose(v1, v0, rtol=0, atol=1e-5)
 
 
-@pytest.mark.parametrize("act_quant", [None, "int8"])
-def test_demo_model_fused_equals_block(act_quant):
-    m = moert.load(demo_model_path(), gpu_layers=0, context_size=64, progress=False, act_quant=act_quant)
-    check_twins(m)
+@pytest.mark.parametrize("act_quant, repack", [(None, False), ("int8", False), ("int8", True), ("int16", False)])
+def test_demo_model_fused_equals_block(act_quant, repack):
+    """Over a greedy run (each step's x from the KV cache both wrote): with the router's sums made alike on both
+    paths (moert.layers.gate_logits), even x rounded to int8 / int16 comes out the same (bit for bit here)."""
+    check_twins(moert.load(demo_model_path(), gpu_layers=0, context_size=64, progress=False, act_quant=act_quant,
+                           repack=repack))
 
 
 @pytest.fixture(scope="module")
@@ -60,14 +63,19 @@ def test_mixed_types_fused_equals_block(mixed):
 
 
 def test_not_fused_where_the_block_must_run(mixed):
-    """A GPU expert layer, a full trace: the block runs (no "layer" time); a routing-only trace keeps the fused step
-    and records the same routing as the block does."""
+    """A GPU expert layer, an f16 KV cache, a full trace: the block runs (no "layer" time); a routing-only trace
+    keeps the fused step and records the same routing as the block does."""
     m = moert.load(mixed, gpu_backend="sim", gpu_layers=0, overrides=[(r"blk\.1\.ffn_.*_exps", "sim:0")],
                    progress=False)
     m.forward(np.arange(3, 11))
     m.forward(np.asarray([5]))
     assert m.stats.last.layer_time[0].sum() > 0 and "layer" in m.stats.last.time      # layer 0: all on the CPU
     assert m.stats.last.time["experts"].keys() == {"sim:0"}                            # layer 1: the block
+
+    m = moert.load(mixed, gpu_layers=0, cache_type_k="f16", progress=False)          # an f16 K cache: the block
+    m.forward(np.arange(3, 11))
+    m.forward(np.asarray([5]))
+    assert "layer" not in m.stats.last.time and "attention" in m.stats.last.time
 
     traces = []
     for fused, full in ((True, False), (False, False), (True, True)):

@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 
 from moert.activations import glu
-from moert.layers import attention, cpu_arrays, rms_norm, rope, softmax
+from moert.layers import attention, cpu_arrays, gate_logits, rms_norm, rope, softmax
 from moert.models.spec import TensorSpec, spec
 
 
@@ -131,7 +131,7 @@ def routed_experts(m, il: int, x, dev, route):
     c, b = m.config, f"blk.{il}."
     with m.phase("router", dev):
         h = rms_norm(x, m.w(b + "ffn_norm.weight", dev), c.rms_eps, dev.xp)                  # (T, D)
-        logits = h @ m.w(b + "ffn_gate_inp.weight", dev).T              # (T, E)
+        logits = gate_logits(h, m.w(b + "ffn_gate_inp.weight", dev), dev.xp)   # (T, E) h @ W.T
         ids, weights = route(logits)                                    # (T, K), (T, K)
     names = (b + "ffn_gate_exps.weight", b + "ffn_up_exps.weight", b + "ffn_down_exps.weight")
     return h, m.experts(il, h, ids, weights, names, logits=logits)     # (T, D) on dev
