@@ -80,6 +80,35 @@ def test_escapes_as_llama_cpp_processes_them():
     assert parse_override_kv("x.y=str:a=b") == ("x.y", "STRING", "a=b")
 
 
+@pytest.mark.parametrize("command", ["run", "chat"])
+def test_e_processes_escapes_in_p_and_every_r_once_and_no_escape_keeps_them(command):
+    """llama.cpp's -e (on by default) processes -p, --in-prefix/--in-suffix, each -r and DRY's breakers
+    (common/arg.cpp); moert has -p and -r of those. -sys stays as written, as llama.cpp leaves it."""
+    from moert.cli.llama_flags import apply_escapes
+    from moert.cli.main import build_parser
+
+    extra = ["-p", r"a\tb"] if command == "run" else ["-sys", r"keep\n"]
+    args = build_parser().parse_args([command, str(DEMO), *extra, "-r", r"\n\n", "-r", r"x\x41"])
+    apply_escapes(args)
+    assert args.stop == ["\n\n", "xA"] and getattr(args, "prompt", "a\tb") == "a\tb"
+    assert getattr(args, "system_prompt", None) in (None, r"keep\n")
+    apply_escapes(args)                                   # `run -cnv` calls chat with the same args: no twice
+    assert args.stop == ["\n\n", "xA"]
+    args = build_parser().parse_args([command, str(DEMO), *extra, "-r", r"\n", "--no-escape"])
+    apply_escapes(args)
+    assert args.stop == [r"\n"] and getattr(args, "prompt", r"a\tb") == r"a\tb"
+
+
+def test_an_escaped_r_stops_generation_at_a_real_newline():
+    """-r '\\n' is a newline once -e processed it: generation stops at the first one (the demo writes Python)."""
+    runs = {flag: json.loads(cli("run", str(DEMO), "-p", r"import os\n", "-r", r"\n", "-n", "40", *FAST, "--json",
+                                 *flag).stdout) for flag in ((), ("--no-escape",))}
+    escaped, literal = runs[()], runs[("--no-escape",)]
+    assert escaped["prompt"] == "import os\n" and literal["prompt"] == r"import os\n"
+    assert escaped["stop_reason"] == "stop" and "\n" not in escaped["text"]      # stopped at it (and dropped it)
+    assert literal["stop_reason"] != "stop" and "\n" in literal["text"]     # newlines, but never the two chars
+
+
 def test_conversation_mode_chats_with_p_as_the_system_prompt():
     r = cli("run", str(DEMO), "-cnv", "-p", "You write Python.", "-n", "4", *FAST, stdin="import\n")
     assert r.returncode == 0 and r.stdout.strip(), r.stderr

@@ -16,7 +16,7 @@ from moert.kvcache import KVSpec, allocate_kv_cache, kv_cache_bytes, kv_spec
 from moert.placement import EXPERT_REGEX, TensorOverride, expert_layer_regex, plan
 from moert.placement.memory import estimate
 from moert.placement.strategies import auto_plan, fit
-from moert.testing import TINY, write_tiny
+from moert.testing import TINY, full_context_peak, write_tiny
 from moert.weights import load_weights
 
 N_LAYER, N_CTX = 4, 256
@@ -252,27 +252,6 @@ def test_estimate_bounds_a_forward_pass_that_fills_the_context(model, kind, n_ba
         assert d.peak > e.weights + e.kv or e.weights + e.kv == 0  # temporaries really were counted
 
 
-def _full_context_peak(path, n_ctx: int, kv: str = "f16", **kw) -> tuple[int, int]:
-    """(estimate, measured sim peak) of generation's forward passes filling the whole context: a prompt of
-    n_ctx - 3 tokens in chunks of 512, then three decode steps, each asking for the last logits only. kv: the
-    cache type of K and V (f16, the default of both; f32 exact), -fa auto as moert.load's default."""
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", PlacementWarning)
-        p = plan(str(path), gpu_backend="sim", gpu_memory="64GiB", **kw)
-        est = estimate(p, n_ctx, kv_dtype=kv).devices["sim:0"].total
-        m = moert.load(path, gpu_backend="sim", gpu_memory="64GiB", context_size=n_ctx, progress=False,
-                       warmup=False, cache_type_k=kv, cache_type_v=kv, **kw)
-    try:
-        tokens = np.random.default_rng(0).integers(0, m.n_vocab, n_ctx)
-        m.forward(tokens[: n_ctx - 3], last_only=True)
-        for t in tokens[n_ctx - 3:]:
-            m.forward([t], last_only=True)
-        assert m.position == n_ctx
-        return est, m.plan.devices[0].peak
-    finally:
-        m.close()
-
-
 @pytest.mark.parametrize("name", sorted(TINY))
 @pytest.mark.parametrize("kw", [{}, {"cpu_moe": True}], ids=["all", "cpu-moe"])
 @pytest.mark.parametrize("kv", ["f16", "f32"])
@@ -280,7 +259,7 @@ def test_the_estimate_is_tight_at_full_context(tmp_path, name, kw, kv, one_numba
     """An upper bound, and within 1.3x of the measured peak at the trained context (256 tokens), with the
     default f16 cache (flash attention on, -fa auto) and with f32 (off)."""
     path = write_tiny(tmp_path / f"{name}.gguf", name, seed=7)
-    est, peak = _full_context_peak(path, TINY[name]["hparams"]["context_length"], kv, **kw)
+    est, peak = full_context_peak(path, TINY[name]["hparams"]["context_length"], kv, **kw)
     assert peak <= est <= 1.3 * peak, (name, est, peak, est / peak)
 
 
@@ -288,7 +267,7 @@ def test_the_estimate_is_tight_at_full_context(tmp_path, name, kw, kv, one_numba
 def test_the_estimate_is_tight_for_gemma_3_270m(gemma_path, one_numba_thread):
     """The dense model of issue 30 (241 MiB of weights; a 262k vocabulary whose tied output is the biggest
     weight): measured at 2048 tokens, since filling its 32k context takes minutes here."""
-    est, peak = _full_context_peak(gemma_path, 2048)
+    est, peak = full_context_peak(gemma_path, 2048)
     assert peak <= est <= 1.3 * peak, (est, peak, est / peak)
 
 

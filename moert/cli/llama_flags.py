@@ -1,6 +1,6 @@
 """llama-cli's flags beyond placement and sampling, as `moert run` and `moert chat` take them.
 
-    -e / --no-escape        process \\n, \\t, \\', \\", \\\\ in -p (llama.cpp: on by default)
+    -e / --no-escape        process \\n, \\t, \\', \\", \\\\ in -p and -r (llama.cpp: on by default)
     --override-kv K=T:V     change a GGUF metadata key before the model is read (T: int, float, bool, str)
     -cnv / --conversation   run: chat instead (-p becomes the system prompt, as llama-cli's conversation mode)
     --chat-template T       chat: a built-in template name or Jinja source instead of the model's
@@ -31,6 +31,18 @@ def process_escapes(text: str) -> str:
             return chr(int(e[1:], 16))
         return _ESCAPES.get(e, m.group(0))
     return _ESCAPE_RE.sub(one, text)
+
+
+def apply_escapes(args: argparse.Namespace) -> None:
+    """-e (on by default): escapes processed in -p and in every -r, as llama.cpp's common_params_parse does
+    (also in --in-prefix / --in-suffix and DRY's sequence breakers, which moert has not; -sys it takes as
+    written, and so does moert). Once: `run -cnv` hands the same args on to chat."""
+    if not getattr(args, "escape", False):
+        return
+    if getattr(args, "prompt", None) is not None:
+        args.prompt = process_escapes(args.prompt)
+    args.stop = [process_escapes(s) for s in getattr(args, "stop", None) or []]
+    args.escape = False                    # processed: a second call leaves the text as it is now
 
 
 _KV_RE = re.compile(r"^([^=]+)=(int|float|bool|str):(.*)$", re.DOTALL)
@@ -69,8 +81,9 @@ def add_llama_flags(p: argparse.ArgumentParser, conversation: bool = True) -> No
     """Register the flags above on `run` (conversation=True) or `chat`."""
     g = p.add_argument_group("llama-cli's other flags")
     g.add_argument("-e", "--escape", dest="escape", action="store_true", default=True,
-                   help="process escapes (\\n, \\t, \\', \\\", \\\\, \\xNN) in -p (default: on, as llama.cpp)")
-    g.add_argument("--no-escape", dest="escape", action="store_false", help="take -p as written")
+                   help="process escapes (\\n, \\t, \\', \\\", \\\\, \\xNN) in -p and -r (default: on, as "
+                        "llama.cpp; -sys is taken as written, as llama.cpp does)")
+    g.add_argument("--no-escape", dest="escape", action="store_false", help="take -p and -r as written")
     g.add_argument("--override-kv", action="append", default=[], type=parse_override_kv, metavar="KEY=TYPE:VALUE",
                    help="override a GGUF metadata key (TYPE int, float, bool or str), e.g. "
                         "qwen3moe.expert_used_count=int:4; repeatable")
@@ -109,4 +122,5 @@ def check(args: argparse.Namespace) -> None:
         raise MoertError(f"-np {args.parallel}: give a number of parallel sequences >= 1")
 
 
-__all__ = ["add_llama_flags", "apply_override_kv", "bos_if_empty", "check", "parse_override_kv", "process_escapes"]
+__all__ = ["add_llama_flags", "apply_escapes", "apply_override_kv", "bos_if_empty", "check", "parse_override_kv",
+           "process_escapes"]
