@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 import moert
-from moert.cli.llama_flags import parse_override_kv, process_escapes
+from moert.cli.llama_flags import parse_override_kv, parse_override_kv_list, process_escapes
 
 DEMO = Path(moert.__file__).parent / "data" / "demo-qwen3moe.gguf"       # trained context 256, add_bos false
 FAST = ["--no-warmup", "-t", "1", "--temp", "0"]
@@ -78,6 +78,9 @@ def test_escapes_as_llama_cpp_processes_them():
     assert process_escapes(r"a\nb\t\"c\" \\n \x41 \q") == 'a\nb\t"c" \\n A \\q'
     assert parse_override_kv("x.y=bool:true") == ("x.y", "BOOL", True)
     assert parse_override_kv("x.y=str:a=b") == ("x.y", "STRING", "a=b")
+    # llama.cpp's comma list; a comma inside a str value stays when no KEY=TYPE: follows it
+    assert parse_override_kv_list("a.b=int:1,c=str:x,y,d=bool:false") == [("a.b", "INT64", 1), ("c", "STRING", "x,y"),
+                                                                          ("d", "BOOL", False)]
 
 
 @pytest.mark.parametrize("command", ["run", "chat"])
