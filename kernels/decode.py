@@ -8,7 +8,7 @@ same kernels, in the same order, from one call:
 
     h = rms_norm(x) * attn_norm                                      kernels/layers.py _rms_norm
     q, k, v = h @ Wq.T, h @ Wk.T, h @ Wv.T                           the weights' serial matmul drivers
-    a = attention(rope(rms_norm(q)), rope(rms_norm(k)) -> cache, v)  kernels/layers.py _qk_attention1
+    a = attention(rope(rms_norm(q)), rope(rms_norm(k)) -> cache, v)  kernels/layers.py _qk_attention1 (_f16)
     x = x + a @ Wo.T
     h = rms_norm(x) * ffn_norm;  logits = h @ Wr.T                  kernels/layers.py _gate_logits1
     ids, w = softmax -> top-k (-> renormalize)                       kernels/layers.py _softmax_topk
@@ -30,14 +30,15 @@ import numpy as np
 
 from moert.kernels.blockdot import Z0
 from moert.kernels.jit import variant
-from moert.kernels.layers import _gate_logits1, _qk_attention1, _rms_norm, _softmax_topk
+from moert.kernels.layers import _gate_logits1, _qk_attention1, _qk_attention1_f16, _rms_norm, _softmax_topk
 
 __all__ = ["DIMS", "layer_kernel"]
 
 # Bound per layer kernel by layer_kernel: mm_q, mm_k, mm_v, mm_o (the weights' serial matmul drivers, signature
 # (w, x, out, r0, r1, b0, b1, f16): kernels/matmul.py kernels_for) and moe (the serial expert layer kernel,
-# kernels/moe_fused.py serial_kernel). The placeholders only name them.
-mm_q = mm_k = mm_v = mm_o = moe = None
+# kernels/moe_fused.py serial_kernel), attend (kernels/layers.py _qk_attention1 over float32 caches,
+# _qk_attention1_f16 over f16 ones: uint16 bits). The placeholders only name them.
+mm_q = mm_k = mm_v = mm_o = moe = attend = None
 
 
 # What `dims` (int64) holds, by index: the layer's sizes and codes that are not array shapes.
@@ -66,8 +67,8 @@ def _layer(x, pos0, cos, sin, k_cache, v_cache, ids, wts, counts, il, wq, wk, wv
     mm_k(wk, h, k, Z0, Hk * Dh, Z0, dims[2], f16)                       # (1, Hk*Dh)
     mm_v(wv, h, v, Z0, Hk * Dv, Z0, dims[3], f16)                       # (1, Hk*Dv)
     a = np.empty((H, Dv), dtype=np.float32)
-    _qk_attention1(q.reshape(H, Dh), k.reshape(Hk, Dh), v.reshape(Hk, Dv), q_norm, k_norm, eps, cos[0], sin[0],
-                   dims[10] != 0, k_cache, v_cache, pos0, Z0, scale, a)    # (H, Dv)
+    attend(q.reshape(H, Dh), k.reshape(Hk, Dh), v.reshape(Hk, Dv), q_norm, k_norm, eps, cos[0], sin[0], dims[10] != 0,
+           k_cache, v_cache, pos0, Z0, scale, a)                        # (H, Dv)
     o = np.empty((1, D), dtype=np.float32)
     mm_o(wo, a.reshape(1, H * Dv), o, Z0, D, Z0, dims[4], f16)          # (1, D)
     x1 = np.empty((1, D), dtype=np.float32)
@@ -90,14 +91,15 @@ def _layer(x, pos0, cos, sin, k_cache, v_cache, ids, wts, counts, il, wq, wk, wv
 _KERNELS: dict[tuple, object] = {}
 
 
-def layer_kernel(mm: tuple, moe_kernel):
+def layer_kernel(mm: tuple, moe_kernel, f16_cache: bool = False):
     """The compiled one-token layer for matmul drivers mm = (q, k, v, output) and the serial expert layer kernel
-    moe_kernel (Numba dispatchers), made on first use. Its name carries a hash of theirs: one cached
-    compilation per combination of types."""
-    key = (*mm, moe_kernel)
+    moe_kernel (Numba dispatchers), over float32 KV caches or (f16_cache) f16 ones, made on first use. Its name
+    carries a hash of theirs: one cached compilation per combination of types."""
+    attend = _qk_attention1_f16 if f16_cache else _qk_attention1
+    key = (*mm, moe_kernel, attend)
     if key not in _KERNELS:
         names = "/".join(f.py_func.__name__ for f in key)
         tag = hashlib.sha1(names.encode()).hexdigest()[:10]
         _KERNELS[key] = variant(_layer, f"decode_layer_{tag}", mm_q=mm[0], mm_k=mm[1], mm_v=mm[2], mm_o=mm[3],
-                                moe=moe_kernel)
+                                moe=moe_kernel, attend=attend)
     return _KERNELS[key]

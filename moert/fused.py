@@ -5,11 +5,12 @@
                                                    (model_runtime.py), or `block` where it returns None
 
 The architecture's Python `block` stays the definition and the twin: the fused step runs the same kernels in
-the same order, so logits agree to float32 rounding (tests/test_fused.py). It applies to one token (decode),
-with no trace, expert cache, virtual clock or batch of sequences (those go through `block`), when the layer's
-attention, KV cache, weights and experts are all on the CPU, q/k/v/output have CPU kernels (not F32), the caches
-are float32, and every kernel would run on one thread anyway (Model.fused_decode = False turns it off, e.g. to
-see per-phase times: a fused layer's time is counted as the phase "layer").
+the same order, so the logits are the same (bit for bit on the machine it was written on; tests/test_fused.py
+asks 1e-5). It applies to one token (decode), with no full trace, expert cache, virtual clock or batch of
+sequences (those go through `block`), when the layer's attention, KV cache, weights and experts are all on the
+CPU, q/k/v/output have CPU kernels (not F32), the caches are float32 or f16 (the default; bf16 and q8_0 go through
+`block`), and every kernel would run on one thread anyway. Model.fused_decode = False turns it off, e.g. to see
+per-phase times (a fused layer's time is counted as the phase "layer").
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from moert.kernels.jit import threads
 from moert.kernels.layers import _PARALLEL_MIN_WORK
 from moert.kernels.matmul import _PARALLEL_MIN_BYTES
 from moert.kernels.moe_fused import PreparedExperts
+from moert.kvcache import TypedKV
 
 
 class QKNormMoE:
@@ -41,8 +43,8 @@ class QKNormMoE:
                                                 "attn_q_norm", "attn_k_norm", "ffn_norm", "ffn_gate_inp")}
         if m.kv.devices[il] is not CPU or any(m.device_of(n) is not CPU for n in names.values()):
             return None
-        k_cache, v_cache = m.kv.k[il], m.kv.v[il]
-        if not all(type(a) is np.ndarray and a.dtype == np.float32 and a.ndim == 3 for a in (k_cache, v_cache)):
+        caches = [_cache_array(a) for a in (m.kv.k[il], m.kv.v[il])]
+        if any(a is None for a in caches) or caches[0].dtype != caches[1].dtype:
             return None
         mms = m.weights.cpu_matmuls((names["attn_q"], names["attn_k"], names["attn_v"]))
         mo = m.weights.cpu_matmul(names["attn_output"])
@@ -63,8 +65,8 @@ class QKNormMoE:
                     nb_down=nb_down, block_down=block_down, parts=parts, act=act, neox=self.neox, renorm=self.renorm)
         small = max(mm.raw.nbytes for mm in mms) < _PARALLEL_MIN_BYTES and \
             min(c.n_expert_used, c.n_expert) * experts.expert_bytes < _PARALLEL_MIN_BYTES
-        step = LayerStep(m, il, small)
-        step.kernel = layer_kernel(tuple(mm.serial for mm in mms), experts.serial)
+        step = LayerStep(m, il, small, caches)
+        step.kernel = layer_kernel(tuple(mm.serial for mm in mms), experts.serial, caches[0].dtype == np.uint16)
         step.rest = (*(mm.raw for mm in mms), g_raw, u_raw, d_raw, f16,
                      np.concatenate(norms).astype(np.float32),                        # (2 D + 2 Dh,)
                      np.ascontiguousarray(m.w(names["ffn_gate_inp"], CPU), dtype=np.float32),   # (E, D)
@@ -73,18 +75,27 @@ class QKNormMoE:
         return step
 
 
+def _cache_array(cache) -> np.ndarray | None:
+    """A KV cache as the fused kernel reads it: a float32 array, an f16 TypedKV's storage as uint16 bits (-ctk /
+    -ctv f16, the default), or None for other types (bf16, q8_0: the block reads those)."""
+    if isinstance(cache, TypedKV):
+        return cache.parts[0].view(np.uint16) if cache.kind == "f16" else None
+    ok = type(cache) is np.ndarray and cache.dtype == np.float32 and cache.ndim == 3 and cache.flags.c_contiguous
+    return cache if ok else None
+
+
 class LayerStep:
     """Layer il of one model made ready for fused decode steps: its kernel and its arguments (kernels/decode.py):
     the caches and routing buffers, and `rest`, the weights and sizes (prepare makes them)."""
 
     __slots__ = ("kernel", "caches", "rest", "small", "rope", "work", "ids", "wts")
 
-    def __init__(self, m, il: int, small: bool):
+    def __init__(self, m, il: int, small: bool, caches: list):
         c = m.config
         self.small, self.kernel, self.rest = small, None, ()
         self.ids = np.empty((1, c.n_expert_used), dtype=np.int32)      # (1, K) the chosen experts
         self.wts = np.empty((1, c.n_expert_used), dtype=np.float32)    # (1, K) their weights
-        self.caches = (m.kv.k[il], m.kv.v[il], self.ids, self.wts)
+        self.caches = (*caches, self.ids, self.wts)
         self.rope = (c.head_dim, c.rope_base)                           # m.rope's arguments
         self.work = c.n_head_kv * (c.head_dim + c.head_dim_v)          # cache elements read per position
 

@@ -9,6 +9,7 @@ import pytest
 
 import moert
 from moert.demo import demo_model_path
+from moert.kvcache import load
 from moert.testing import write_qwen3moe
 
 pytestmark = pytest.mark.usefixtures("one_numba_thread")
@@ -25,7 +26,7 @@ def greedy(m, fused: bool, steps: int = 24):
         tokens.append(int(np.argmax(logits[-1])))
         logits = m.forward(np.asarray(tokens[-1:]))
         out.append(logits[-1].copy())
-    kv = [(k[:m.position].copy(), v[:m.position].copy()) for k, v in zip(m.kv.k, m.kv.v)]
+    kv = [(load(k, 0, m.position).copy(), load(v, 0, m.position).copy()) for k, v in zip(m.kv.k, m.kv.v)]
     return tokens, np.array(out), m.stats.decode, kv
 
 
@@ -42,12 +43,14 @@ def check_twins(m, steps: int = 24):
         np.testing.assert_allclose(v1, v0, rtol=0, atol=1e-5)
 
 
-@pytest.mark.parametrize("act_quant, repack", [(None, False), ("int8", False), ("int8", True), ("int16", False)])
-def test_demo_model_fused_equals_block(act_quant, repack):
-    """Over a greedy run (each step's x from the KV cache both wrote): with the router's sums made alike on both
-    paths (moert.layers.gate_logits), even x rounded to int8 / int16 comes out the same (bit for bit here)."""
+@pytest.mark.parametrize("act_quant, repack, kv", [(None, False, "f16"), (None, False, "f32"), ("int8", False, "f16"),
+                                                    ("int8", True, "f32"), ("int16", False, "f16")])
+def test_demo_model_fused_equals_block(act_quant, repack, kv):
+    """Over a greedy run (each step's x from the KV cache both wrote), f16 (the default) or f32 caches: with the
+    router's sums made alike on both paths (moert.layers.gate_logits), even x rounded to int8 / int16 comes out
+    the same (bit for bit here)."""
     check_twins(moert.load(demo_model_path(), gpu_layers=0, context_size=64, progress=False, act_quant=act_quant,
-                           repack=repack))
+                           repack=repack, cache_type_k=kv, cache_type_v=kv))
 
 
 @pytest.fixture(scope="module")
@@ -58,12 +61,13 @@ def mixed(tmp_path_factory):
                           seed=5, n_embd=256, head_dim=64)
 
 
-def test_mixed_types_fused_equals_block(mixed):
-    check_twins(moert.load(mixed, gpu_layers=0, progress=False), steps=12)
+@pytest.mark.parametrize("kv", ["f16", "f32"])
+def test_mixed_types_fused_equals_block(mixed, kv):
+    check_twins(moert.load(mixed, gpu_layers=0, progress=False, cache_type_k=kv, cache_type_v=kv), steps=12)
 
 
 def test_not_fused_where_the_block_must_run(mixed):
-    """A GPU expert layer, an f16 KV cache, a full trace: the block runs (no "layer" time); a routing-only trace
+    """A GPU expert layer, a bf16 KV cache, a full trace: the block runs (no "layer" time); a routing-only trace
     keeps the fused step and records the same routing as the block does."""
     m = moert.load(mixed, gpu_backend="sim", gpu_layers=0, overrides=[(r"blk\.1\.ffn_.*_exps", "sim:0")],
                    progress=False)
@@ -72,7 +76,7 @@ def test_not_fused_where_the_block_must_run(mixed):
     assert m.stats.last.layer_time[0].sum() > 0 and "layer" in m.stats.last.time      # layer 0: all on the CPU
     assert m.stats.last.time["experts"].keys() == {"sim:0"}                            # layer 1: the block
 
-    m = moert.load(mixed, gpu_layers=0, cache_type_k="f16", progress=False)          # an f16 K cache: the block
+    m = moert.load(mixed, gpu_layers=0, cache_type_k="bf16", progress=False)         # a bf16 K cache: the block
     m.forward(np.arange(3, 11))
     m.forward(np.asarray([5]))
     assert "layer" not in m.stats.last.time and "attention" in m.stats.last.time

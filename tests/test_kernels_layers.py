@@ -126,3 +126,21 @@ def test_gate_logits_is_the_matmul(E, D):
     np.testing.assert_allclose(got, want, rtol=0, atol=2e-6 * (np.abs(h) @ np.abs(w).T).max())
     np.testing.assert_array_equal(layers.gate_logits(h, w), got)                 # the CPU fast path
     np.testing.assert_allclose(layers.gate_logits(h, w, fast=False), want, rtol=0, atol=1e-4)
+
+
+def test_f16_bits_round_as_numpy():
+    """kernels.layers.f16_bits (the fused decode layer's f16 KV writes) against NumPy's astype(float16)."""
+    from numba import njit
+
+    @njit
+    def each(x, out):
+        for i in range(x.shape[0]):
+            out[i] = kl.f16_bits(x[i])
+
+    r = np.random.default_rng(4)
+    x = np.concatenate([r.standard_normal(20000) * 10.0 ** r.integers(-9, 6, 20000), [0.0, -0.0, 65504.0, 7e4, 6e-8,
+                                                                                     3e-8, 1e-9]]).astype(np.float32)
+    got = np.empty(x.shape, dtype=np.uint16)
+    each(x, got)
+    with np.errstate(over="ignore"):                                        # 7e4: inf in both
+        np.testing.assert_array_equal(got, x.astype(np.float16).view(np.uint16))
