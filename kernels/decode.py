@@ -27,18 +27,55 @@ from __future__ import annotations
 import hashlib
 
 import numpy as np
+from llvmlite import ir
+from numba import njit, types
+from numba.extending import intrinsic
 
-from moert.kernels.blockdot import Z0
+from moert.kernels.blockdot import FM, Z0
 from moert.kernels.jit import variant
-from moert.kernels.layers import _gate_logits1, _qk_attention1, _qk_attention1_f16, _rms_norm, _softmax_topk
+from moert.kernels.layers import _attention1, _gate_logits1, _no_sinks, _qk_attention1, _rms_norm, _rope, _softmax_topk
 
-__all__ = ["DIMS", "layer_kernel"]
+__all__ = ["DIMS", "f16_bits", "layer_kernel"]
 
 # Bound per layer kernel by layer_kernel: mm_q, mm_k, mm_v, mm_o (the weights' serial matmul drivers, signature
 # (w, x, out, r0, r1, b0, b1, f16): kernels/matmul.py kernels_for) and moe (the serial expert layer kernel,
 # kernels/moe_fused.py serial_kernel), attend (kernels/layers.py _qk_attention1 over float32 caches,
-# _qk_attention1_f16 over f16 ones: uint16 bits). The placeholders only name them.
+# _qk_attention1_f16 below over f16 ones: uint16 bits). The placeholders only name them.
 mm_q = mm_k = mm_v = mm_o = moe = attend = None
+
+
+@intrinsic
+def f16_bits(typingctx, x):
+    """A float32 rounded to IEEE half (to nearest even, as NumPy's astype(float16)), as its uint16 bits."""
+    if x != types.float32:
+        return None
+
+    def codegen(context, builder, sig, args):
+        return builder.bitcast(builder.fptrunc(args[0], ir.HalfType()), ir.IntType(16))
+    return types.uint16(x), codegen
+
+
+@njit(cache=True, fastmath=FM)
+def _qk_attention1_f16(q, k, v, qn, kn, eps, cos, sin, neox, k_cache, v_cache, pos0, s0, scale, out):
+    """_qk_attention1 over f16 caches (uint16 bits), in the steps the Python path takes for them (moert.layers
+    rms_norm, rope, then attention -> attention_decode): q, k normed, rotated, k and v rounded to f16 into the
+    caches at pos0, attention of the rotated q. The fused decode layer's attention over an f16 cache."""
+    H, Dh = q.shape
+    Hk = k.shape[0]
+    qn_ = np.empty_like(q)
+    kn_ = np.empty_like(k)
+    _rms_norm(q, qn, eps, qn_)
+    _rms_norm(k, kn, eps, kn_)
+    qr = np.empty((1, H, Dh), dtype=np.float32)
+    kr = np.empty((1, Hk, Dh), dtype=np.float32)
+    _rope(qn_.reshape(1, H, Dh), cos.reshape(1, -1), sin.reshape(1, -1), neox, qr)
+    _rope(kn_.reshape(1, Hk, Dh), cos.reshape(1, -1), sin.reshape(1, -1), neox, kr)
+    for h in range(Hk):
+        for i in range(Dh):
+            k_cache[pos0, h, i] = f16_bits(kr[0, h, i])
+        for i in range(v.shape[1]):
+            v_cache[pos0, h, i] = f16_bits(v[h, i])
+    _attention1(qr[0], k_cache, v_cache, s0, pos0 + 1, scale, _no_sinks(H), out)
 
 
 # What `dims` (int64) holds, by index: the layer's sizes and codes that are not array shapes.

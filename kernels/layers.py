@@ -230,40 +230,6 @@ def _qk_attention1_parallel(q, k, v, qn, kn, eps, cos, sin, neox, k_cache, v_cac
     _attention1_parallel(qr, k_cache, v_cache, s0, pos0 + 1, scale, _no_sinks(q.shape[0]), out, parts)
 
 
-@intrinsic
-def f16_bits(typingctx, x):
-    """A float32 rounded to IEEE half (to nearest even, as NumPy's astype(float16)), as its uint16 bits."""
-    if x != types.float32:
-        return None
-
-    def codegen(context, builder, sig, args):
-        return builder.bitcast(builder.fptrunc(args[0], ir.HalfType()), ir.IntType(16))
-    return types.uint16(x), codegen
-
-
-@njit(cache=True, fastmath=_FM)
-def _qk_attention1_f16(q, k, v, qn, kn, eps, cos, sin, neox, k_cache, v_cache, pos0, s0, scale, out):
-    """_qk_attention1 over f16 caches (uint16 bits), in the steps the Python path takes for them (moert.layers
-    rms_norm, rope, then attention -> attention_decode): q, k normed, rotated, k and v rounded to f16 into the
-    caches at pos0, attention of the rotated q. The fused decode layer's (kernels/decode.py)."""
-    H, Dh = q.shape
-    Hk = k.shape[0]
-    qn_ = np.empty_like(q)
-    kn_ = np.empty_like(k)
-    _rms_norm(q, qn, eps, qn_)
-    _rms_norm(k, kn, eps, kn_)
-    qr = np.empty((1, H, Dh), dtype=np.float32)
-    kr = np.empty((1, Hk, Dh), dtype=np.float32)
-    _rope(qn_.reshape(1, H, Dh), cos.reshape(1, -1), sin.reshape(1, -1), neox, qr)
-    _rope(kn_.reshape(1, Hk, Dh), cos.reshape(1, -1), sin.reshape(1, -1), neox, kr)
-    for h in range(Hk):
-        for i in range(Dh):
-            k_cache[pos0, h, i] = f16_bits(kr[0, h, i])
-        for i in range(v.shape[1]):
-            v_cache[pos0, h, i] = f16_bits(v[h, i])
-    _attention1(qr[0], k_cache, v_cache, s0, pos0 + 1, scale, _no_sinks(H), out)
-
-
 def qk_norm_rope_attention(q, k, v, q_norm, k_norm, eps: float, cos, sin, neox: bool, k_cache, v_cache,
                            pos0: int, scale: float, window: int | None) -> np.ndarray:
     """For ONE token: per-head RMSNorm of q and k, RoPE, k and v into the caches at pos0, attention, in one

@@ -129,13 +129,15 @@ def test_gate_logits_is_the_matmul(E, D):
 
 
 def test_f16_bits_round_as_numpy():
-    """kernels.layers.f16_bits (the fused decode layer's f16 KV writes) against NumPy's astype(float16)."""
+    """kernels.decode.f16_bits (the fused decode layer's f16 KV writes) against NumPy's astype(float16)."""
     from numba import njit
+
+    from moert.kernels.decode import f16_bits
 
     @njit
     def each(x, out):
         for i in range(x.shape[0]):
-            out[i] = kl.f16_bits(x[i])
+            out[i] = f16_bits(x[i])
 
     r = np.random.default_rng(4)
     x = np.concatenate([r.standard_normal(20000) * 10.0 ** r.integers(-9, 6, 20000), [0.0, -0.0, 65504.0, 7e4, 6e-8,
