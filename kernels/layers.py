@@ -29,7 +29,8 @@ from moert.kernels.jit import threads
 
 from . import checks
 
-__all__ = ["attention_decode", "exp_neg", "gate_logits", "qk_norm_rope_attention", "rms_norm", "rope", "softmax_topk"]
+__all__ = ["attention_decode", "attention_parallel", "exp_neg", "gate_logits", "qk_norm_rope_attention", "rms_norm",
+           "rope", "softmax_topk"]
 
 _FM = {"reassoc", "contract"}
 _PARALLEL_MIN_WORK = 1 << 18   # attention: below this many cache elements read, one thread
@@ -243,14 +244,18 @@ def qk_norm_rope_attention(q, k, v, q_norm, k_norm, eps: float, cos, sin, neox: 
     H, Dv = q.shape[1], v.shape[2]
     s0 = 0 if window is None else max(0, pos0 - window + 1)
     out = np.empty((H, Dv), dtype=np.float32)
-    work = (pos0 + 1 - s0) * k_cache.shape[1] * (k_cache.shape[2] + Dv)
     args = (q[0], k[0], v[0], q_norm, k_norm, float(eps), cos[0], sin[0], bool(neox), k_cache, v_cache, pos0, s0,
             np.float32(scale), out)
-    if work >= _PARALLEL_MIN_WORK:
+    if attention_parallel(pos0 + 1 - s0, k_cache.shape[1], k_cache.shape[2], Dv):
         _qk_attention1_parallel(*args, _parts(H, k_cache.shape[1]))
     else:
         _qk_attention1(*args)
     return out.reshape(1, H * Dv)
+
+
+def attention_parallel(keys: int, n_head_kv: int, head_dim: int, head_dim_v: int) -> bool:
+    """Whether one token's attention over `keys` cache rows runs as a parallel region (else one thread)."""
+    return keys * n_head_kv * (head_dim + head_dim_v) >= _PARALLEL_MIN_WORK
 
 
 def _check_attention1(fn: str, q, k, v, k_cache, v_cache, pos0: int) -> None:
@@ -289,8 +294,7 @@ def _attend1(q1, k_cache, v_cache, pos0, scale, window, sinks=None):
     S = pos0 + 1
     s0 = 0 if window is None else max(0, pos0 - window + 1)
     out = np.empty((H, Dv), dtype=np.float32)
-    work = (S - s0) * k_cache.shape[1] * (k_cache.shape[2] + Dv)
-    if work >= _PARALLEL_MIN_WORK:
+    if attention_parallel(S - s0, k_cache.shape[1], k_cache.shape[2], Dv):
         _attention1_parallel(q1, k_cache, v_cache, s0, S, np.float32(scale), sinks, out, _parts(H, k_cache.shape[1]))
     else:
         _attention1(q1, k_cache, v_cache, s0, S, np.float32(scale), sinks, out)

@@ -20,8 +20,8 @@ import numpy as np
 from moert.devices import CPU
 from moert.experts import cpu_layer
 from moert.kernels.jit import threads
-from moert.kernels.layers import _PARALLEL_MIN_WORK
-from moert.kernels.matmul import _PARALLEL_MIN_BYTES
+from moert.kernels.layers import attention_parallel
+from moert.kernels.matmul import threads_for
 from moert.kernels.moe_fused import PreparedExperts
 from moert.kvcache import TypedKV
 
@@ -63,9 +63,8 @@ class QKNormMoE:
             return None
         dims = dict(n_head=c.n_head, nb_q=mms[0].nb, nb_k=mms[1].nb, nb_v=mms[2].nb, nb_o=mms[3].nb, nb_in=nb_in,
                     nb_down=nb_down, block_down=block_down, parts=parts, act=act, neox=self.neox, renorm=self.renorm)
-        small = max(mm.raw.nbytes for mm in mms) < _PARALLEL_MIN_BYTES and \
-            min(c.n_expert_used, c.n_expert) * experts.expert_bytes < _PARALLEL_MIN_BYTES
-        step = LayerStep(m, il, small, caches)
+        step = LayerStep(m, il, caches, max(*(mm.raw.nbytes for mm in mms),
+                                            min(c.n_expert_used, c.n_expert) * experts.expert_bytes))
         step.kernel = layer_kernel(tuple(mm.serial for mm in mms), experts.serial, caches[0].dtype == np.uint16)
         step.rest = (*(mm.raw for mm in mms), g_raw, u_raw, d_raw, f16,
                      np.concatenate(norms).astype(np.float32),                        # (2 D + 2 Dh,)
@@ -88,20 +87,21 @@ class LayerStep:
     """Layer il of one model made ready for fused decode steps: its kernel and its arguments (kernels/decode.py):
     the caches and routing buffers, and `rest`, the weights and sizes (prepare makes them)."""
 
-    __slots__ = ("kernel", "caches", "rest", "small", "rope", "work", "ids", "wts")
+    __slots__ = ("kernel", "caches", "rest", "bytes", "rope", "heads", "ids", "wts")
 
-    def __init__(self, m, il: int, small: bool, caches: list):
+    def __init__(self, m, il: int, caches: list, nbytes: int):
         c = m.config
-        self.small, self.kernel, self.rest = small, None, ()
+        self.bytes, self.kernel, self.rest = nbytes, None, ()          # the most weight bytes one of its calls reads
         self.ids = np.empty((1, c.n_expert_used), dtype=np.int32)      # (1, K) the chosen experts
         self.wts = np.empty((1, c.n_expert_used), dtype=np.float32)    # (1, K) their weights
         self.caches = (*caches, self.ids, self.wts)
         self.rope = (c.head_dim, c.rope_base)                           # m.rope's arguments
-        self.work = c.n_head_kv * (c.head_dim + c.head_dim_v)          # cache elements read per position
+        self.heads = (c.n_head_kv, c.head_dim, c.head_dim_v)
 
     def runs(self, pos: int) -> bool:
-        """Whether every kernel of the step would run on one thread at position pos (else `block` runs)."""
-        return threads() == 1 or self.small and (pos + 1) * self.work < _PARALLEL_MIN_WORK
+        """Whether every kernel of the step would run on one thread at position pos, as the block would run them
+        (else `block` runs: its parallel regions)."""
+        return threads() == 1 or threads_for(self.bytes) == 1 and not attention_parallel(pos + 1, *self.heads)
 
     def __call__(self, x: np.ndarray, pos: int, cos: np.ndarray, sin: np.ndarray, counts: np.ndarray, il: int):
         """x (1, D) float32 -> after the layer (1, D); ids, wts then hold its routing, added to counts[il]
