@@ -21,6 +21,7 @@ import os
 import re
 import socket
 import time
+import weakref
 from pathlib import Path
 from typing import Any
 
@@ -118,6 +119,7 @@ def connect(spec: str, n_workers: int, threads: int | None = None, timeout: floa
         group = CompiledCalls(devices)
         for d in devices:
             d.group = group
+    _started.update(devices)
     try:
         where = ray.get([d.actor.ping.remote() for d in devices], timeout=SETUP_TIMEOUT_S)
     except Exception as e:
@@ -128,6 +130,22 @@ def connect(spec: str, n_workers: int, threads: int | None = None, timeout: floa
     for d, (host, pid) in zip(devices, where):
         d.host, d.pid = host, pid
     return devices
+
+
+_started: weakref.WeakSet = weakref.WeakSet()        # every RayDevice connect() made in this process
+
+
+def started() -> list[RayDevice]:
+    """The workers connect() started in this process that are still referenced."""
+    return list(_started)
+
+
+def close_all(keep: set = frozenset()) -> None:
+    """Let the workers this process started go, but those in `keep` (the CLI calls it when a command ends: a
+    compiled graph's idle workers would poll their channels until the process exits)."""
+    for d in list(_started):
+        if d not in keep:
+            d.close()
 
 
 def use_cluster(plan: Any, ray: str | None, threads: int | None = None, timeout: float | None = None,
@@ -294,4 +312,4 @@ class RayDevice(RemoteDevice):
             pass
 
 
-__all__ = ["RayDevice", "attach", "connect", "parse_address", "use_cluster"]
+__all__ = ["RayDevice", "attach", "close_all", "connect", "parse_address", "started", "use_cluster"]

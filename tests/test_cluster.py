@@ -256,6 +256,11 @@ def test_run_and_serve_with_a_remote_device_and_a_lost_worker_is_503(ray_cluster
     from moert.testing import gpt2_vocab_metadata, write_qwen3moe
 
     worded = write_qwen3moe(tmp_path / "v.gguf", n_layer=2, n_expert=4, vocab=gpt2_vocab_metadata())
+    # explain takes the same flags: the walk of a token whose layer-0 experts ran on the worker
+    assert main(["explain", str(worded), "-p", "hello world", "-ngl", "0", "-ot", rules, "--ray", "local:1",
+                 "--json"]) == 0
+    walk = json.loads(capsys.readouterr().out)
+    assert walk["layers"][0]["expert_device"] == "ray:0" and walk["layers"][1]["expert_device"] == "cpu"
     m = load(worded, overrides=rules, gpu_layers=0, ray="local:1")
     server = Server(m, name="m", queue_size=4)
     try:
