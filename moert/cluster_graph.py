@@ -101,11 +101,15 @@ class CompiledCalls:
         self._teardown()
 
     def close(self) -> None:
-        """Let the workers go: their actors killed (so teardown waits on none, hung or not), the graph torn down."""
+        """Let the workers go: the graph torn down, then their actors killed (a worker known lost or hung first, so
+        that teardown does not wait on it)."""
         self.off = self.off or "closed"
         for d in self.devices:
-            d.kill()
+            if d.lost is not None or self.broken is not None:
+                d.kill()
         self._teardown()
+        for d in self.devices:
+            d.kill()
 
     def _fail(self, b: Batch, e: BaseException) -> None:
         b.failed, b.refs, self.broken = e, None, e
