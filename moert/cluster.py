@@ -132,6 +132,7 @@ def connect(spec: str, n_workers: int, threads: int | None = None, timeout: floa
     return devices
 
 
+HUNG = object()        # RayDevice._get: the call is known to have hung (a compiled graph's step past its timeout)
 _started: weakref.WeakSet = weakref.WeakSet()        # every RayDevice connect() made in this process
 
 
@@ -210,6 +211,8 @@ class RayDevice(RemoteDevice):
         fix = ("run `ray status` and check the worker's node; restart the model to reconnect, or pass "
                "ray_fallback='cpu' (--ray-fallback cpu) to run a lost worker's experts on this host")
         try:
+            if ref is HUNG:
+                raise ray.exceptions.GetTimeoutError()
             return ray.get(ref, timeout=timeout)
         except ray.exceptions.GetTimeoutError:
             msg = (f"{self.name} (Ray worker on {self.host}) did not answer {doing}{at} within {limit or timeout:g} s: "
@@ -262,7 +265,10 @@ class RayDevice(RemoteDevice):
             data = self.group.reply(self, ref, left)
             if data is not None:
                 return self._done(handle, data)
-            # the graph failed: this call again as a plain one, which says whether this worker died or hung
+            # the graph failed, and its outputs do not say which worker: still inside its step past the timeout, this
+            # one hung; else its call again as a plain one, which says whether it died (or answers: another failed)
+            if ref.timed_out and self._get(self.actor.busy.remote(), SETUP_TIMEOUT_S, "a check", layer):
+                return self._get(HUNG, 0, "its expert call", layer, self.timeout)
             t0, ref = time.perf_counter(), self.actor.run.remote(*call)
             handle, left = (ref, t0, *handle[2:]), self.timeout
         return self._done(handle, self._get(ref, left, "its expert call", layer, self.timeout))

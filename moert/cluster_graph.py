@@ -13,10 +13,11 @@ https://docs.ray.io/en/latest/ray-core/compiled-graph/ray-compiled-graph.html. A
 a time, so a cluster has one graph whose input is every worker's part of a layer, its layer key inside.
 
 Faults: the graph's outputs are read together, so a timeout or a dead actor does not say which worker failed.
-Then the graph is given up and the layer's calls are resent as plain actor calls, which do say (a killed worker:
-its actor is dead; a hung one: its call times out, within the timeout again). At the next layer the graph is torn
-down (the actors of lost workers killed first, so teardown does not wait on a hung one) and compiled again over
-the workers still live; if that fails, plain calls from then on (`off` says why).
+Then the graph is given up: past a timeout, a worker still inside its step (`busy`, asked by a plain call, which
+its main thread answers) is the hung one; the others' calls are resent as plain actor calls, which say whether
+they died. At the next layer the graph is torn down (the actors of lost workers killed first, so teardown does
+not wait on a hung one) and compiled again over the workers still live; if that fails, plain calls from then on
+(`off` says why).
 """
 
 from __future__ import annotations
@@ -46,6 +47,13 @@ class Batch:
         self.refs: list | None = None
         self.replies: dict[int, bytes] | None = None
         self.failed: BaseException | None = None
+
+    @property
+    def timed_out(self) -> bool:
+        """The graph's outputs did not all come within the timeout (some worker hung, or is slow)."""
+        from ray.exceptions import RayChannelTimeoutError
+
+        return isinstance(self.failed, RayChannelTimeoutError)
 
 
 class CompiledCalls:

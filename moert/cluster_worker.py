@@ -71,7 +71,7 @@ class ExpertWorker:
             threadpool_limits(limits=int(threads))
         self.threads = int(threads) if threads else None
         self.stepping = threading.local()  # a compiled graph steps on its own thread; Numba sets threads per thread
-        self.busy = threading.Lock()       # one layer at a time: a call resent after a graph fault waits its turn
+        self.running = threading.Lock()    # one layer at a time: a call resent after a graph fault waits its turn
         self.stalled_until = 0.0           # `stall`: run() waits until then (time.monotonic())
         self.tensors: dict[str, tuple] = {}      # name -> (data, type, shape, remap: expert id -> row, or None)
         self.layers: dict[int, object] = {}
@@ -135,7 +135,7 @@ class ExpertWorker:
 
     def run(self, key: int, payload: bytes) -> bytes:
         """The (T, D) weighted sum of this worker's experts for one layer call (a `pack`ed request)."""
-        with self.busy:
+        with self.running:
             while time.monotonic() < self.stalled_until:        # a hung worker, as the fault tests make one
                 time.sleep(0.05)
             t0 = time.perf_counter()
@@ -156,6 +156,10 @@ class ExpertWorker:
             numba.set_num_threads(min(self.threads, numba.config.NUMBA_NUM_THREADS))
             self.stepping.threads = self.threads
         return self.run(*call)
+
+    def busy(self) -> bool:
+        """Whether a layer call is running (the host asks when a compiled graph's step timed out)."""
+        return self.running.locked()
 
     def stall(self, seconds: float) -> None:
         """Make every layer call in the next `seconds` wait them out (the fault tests' hung worker)."""

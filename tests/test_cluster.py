@@ -232,7 +232,7 @@ def test_hung_worker_is_an_error_within_its_timeout(ray_cluster, paths):
         t0 = time.perf_counter()
         with pytest.raises(RemoteDeviceError, match="did not answer.*within 2 s"):
             m.forward(PROMPT)
-        assert time.perf_counter() - t0 < 10        # the graph's wait, then the plain call that names the worker
+        assert time.perf_counter() - t0 < 3.5       # the graph's wait; the worker, still in its step, is named
     finally:
         m.close()
 
