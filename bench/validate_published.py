@@ -170,8 +170,25 @@ def run(entries: list[dict], show_held_out: bool = False) -> dict:
                     r[m] = {"measured": r[m]["measured"], "hidden": True}
         classes = [{k: v for k, v in c.items() if not k.startswith("held_out")} for c in classes]
     ranking = placement_pairs([r for r in rows if not r["held_out"] or show_held_out], NOISE)
-    return {"factors": cv["factors"], "sources": cv["sources"], "rows": rows, "classes": classes,
+    return {"census": census(entries), "factors": cv["factors"], "sources": cv["sources"], "rows": rows,
+            "classes": classes,
             "ranking": ranking, "worst": worst(rows)}
+
+
+def census(entries: list[dict]) -> dict:
+    """How much the set holds: entries and figures counted (not 'excluded'), sources, and boxes. A box is the stated
+    (GPU, CPU) pair; where a source names only one part, the part and the source (two people's RTX 3090s with unstated
+    CPUs are two boxes, and one person's CPU-only run may be the CPU of a box counted already: an upper count)."""
+    counted = [e for e in entries if e["use"] != "excluded"]
+    boxes = set()
+    for e in counted:
+        h = e["hardware"]
+        g, c = h.get("gpu"), h.get("cpu")
+        boxes.add((g, c) if g and c else (g, c, source(e)))
+    figures = sum(e.get(f"{m}_tok_s") is not None for e in counted for m in ("prompt", "gen"))
+    return {"entries": len(counted), "figures": figures, "boxes": len(boxes),
+            "sources": len({source(e) for e in counted}), "held_out_figures": sum(
+                e.get(f"{m}_tok_s") is not None for e in counted if held_out(e) for m in ("prompt", "gen"))}
 
 
 def _pct(x: float | None) -> float | None:
@@ -195,7 +212,9 @@ def table(res: dict) -> str:
     """The one table, then the classes, the worst figures and the ranking."""
     head = (f"{'entry':<40} {'test':<4} {'measured':>9} {'shipped':>8} {'in-smpl':>8} {'out-smpl':>8}  "
             f"term dominating the predicted time")
-    lines = [head, "-" * len(head)]
+    n = res["census"]
+    lines = [f"{n['entries']} entries, {n['figures']} figures ({n['held_out_figures']} held out), {n['boxes']} boxes, "
+             f"{n['sources']} sources", head, "-" * len(head)]
     for r in res["rows"]:
         for m, label in (("prompt", "pp"), ("gen", "tg")):
             c = r[m]

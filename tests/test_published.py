@@ -144,5 +144,28 @@ def test_what_compare_says_of_the_models_error_is_what_the_validator_finds(tmp_p
                                                        round(c[name]["spread68"], 2)), name
     assert (VALIDATION["ranked"], VALIDATION["pairs"]) == (sum(r["right"] for r in res["ranking"]), len(res["ranking"]))
     assert f"off by {round(100 * c['all']['out_of_sample'])}%" in trust()
+    all_ = {x["class"]: x for x in validate_published.run(validate_published.load(), show_held_out=True)["classes"]}
+    h = VALIDATION["held_out"]                                   # (the predictions are cached: this run is quick)
+    assert (h["figures"], h["error"], h["worst"]) == (all_["all"]["n_held_out"], round(all_["all"]["held_out"], 2),
+                                                       round(all_["all"]["held_out_worst"], 2))
+    assert f"{h['figures']} figures held out of every fit: off by {round(100 * h['error'])}%" in trust()
     held = [r for r in res["rows"] if r["held_out"]]              # frozen entries: no error printed without --held-out
     assert held and all(r[m].get("hidden") for r in held for m in ("prompt", "gen") if r[m]["measured"])
+
+
+def test_the_census_counts_boxes_by_stated_parts_and_skips_excluded_entries():
+    v = _validator()
+
+    def e(source, gpu=None, cpu=None, use="error", gen=1.0, prompt=None):
+        return {"source": source, "hardware": {"gpu": gpu, "cpu": cpu}, "use": use, "gen_tok_s": gen,
+                "prompt_tok_s": prompt}
+    entries = [e("https://a/1", "rtx4080", "ryzen-7950x", prompt=2.0),   # one box, two figures
+               e("https://b/2", "rtx4080", "ryzen-7950x"),              # the same stated pair: the same box
+               e("https://a/1", "rtx3090"), e("https://c/3", "rtx3090"),  # GPU only, two sources: two boxes
+               e("https://d/4", None, "epyc-9b14", use="excluded")]       # not counted at all
+    assert v.census(entries) == {"entries": 4, "figures": 5, "boxes": 3, "sources": 3, "held_out_figures": 0}
+
+
+def test_the_set_holds_what_issue_32_asks_for():
+    n = _validator().census(_entries())
+    assert n["figures"] >= 80 and n["boxes"] >= 25

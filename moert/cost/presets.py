@@ -34,6 +34,11 @@ GPUS: dict[str, GPU] = {g.name: g for g in (
     # (GeForce Blackwell is full rate with FP32 accumulate: 209.5 is the conservative reading), 838 INT8 TOPS
     # dense; PCIe 5.0 x16 (nvidia.com RTX 5090 specs; NVIDIA RTX Blackwell GPU Architecture whitepaper)
     GPU("rtx5090", 32, 1792, 209.5, 838, pcie_gen=5, source="nvidia.com RTX 5090 specs; RTX Blackwell whitepaper"),
+    # RTX 5080 (16 GB): 256-bit GDDR7 at 30 Gbps = 960 GB/s; 84 SMs; "AI TOPS 1801" (FP4, sparse) against the RTX
+    # 5090's 3352, so its FP16/FP32-acc and INT8 rates are the 5090 preset's x 1801 / 3352 (derived, not a listed
+    # figure); PCIe 5.0 x16 (nvidia.com RTX 5080 specs; NVIDIA RTX Blackwell GPU Architecture whitepaper)
+    GPU("rtx5080", 16, 960, 112.6, 450.2, pcie_gen=5, source="nvidia.com RTX 5080 specs (960 GB/s, 1801 AI TOPS); "
+        "tensor rates scaled from the RTX 5090 by AI TOPS"),
     # RTX 4080 (16 GB): 256-bit GDDR6X at 22.4 Gbps = 716.8 GB/s; 97.5 FP16/FP32-acc TFLOPS, 389.9 INT8 TOPS dense
     # (NVIDIA Ada GPU Architecture whitepaper v2.01, GeForce RTX 4080 table)
     GPU("rtx4080", 16, 716.8, 97.5, 389.9, pcie_gen=4, source="NVIDIA Ada whitepaper v2.01, RTX 4080 table"),
@@ -75,6 +80,10 @@ GPUS: dict[str, GPU] = {g.name: g for g in (
     # and x 838), the Max-Q's lower 300 W clocks not taken off: an upper bound, derived, not a listed figure. PCIe 5.0.
     GPU("rtx-pro-6000-maxq", 96, 1792, 231.7, 926.7, pcie_gen=5, source="GB202, 188 SMs, 1792 GB/s (NVIDIA RTX PRO "
         "6000 Blackwell announcements); tensor rates scaled from the RTX 5090 by SMs"),
+    # NVIDIA RTX PRO 6000 Blackwell Workstation Edition (96 GB, 600 W): the same GB202 with 188 SMs and 1,792 GB/s as
+    # the Max-Q above, at full clocks, so the same derived tensor rates (scaled from the RTX 5090 by SMs) fit it better.
+    GPU("rtx-pro-6000", 96, 1792, 231.7, 926.7, pcie_gen=5, source="GB202, 188 SMs, 1792 GB/s (NVIDIA RTX PRO 6000 "
+        "Blackwell announcements); tensor rates scaled from the RTX 5090 by SMs"),
     # H100 PCIe 80GB: HBM2e 2.0 TB/s; 1513 FP16 tensor TFLOPS sparse = 756 dense, 1513 INT8 TOPS dense;
     # PCIe 5.0 x16 (NVIDIA H100 Tensor Core GPU data sheet)
     GPU("h100-pcie", 80, 2000, 756, 1513, pcie_gen=5, source="NVIDIA H100 Tensor Core GPU data sheet"),
