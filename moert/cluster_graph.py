@@ -73,7 +73,7 @@ class CompiledCalls:
         """Queue dev's part of this layer; None when compiled calls are off (then the caller makes a plain call)."""
         if self.off is not None:
             return None
-        if self.batch is None:
+        if self.batch is None or dev.index in self.batch.calls:   # (a layer that failed before `flush`: left)
             self.batch = Batch(self)
         self.batch.calls[dev.index] = (key, payload)
         return self.batch
