@@ -267,7 +267,7 @@ class RayDevice(RemoteDevice):
                 return self._done(handle, data)
             # the graph failed, and its outputs do not say which worker: still inside its step past the timeout, this
             # one hung; else its call again as a plain one, which says whether it died (or answers: another failed)
-            if ref.timed_out and self._get(self.actor.busy.remote(), SETUP_TIMEOUT_S, "a check", layer):
+            if ref.timed_out and self._get(self.actor.busy.remote(), SETUP_TIMEOUT_S, "its expert call", layer):
                 return self._get(HUNG, 0, "its expert call", layer, self.timeout)
             t0, ref = time.perf_counter(), self.actor.run.remote(*call)
             handle, left = (ref, t0, *handle[2:]), self.timeout
