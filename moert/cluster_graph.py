@@ -124,8 +124,11 @@ class CompiledCalls:
 
     def _build(self) -> None:
         """Tear down a failed graph (killing the actors of lost workers first) and compile one over the live."""
-        from ray.dag import InputNode, MultiOutputNode
-
+        try:
+            from ray.dag import InputNode, MultiOutputNode
+        except ImportError as e:     # a Ray older than its compiled graphs (2.32): plain calls
+            self.off = f"this Ray has no compiled graphs ({e})"
+            return
         for d in self.devices:
             if d.lost is not None:
                 d.kill()

@@ -138,6 +138,25 @@ def test_logits_and_routing_equal_all_cpu_on_any_mix(ray_cluster, paths, arch, m
             m.close()
 
 
+def test_a_graph_ray_cannot_compile_leaves_plain_calls(ray_cluster, paths, monkeypatch):
+    from ray.dag.dag_node import DAGNode
+
+    def refuse(self, *args, **kwargs):
+        raise RuntimeError("no compiled graphs here")
+
+    monkeypatch.setattr(DAGNode, "experimental_compile", refuse)
+    path = paths["qwen3moe"]
+    want = load(path, gpu_layers=0).forward(PROMPT)
+    m = load(path, overrides=r"blk\.0\.ffn_.*_exps=RAY0", gpu_layers=0, ray="local:1")
+    try:
+        assert rel(m.forward(PROMPT), want) < 1e-5
+        group = m.plan.remote[0].group
+        assert "no compiled graphs here" in group.off and group.compiles == 0 and group.executions == 0
+        assert m.stats.last.remote["ray:0"].calls == 1
+    finally:
+        m.close()
+
+
 def test_ray_calls_setting_is_checked(monkeypatch):
     from moert.cluster_graph import enabled
 
