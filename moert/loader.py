@@ -57,7 +57,7 @@ def load(model: Any, plan: Any = None, *, context_size: int | None = None, threa
     sent its experts' bytes); ray_fallback="cpu": a lost worker's experts run on this host; ray_threads: kernel
     threads per worker; ray_timeout: seconds a layer call may take before its worker counts as hung.
     expert_cache= (a moert.ExpertCache): copies of some CPU experts on a GPU, moved as the routing asks
-    (moert/dynamic/runtime.py; the plan puts the routed experts on the CPU: cpu_moe=True)."""
+    (moert/dynamic/runtime.py; it caches the experts the plan put on the CPU: cpu_moe=True, or n_cpu_moe=N)."""
     from moert import gguf
     from moert.cluster import attach, use_cluster
     from moert.errors import DeviceOutOfMemory

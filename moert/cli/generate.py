@@ -369,7 +369,7 @@ def add_commands(sub) -> None:
                    "layer selected (needs matplotlib: the `plot` extra)")
     r.add_argument("--trace", default=None, metavar="NPZ", help="record every token's routing (ids, weights) "
                    "and save it (`moert trace NPZ` summarises it)")
-    x = r.add_argument_group("expert cache (moert/dynamic; experts on the CPU: --cpu-moe)")
+    x = r.add_argument_group("expert cache (moert/dynamic; of the experts on the CPU: --cpu-moe or --n-cpu-moe N)")
     x.add_argument("--cache-slots", type=int, default=None, metavar="N", help="keep N experts per MoE layer on "
                    "GPU 0, moved as the routing asks (see m.stats.cache; --stats prints its hit rate)")
     x.add_argument("--cache-policy", choices=["lru", "lfu", "lfru"], default="lru", help="eviction policy (lru)")
