@@ -45,7 +45,7 @@ class Model(ModelRuntime, TextAPI, Tracing):
     API (tokenize, generate, stream, chat) is in moert/generate.py, tracing in moert/trace.py."""
 
     def __init__(self, gguf_file, arch, config, plan, weights, context_size: int, n_batch: int = 512,
-                 act_quant: str | None = None, kv_types: tuple[str, str] = ("f32", "f32"), flash_attn: bool = False,
+                 act_quant: str | None = None, kv_types: tuple[str, str] = ("f16", "f16"), flash_attn: bool = True,
                  repack: bool = False):
         from moert.kvcache import allocate_kv_cache
 
