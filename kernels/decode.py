@@ -1,23 +1,24 @@
-"""One decoder layer for ONE token in one Numba call: the per-token glue of a small model, gone.
+"""One decoder layer for ONE token in two Numba calls: the per-token glue of a small model, gone.
 
-    layer_kernel(mm, moe) -> kernel     made on first use per (q, k, v, output matmul drivers, expert layer kernel)
+    layer_kernels(mm, moe, f16_cache) -> (attention half, experts half)   made on first use per types
 
 A small model's decode step is mostly Python around microsecond kernels (bench/RESULTS.md, "The demo model's
-per-token glue"): ~10 kernel calls a layer, each with its wrapper, checks and phase timer. This kernel runs the
-same kernels, in the same order, from one call:
+per-token glue"): ~10 kernel calls a layer, each with its wrapper, checks and phase timer. These run the same
+kernels, in the same order, from two calls, with the router's one matmul between them in NumPy (the block's own
+`h @ W.T`, so its BLAS sums are the same ones):
 
     h = rms_norm(x) * attn_norm                                      kernels/layers.py _rms_norm
     q, k, v = h @ Wq.T, h @ Wk.T, h @ Wv.T                           the weights' serial matmul drivers
-    a = attention(rope(rms_norm(q)), rope(rms_norm(k)) -> cache, v)  kernels/layers.py _qk_attention1 (_f16)
-    x = x + a @ Wo.T
-    h = rms_norm(x) * ffn_norm;  logits = h @ Wr.T                  kernels/layers.py _gate_logits1
+    a = attention(rope(rms_norm(q)), rope(rms_norm(k)) -> cache, v)  kernels/layers.py _qk_attention1 (_f16 below)
+    x = x + a @ Wo.T;  h = rms_norm(x) * ffn_norm                    (the attention half ends here)
+    logits = h @ Wr.T                                                NumPy, between the calls (moert/fused.py)
     ids, w = softmax -> top-k (-> renormalize)                       kernels/layers.py _softmax_topk
     x = x + experts(h, ids, w)                                       the layer's serial kernels/moe_fused.py kernel
 
 Its twin is the architecture's Python block (moert/models/qwen3moe.py `block`, through moert/fused.py), which
-calls the same kernels one by one (moert.layers.gate_logits, the router's, on the CPU too), so the logits are the
-same; tests/test_fused.py compares logits, tokens, routing and KV cache. Serial only: a caller uses it
-where every one of these calls would run on one thread anyway (small weights, short context).
+calls the same kernels one by one, so the logits are the same (bit for bit where it was written);
+tests/test_fused.py compares logits, tokens, routing and KV cache. Serial only: a caller uses it where every one
+of these calls would run on one thread anyway (small weights, short context).
 
 Dimension legend: D hidden, H query heads, Hk KV heads, Dh head dim, Dv value head dim, E experts, K used.
 """
@@ -33,9 +34,9 @@ from numba.extending import intrinsic
 
 from moert.kernels.blockdot import FM, Z0
 from moert.kernels.jit import variant
-from moert.kernels.layers import _attention1, _gate_logits1, _no_sinks, _qk_attention1, _rms_norm, _rope, _softmax_topk
+from moert.kernels.layers import _attention1, _no_sinks, _qk_attention1, _rms_norm, _rope, _softmax_topk
 
-__all__ = ["DIMS", "f16_bits", "layer_kernel"]
+__all__ = ["DIMS", "f16_bits", "layer_kernels"]
 
 # Bound per layer kernel by layer_kernel: mm_q, mm_k, mm_v, mm_o (the weights' serial matmul drivers, signature
 # (w, x, out, r0, r1, b0, b1, f16): kernels/matmul.py kernels_for) and moe (the serial expert layer kernel,
@@ -82,20 +83,16 @@ def _qk_attention1_f16(q, k, v, qn, kn, eps, cos, sin, neox, k_cache, v_cache, p
 DIMS = ("n_head", "nb_q", "nb_k", "nb_v", "nb_o", "nb_in", "nb_down", "block_down", "parts", "act", "neox", "renorm")
 
 
-def _layer(x, pos0, cos, sin, k_cache, v_cache, ids, wts, counts, il, wq, wk, wv, wo, g_raw, u_raw, d_raw, f16, norms,
-           router, dims, eps, scale):
-    """x (1, D) -> x after the layer (1, D); writes k, v at pos0 of the caches, the chosen experts into ids, wts
-    (1, K), and adds how often each was chosen to counts[il] (counts (n_layer, E): the forward call's stats).
-    cos, sin (1, Dh/2): this position's RoPE angles. Weights: q, k, v, output (R, row_bytes) and the experts'
-    gate, up, down (E, R, row_bytes) raw bytes, all read through the one 16-bit table f16; norms (2 D + 2 Dh,)
-    float32: attn_norm, attn_q_norm, attn_k_norm, ffn_norm in a row; router (E, D) float32; dims as DIMS says.
-    (Few arguments: a Numba call costs ~0.1 us an argument.)"""
+def _attention_half(x, pos0, cos, sin, k_cache, v_cache, h, wq, wk, wv, wo, f16, norms, dims, eps, scale):
+    """x (1, D) -> x + attention (1, D); writes k, v at pos0 of the caches and the FFN's input rms_norm(x) * ffn_norm
+    into h (1, D). cos, sin (1, Dh/2): this position's RoPE angles. Weights: q, k, v, output (R, row_bytes) raw
+    bytes read through the 16-bit table f16; norms (2 D + 2 Dh,) float32: attn_norm, attn_q_norm, attn_k_norm,
+    ffn_norm in a row; dims as DIMS says. (Few arguments: a Numba call costs ~0.1 us an argument.)"""
     D = x.shape[1]
     Hk, Dh, Dv = k_cache.shape[1], k_cache.shape[2], v_cache.shape[2]
     H = dims[0]
     attn_norm, q_norm, k_norm = norms[:D], norms[D:D + Dh], norms[D + Dh:D + 2 * Dh]
     ffn_norm = norms[D + 2 * Dh:2 * D + 2 * Dh]
-    h = np.empty((1, D), dtype=np.float32)
     _rms_norm(x, attn_norm, eps, h)                                     # (1, D)
     q = np.empty((1, H * Dh), dtype=np.float32)
     k = np.empty((1, Hk * Dh), dtype=np.float32)
@@ -112,31 +109,41 @@ def _layer(x, pos0, cos, sin, k_cache, v_cache, ids, wts, counts, il, wq, wk, wv
     for i in range(D):
         x1[0, i] = x[0, i] + o[0, i]
     _rms_norm(x1, ffn_norm, eps, h)                                     # (1, D)
-    logits = np.empty((1, router.shape[0]), dtype=np.float32)
-    _gate_logits1(h, router, logits)                                    # (1, E)
+    return x1
+
+
+def _experts_half(x, h, logits, ids, wts, counts, il, g_raw, u_raw, d_raw, f16, dims):
+    """x (1, D) + the experts of h (1, D) that the router's logits (1, E) choose: softmax, top-k into ids, wts (1, K),
+    added to counts[il] (counts (n_layer, E): the forward call's stats); gate, up, down (E, R, row_bytes) raw."""
     _softmax_topk(logits, ids.shape[1], dims[11] != 0, ids, wts)        # (1, K) each
     for j in range(ids.shape[1]):
         counts[il, ids[0, j]] += 1
     none = np.zeros((0, 0), dtype=np.float32)                           # no expert biases
     y = moe(h, ids, wts, g_raw, f16, u_raw, f16, d_raw, f16, dims[5], dims[6], dims[7], dims[8], dims[9], none, none,
             none, 1)                                                    # (1, D)
-    for i in range(D):
-        x1[0, i] += y[0, i]
-    return x1
+    out = np.empty_like(x)
+    for i in range(x.shape[1]):
+        out[0, i] = x[0, i] + y[0, i]
+    return out
 
 
 _KERNELS: dict[tuple, object] = {}
 
 
-def layer_kernel(mm: tuple, moe_kernel, f16_cache: bool = False):
-    """The compiled one-token layer for matmul drivers mm = (q, k, v, output) and the serial expert layer kernel
-    moe_kernel (Numba dispatchers), over float32 KV caches or (f16_cache) f16 ones, made on first use. Its name
-    carries a hash of theirs: one cached compilation per combination of types."""
-    attend = _qk_attention1_f16 if f16_cache else _qk_attention1
-    key = (*mm, moe_kernel, attend)
+def _made(template, prefix: str, **bound):
+    """variant(template) with these bindings, made once; its name carries a hash of the bound kernels' names."""
+    key = (template, *bound.values())
     if key not in _KERNELS:
-        names = "/".join(f.py_func.__name__ for f in key)
-        tag = hashlib.sha1(names.encode()).hexdigest()[:10]
-        _KERNELS[key] = variant(_layer, f"decode_layer_{tag}", mm_q=mm[0], mm_k=mm[1], mm_v=mm[2], mm_o=mm[3],
-                                moe=moe_kernel, attend=attend)
+        tag = hashlib.sha1("/".join(f.py_func.__name__ for f in bound.values()).encode()).hexdigest()[:10]
+        _KERNELS[key] = variant(template, f"{prefix}_{tag}", **bound)
     return _KERNELS[key]
+
+
+def layer_kernels(mm: tuple, moe_kernel, f16_cache: bool = False) -> tuple:
+    """The compiled halves of a one-token layer, made on first use: attention (for matmul drivers mm = (q, k, v,
+    output), over float32 KV caches or, f16_cache, f16 ones) and experts (for the serial expert layer kernel
+    moe_kernel). One cached compilation per combination of types; the experts half, which links the big MoE
+    kernel, per expert types only."""
+    attend = _qk_attention1_f16 if f16_cache else _qk_attention1
+    return (_made(_attention_half, "decode_attention", mm_q=mm[0], mm_k=mm[1], mm_v=mm[2], mm_o=mm[3], attend=attend),
+            _made(_experts_half, "decode_experts", moe=moe_kernel))

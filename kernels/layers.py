@@ -7,7 +7,6 @@
     qk_norm_rope_attention(q, k, v, q_norm, k_norm, eps, cos, sin, neox, k_cache, v_cache, pos0, scale,
                            window)            the three above in one for one token (Qwen3, Gemma 3)
     softmax_topk(logits, k, renorm)                   (T, E) -> ids (T, K) int32, weights (T, K) float32
-    gate_logits(h, w)                                 one token's router logits (1, D) @ (E, D).T -> (1, E)
 
 Their reference twins are moert/layers.py's and moert/moe.py's xp functions, which call these when the
 arrays are NumPy arrays on the CPU (and the shapes are ones the kernels take). They exist for Python
@@ -29,7 +28,7 @@ from moert.kernels.jit import threads
 
 from . import checks
 
-__all__ = ["attention_decode", "attention_parallel", "exp_neg", "gate_logits", "qk_norm_rope_attention", "rms_norm",
+__all__ = ["attention_decode", "attention_parallel", "exp_neg", "qk_norm_rope_attention", "rms_norm",
            "rope", "softmax_topk"]
 
 _FM = {"reassoc", "contract"}
@@ -310,37 +309,6 @@ def attention_decode(q, k, v, k_cache, v_cache, pos0: int, scale: float, window:
     for cache, x in ((k_cache, k[0]), (v_cache, v[0])):
         cache[pos0] = x.astype(np.float16).view(np.uint16) if cache.dtype == np.uint16 else x
     return _attend1(np.ascontiguousarray(q[0], dtype=np.float32), k_cache, v_cache, pos0, scale, window, sinks)
-
-
-@njit(cache=True)            # no fastmath: these sums in this order wherever it is compiled (kernels/decode.py too)
-def _gate_logits1(h, w, out):
-    """out[0, e] = h[0] . w[e] for one token, h (1, D), w (E, D): eight running sums over D, added pairwise."""
-    D = h.shape[1]
-    n8 = D - D % 8
-    for e in range(w.shape[0]):
-        s0 = s1 = s2 = s3 = s4 = s5 = s6 = s7 = np.float32(0.0)
-        for i in range(0, n8, 8):
-            s0 += h[0, i] * w[e, i]
-            s1 += h[0, i + 1] * w[e, i + 1]
-            s2 += h[0, i + 2] * w[e, i + 2]
-            s3 += h[0, i + 3] * w[e, i + 3]
-            s4 += h[0, i + 4] * w[e, i + 4]
-            s5 += h[0, i + 5] * w[e, i + 5]
-            s6 += h[0, i + 6] * w[e, i + 6]
-            s7 += h[0, i + 7] * w[e, i + 7]
-        t = np.float32(0.0)
-        for i in range(n8, D):
-            t += h[0, i] * w[e, i]
-        out[0, e] = ((s0 + s1) + (s2 + s3)) + ((s4 + s5) + (s6 + s7)) + t
-
-
-def gate_logits(h: np.ndarray, w: np.ndarray) -> np.ndarray:
-    """One token's router logits h (1, D) @ w.T (w (E, D) float32) -> (1, E): moert.layers.gate_logits on the CPU,
-    the same sums the fused decode layer makes (its twin: h @ w.T)."""
-    checks.expect("gate_logits", "w", w, (None, h.shape[1]))
-    out = np.empty((1, w.shape[0]), dtype=np.float32)
-    _gate_logits1(h, w, out)
-    return out
 
 
 @njit(cache=True)

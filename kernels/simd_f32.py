@@ -9,8 +9,9 @@ through shuffles and multiplies every weight by its sub-block's scale. Here each
            FMA per block.
     Q6_K   the 6-bit values and their -32 as bytes (32 lanes at a time, as simd.py's int8 kernel), then
            8 lanes sign-extended, converted and FMA'd with x; one FMA per 16 weights for the scale d*sc_g.
-    Q8_0   4 x 8 int8 sign-extended (vpmovsxbd), converted and FMA'd with x, one FMA for the block's d: 2x
-           Numba's loop on the short rows of a small model's ffn_down (4 blocks a row; bench/RESULTS.md).
+    Q8_0   4 x 8 int8 sign-extended (vpmovsxbd), converted, times d (exact: the weight as dequantized) and FMA'd
+           with x into 32 lanes: 2x Numba's loop on the short rows of a small model's ffn_down (4 blocks a row;
+           bench/RESULTS.md).
 
 The sums are float32, grouped differently from the reference (within the kernels' 1e-5 of sum|w x|, checked
 in tests/test_kernels_matmul.py with every other kernel).
@@ -115,13 +116,17 @@ def _q6k(context, builder, aty, wa, o, xty, xa, c, acc):
     return acc
 
 
-def _q80(context, builder, aty, wa, o, xty, xa, c, acc):
-    """One Q8_0 block at w[o:] (x at x[c:]) into the 8-lane accumulator: 4 x 8 int8 sign-extended, converted,
-    FMA'd with x, then times d in one more FMA."""
-    terms = [(builder.sitofp(builder.sext(_vload(context, builder, aty, wa, _at(builder, o, 2 + 8 * k),
-                                                 ir.VectorType(_I8, 8)), _V32x8), _F8),
-              _vload(context, builder, xty, xa, _at(builder, c, 8 * k), _F8)) for k in range(4)]
-    return _fma(builder, _dot(builder, terms), _fsplat(builder, _half_at(context, builder, aty, wa, o)), acc)
+def _q80(context, builder, aty, wa, o, xty, xa, c, accs):
+    """One Q8_0 block at w[o:] (x at x[c:]) into four 8-lane accumulators, lane l of accs[k] taking weight 8k + l:
+    int8 sign-extended (vpmovsxbd), converted, times d (exact: the dequantized weight), FMA'd with x."""
+    d = _fsplat(builder, _half_at(context, builder, aty, wa, o))
+    out = []
+    for k in range(4):
+        q = builder.sitofp(builder.sext(_vload(context, builder, aty, wa, _at(builder, o, 2 + 8 * k),
+                                               ir.VectorType(_I8, 8)), _V32x8), _F8)
+        out.append(_fma(builder, builder.fmul(q, d), _vload(context, builder, xty, xa, _at(builder, c, 8 * k), _F8),
+                        accs[k]))                                       # d * q is exact: the weight, as dequantized
+    return out
 
 
 def _check(w, x):
@@ -179,14 +184,17 @@ def q8_0_dot(typingctx, w, o, nb, x, c):
 
     def codegen(context, builder, sig, args):
         o_, nb_, c_ = _intp(context, builder, sig, args, 1, 2, 4)
-        acc = cgutils.alloca_once_value(builder, ir.Constant(_F8, [0.0] * 8))
+        accs = [cgutils.alloca_once_value(builder, ir.Constant(_F8, [0.0] * 8)) for _ in range(4)]
         with cgutils.for_range(builder, nb_) as loop:
             b = loop.index
             ob, cb = builder.add(o_, builder.mul(b, ir.Constant(b.type, 34))), \
                 builder.add(c_, builder.mul(b, ir.Constant(b.type, 32)))
-            builder.store(_q80(context, builder, sig.args[0], args[0], ob, sig.args[3], args[3], cb, builder.load(acc)),
-                          acc)
-        return _fhsum(builder, builder.load(acc))
+            got = _q80(context, builder, sig.args[0], args[0], ob, sig.args[3], args[3], cb,
+                       [builder.load(a) for a in accs])
+            for a, v in zip(accs, got):
+                builder.store(v, a)
+        v = [builder.load(a) for a in accs]
+        return _fhsum(builder, builder.fadd(builder.fadd(v[0], v[1]), builder.fadd(v[2], v[3])))
     return types.float32(w, o, nb, x, c), codegen
 
 

@@ -1,4 +1,4 @@
-"""A decode step's layer as one Numba call (kernels/decode.py) where every tensor of it is on the CPU.
+"""A decode step's layer as two Numba calls (kernels/decode.py) where every tensor of it is on the CPU.
 
     FUSED = QKNormMoE(neox=True, renorm=True)     an architecture file declares which layer it has
     decoder(m, tokens, block, fused=FUSED)         models/blocks.py: per layer, m.fused_layer(il, x, FUSED)
@@ -51,7 +51,7 @@ class QKNormMoE:
         experts = cpu_layer(m, tuple(b + f"ffn_{n}_exps.weight" for n in ("gate", "up", "down")))
         if mms is None or mo is None or not isinstance(experts, PreparedExperts):
             return None
-        from moert.kernels.decode import DIMS, layer_kernel
+        from moert.kernels.decode import DIMS, layer_kernels
 
         mms.append(mo)
         g_raw, g_f16, u_raw, u_f16, d_raw, d_f16, nb_in, nb_down, block_down, parts, act, *biases = experts.args
@@ -65,12 +65,13 @@ class QKNormMoE:
                     nb_down=nb_down, block_down=block_down, parts=parts, act=act, neox=self.neox, renorm=self.renorm)
         step = LayerStep(m, il, caches, max(*(mm.raw.nbytes for mm in mms),
                                             min(c.n_expert_used, c.n_expert) * experts.expert_bytes))
-        step.kernel = layer_kernel(tuple(mm.serial for mm in mms), experts.serial, caches[0].dtype == np.uint16)
-        step.rest = (*(mm.raw for mm in mms), g_raw, u_raw, d_raw, f16,
-                     np.concatenate(norms).astype(np.float32),                        # (2 D + 2 Dh,)
-                     np.ascontiguousarray(m.w(names["ffn_gate_inp"], CPU), dtype=np.float32),   # (E, D)
-                     np.array([int(dims[k]) for k in DIMS], dtype=np.int64), float(c.rms_eps),
-                     np.float32(1.0 / np.sqrt(c.head_dim)))
+        step.attention, step.experts = layer_kernels(tuple(mm.serial for mm in mms), experts.serial,
+                                                     caches[0].dtype == np.uint16)
+        dims = np.array([int(dims[k]) for k in DIMS], dtype=np.int64)
+        step.head = (*caches, step.h, *(mm.raw for mm in mms), f16, np.concatenate(norms).astype(np.float32),
+                     dims, float(c.rms_eps), np.float32(1.0 / np.sqrt(c.head_dim)))   # norms (2 D + 2 Dh,)
+        step.tail = (g_raw, u_raw, d_raw, f16, dims)
+        step.router_t = m.w(names["ffn_gate_inp"], CPU).T                # (D, E): the operand the block's @ gets
         return step
 
 
@@ -84,17 +85,17 @@ def _cache_array(cache) -> np.ndarray | None:
 
 
 class LayerStep:
-    """Layer il of one model made ready for fused decode steps: its kernel and its arguments (kernels/decode.py):
-    the caches and routing buffers, and `rest`, the weights and sizes (prepare makes them)."""
+    """Layer il of one model made ready for fused decode steps: its two kernels (kernels/decode.py) and their
+    arguments but the token's (prepare makes them), the router between them."""
 
-    __slots__ = ("kernel", "caches", "rest", "bytes", "rope", "heads", "ids", "wts")
+    __slots__ = ("attention", "experts", "head", "tail", "router_t", "bytes", "rope", "heads", "h", "ids", "wts")
 
     def __init__(self, m, il: int, caches: list, nbytes: int):
         c = m.config
-        self.bytes, self.kernel, self.rest = nbytes, None, ()          # the most weight bytes one of its calls reads
+        self.bytes = nbytes                                             # the most weight bytes one of its calls reads
+        self.h = np.empty((1, c.n_embd), dtype=np.float32)             # (1, D) the FFN's input, ffn_norm(x)
         self.ids = np.empty((1, c.n_expert_used), dtype=np.int32)      # (1, K) the chosen experts
         self.wts = np.empty((1, c.n_expert_used), dtype=np.float32)    # (1, K) their weights
-        self.caches = (*caches, self.ids, self.wts)
         self.rope = (c.head_dim, c.rope_base)                           # m.rope's arguments
         self.heads = (c.n_head_kv, c.head_dim, c.head_dim_v)
 
@@ -106,4 +107,6 @@ class LayerStep:
     def __call__(self, x: np.ndarray, pos: int, cos: np.ndarray, sin: np.ndarray, counts: np.ndarray, il: int):
         """x (1, D) float32 -> after the layer (1, D); ids, wts then hold its routing, added to counts[il]
         (counts (n_layer, E) int64: Stats.expert_counts); cos, sin (1, Dh/2) the position's RoPE angles."""
-        return self.kernel(x, pos, cos, sin, *self.caches, counts, il, *self.rest)
+        x = self.attention(x, pos, cos, sin, *self.head)              # (1, D); self.h = ffn_norm(x)
+        logits = self.h @ self.router_t                                 # (1, E) the block's router matmul
+        return self.experts(x, self.h, logits, self.ids, self.wts, counts, il, *self.tail)

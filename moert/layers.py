@@ -65,14 +65,6 @@ def rms_norm(x, w, eps: float, xp=np, fast: bool = True):
     return x * (1.0 / xp.sqrt(ms + np.float32(eps))) * w
 
 
-def gate_logits(h, w, xp=np, fast: bool = True):
-    """A router's logits h (T, D) @ w.T (w (E, D)): (T, E). One token on the CPU: a Numba kernel summing in the
-    order the fused decode layer does (kernels/layers.py; this is its twin, `fast=False`)."""
-    if fast and h.shape[0] == 1 and cpu_arrays(xp, h, w) and h.ndim == 2 and w.ndim == 2:
-        return _kernels().gate_logits(h, w)
-    return h @ w.T
-
-
 @dataclass(frozen=True)
 class Yarn:
     """YaRN RoPE scaling (arXiv:2309.00071), as ggml's rope_yarn and transformers' _compute_yarn_parameters.

@@ -77,7 +77,7 @@ class Model(ModelRuntime, TextAPI, Tracing):
         self.clock = None
         self.expert_cache = None                  # a dynamic.runtime.RuntimeCache (use_expert_cache)
         self.stall_guard = StallGuard()           # decode steps stalled by a busy core go to one thread (threads.py)
-        # a one-token step runs each CPU layer as one kernel call where it can (moert/fused.py; time counted as
+        # a one-token step runs each CPU layer as two kernel calls where it can (moert/fused.py; time counted as
         # the phase "layer"); False: always the architecture's Python block, with per-phase times
         self.fused_decode = True
         self._fused: dict = {}                    # a fused layer kind -> per layer its fused.LayerStep or None

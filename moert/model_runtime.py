@@ -79,7 +79,7 @@ class ModelRuntime:
         return Phase(self, name, dev)
 
     def fused_layer(self, il: int, x, fused):
-        """Layer il of a one-token step as one CPU kernel call (moert/fused.py: `fused` says which layer the
+        """Layer il of a one-token step as two CPU kernel calls (moert/fused.py: `fused` says which layer the
         architecture has), or None where that does not apply: then the architecture's block runs."""
         if not self.fused_decode or self._n != 1 or self._batch is not None or self.clock is not None \
                 or self.expert_cache is not None or self._trace is not None and self._trace.full:

@@ -21,7 +21,7 @@ import numpy as np
 from moert.devices import Device, TransferStats
 from moert.remote import RemoteStats
 
-# "layer": a whole layer in one CPU kernel call, a decode step's attention, router and experts (moert/fused.py)
+# "layer": a decode step's whole layer in two CPU kernel calls: attention, router and experts (moert/fused.py)
 PHASES = ("embed", "attention", "router", "experts", "ffn", "layer", "transfers", "output")
 _PHASE_INDEX = {p: i for i, p in enumerate(PHASES)}
 

@@ -46,9 +46,9 @@ def check_twins(m, steps: int = 24):
 @pytest.mark.parametrize("act_quant, repack, kv", [(None, False, "f16"), (None, False, "f32"), ("int8", False, "f16"),
                                                     ("int8", True, "f32"), ("int16", False, "f16")])
 def test_demo_model_fused_equals_block(act_quant, repack, kv):
-    """Over a greedy run (each step's x from the KV cache both wrote), f16 (the default) or f32 caches: with the
-    router's sums made alike on both paths (moert.layers.gate_logits), even x rounded to int8 / int16 comes out
-    the same (bit for bit here)."""
+    """Over a greedy run (each step's x from the KV cache both wrote), f16 (the default) or f32 caches: the router's
+    matmul is the block's own NumPy call on both paths, so even x rounded to int8 / int16 comes out the same (bit
+    for bit here; a router summed in another order moved x by an ulp, flipped a rounding, and drifted)."""
     check_twins(moert.load(demo_model_path(), gpu_layers=0, context_size=64, progress=False, act_quant=act_quant,
                            repack=repack, cache_type_k=kv, cache_type_v=kv))
 

@@ -118,16 +118,6 @@ def test_exp_neg_is_np_exp_within_two_ulps():
     assert np.all(got[:3] <= 2e-38)                                  # e**-87 at most: nothing against a sum >= 1
 
 
-@pytest.mark.parametrize("E, D", [(16, 256), (7, 13), (128, 2048), (3, 5)])
-def test_gate_logits_is_the_matmul(E, D):
-    h, w = rand(1, D), rand(E, D)
-    want = h.astype(np.float64) @ w.T.astype(np.float64)
-    got = kl.gate_logits(h, w)
-    np.testing.assert_allclose(got, want, rtol=0, atol=2e-6 * (np.abs(h) @ np.abs(w).T).max())
-    np.testing.assert_array_equal(layers.gate_logits(h, w), got)                 # the CPU fast path
-    np.testing.assert_allclose(layers.gate_logits(h, w, fast=False), want, rtol=0, atol=1e-4)
-
-
 def test_f16_bits_round_as_numpy():
     """kernels.decode.f16_bits (the fused decode layer's f16 KV writes) against NumPy's astype(float16)."""
     from numba import njit

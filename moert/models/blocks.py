@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 
 from moert.activations import glu
-from moert.layers import attention, cpu_arrays, gate_logits, rms_norm, rope, softmax
+from moert.layers import attention, cpu_arrays, rms_norm, rope, softmax
 from moert.models.spec import TensorSpec, spec
 
 
@@ -17,7 +17,7 @@ def decoder(m, tokens, block, embed_scale: float | None = None, n_layer: int | N
     """The forward every decoder here shares: embedding (times embed_scale), block(m, il, x) for each of the
     first n_layer layers (default all), final norm and output projection. Logits (T, V) on the host,
     continuing at m.position. fused: the moert/fused.py kind of layer `block` is, whose one-token steps on
-    the CPU then run as one kernel call a layer where they can (m.fused_layer; `block` is its twin)."""
+    the CPU then run as two kernel calls a layer where they can (m.fused_layer; `block` is its twin)."""
     x = m.embed("token_embd.weight", tokens)                            # (T, D)
     if embed_scale is not None:
         x = x * np.float32(embed_scale)
@@ -131,7 +131,7 @@ def routed_experts(m, il: int, x, dev, route):
     c, b = m.config, f"blk.{il}."
     with m.phase("router", dev):
         h = rms_norm(x, m.w(b + "ffn_norm.weight", dev), c.rms_eps, dev.xp)                  # (T, D)
-        logits = gate_logits(h, m.w(b + "ffn_gate_inp.weight", dev), dev.xp)   # (T, E) h @ W.T
+        logits = h @ m.w(b + "ffn_gate_inp.weight", dev).T              # (T, E)
         ids, weights = route(logits)                                    # (T, K), (T, K)
     names = (b + "ffn_gate_exps.weight", b + "ffn_up_exps.weight", b + "ffn_down_exps.weight")
     return h, m.experts(il, h, ids, weights, names, logits=logits)     # (T, D) on dev

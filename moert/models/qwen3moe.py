@@ -58,7 +58,7 @@ def route(logits, k: int, xp=np):
     return softmax_topk(logits, k, xp, renorm=True)
 
 
-# the same layer as one CPU kernel call for a decode step, where every tensor of it is on the CPU (moert/fused.py);
+# the same layer as two CPU kernel calls for a decode step, where every tensor of it is on the CPU (moert/fused.py);
 # `block` below is its definition and twin
 FUSED = QKNormMoE(neox=ROPE_NEOX, renorm=True)
 
