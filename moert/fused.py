@@ -56,7 +56,7 @@ class QKNormMoE:
         mms.append(mo)
         g_raw, g_f16, u_raw, u_f16, d_raw, d_f16, nb_in, nb_down, block_down, parts, act, *biases = experts.args
         f16 = mms[0].f16
-        if any(b.size for b in biases) or any(t is not f16 for t in (*(mm.f16 for mm in mms), g_f16, u_f16, d_f16)):
+        if any(a.size for a in biases) or any(t is not f16 for t in (*(mm.f16 for mm in mms), g_f16, u_f16, d_f16)):
             return None                                 # biases; types of two 16-bit tables (BF16 beside F16)
         norms = [m.w(names[n], CPU) for n in ("attn_norm", "attn_q_norm", "attn_k_norm", "ffn_norm")]
         if any(a.dtype != np.float32 for a in norms):
