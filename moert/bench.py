@@ -134,6 +134,7 @@ class TestResult:
     params: dict = field(default_factory=dict)   # the swept flags of its configuration: {'ngl': 'all', ...}
     config: dict = field(default_factory=dict)   # its whole configuration, llama-bench's names: {'type_k': ...}
     time: float = 0.0                            # when it started (seconds since the epoch: test_time)
+    one_thread_steps: int = 0      # timed decode steps the stall guard ran on one thread (moert/threads.py)
 
     __test__ = False               # not a pytest class, despite the name
 
@@ -172,7 +173,7 @@ class TestResult:
                     samples_ns=[round(s * 1e9) for s in self.samples_s], samples_ts=self.samples_ts,
                     avg_ts=self.avg_ts, stddev_ts=self.stddev_ts, best_ts=self.best_ts,
                     ms_per_token=self.ms_per_token, bytes_per_token=self.bytes_per_token, GBps=self.GBps,
-                    **self.params)
+                    one_thread_steps=self.one_thread_steps, **self.params)
 
 
 def label(n_prompt: int, n_gen: int, depth: int = 0) -> str:
@@ -215,7 +216,8 @@ def run_test(model, n_prompt: int = 0, n_gen: int = 0, depth: int = 0, repetitio
         model.reset()
         if depth:
             model.forward(past, last_only=True)
-        t0, s0 = time.perf_counter(), model.stats.total.seconds
+        guard = getattr(model, "stall_guard", None)
+        t0, s0, one0 = time.perf_counter(), model.stats.total.seconds, guard.one_steps if guard else 0
         if n_prompt:
             model.forward(ids, last_only=True)
         else:
@@ -224,6 +226,7 @@ def run_test(model, n_prompt: int = 0, n_gen: int = 0, depth: int = 0, repetitio
         if timed:                 # with a virtual clock, its time: CPU measured, sim GPUs and link predicted
             clock = getattr(model, "clock", None) is not None
             t.samples_s.append(model.stats.total.seconds - s0 if clock else time.perf_counter() - t0)
+            t.one_thread_steps += (guard.one_steps - one0) if guard else 0
     model.reset()
     return t
 
@@ -289,6 +292,12 @@ def format_table(machine: dict, model: dict, settings: dict, results: list[TestR
     out += ["| " + " | ".join(c.ljust(w[i]) if i < left else c.rjust(w[i]) for i, c in enumerate(r)) + " |"
             for r in rows]
     out.append("\nt/s: mean ± std over repetitions; GB/s: weight bytes a decoded token reads x t/s")
+    guarded = [r for r in results if r.one_thread_steps]
+    if guarded:
+        out.append("stall guard: " + ", ".join(f"{r.name} {r.one_thread_steps} of {r.n_gen * len(r.samples_s)}"
+                                               for r in guarded)
+                   + " timed decode steps ran on one thread, another process stalling the threads (--no-stall-guard "
+                     "keeps every step on -t)")
     return "\n".join(out)
 
 

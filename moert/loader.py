@@ -32,7 +32,7 @@ def load(model: Any, plan: Any = None, *, context_size: int | None = None, threa
          cache_type_v: str = DEFAULT_KV_TYPE, flash_attn: str | bool = "auto", hardware: Any = None,
          repack: bool = False, ray: str | None = None, ray_model: str | None = None, ray_fallback: str | None = None,
          ray_threads: int | None = None, ray_timeout: float | None = None, ray_calls: str | None = None,
-         expert_cache: Any = None, **placement: Any) -> Model:
+         expert_cache: Any = None, stall_guard: bool = True, **placement: Any) -> Model:
     """Open a GGUF model, place its tensors (`plan`, a moert.Plan of this file; else moert.plan's keywords in
     `placement`: overrides, gpu_layers, cpu_moe, n_cpu_moe, gpu_backend, gpu_memory, ...), load them onto their
     devices, allocate the KV cache, and (warmup=True, llama.cpp's default too) run a few tokens through it and
@@ -60,6 +60,8 @@ def load(model: Any, plan: Any = None, *, context_size: int | None = None, threa
     threads per worker; ray_timeout: seconds a layer call may take before its worker counts as hung; ray_calls:
     "compiled" (default: one Ray Compiled Graph execute a layer, moert/cluster_graph.py) or "plain" (one actor call
     per worker and layer: better where other jobs hold the cores, as the graph's channels spin; MOERT_RAY_CALLS).
+    stall_guard=False (--no-stall-guard): every decode step runs on the threads set, even when another process
+    stalls them (default True: moert/threads.py StallGuard sends the steps after a stalled one to one thread).
     expert_cache= (a moert.ExpertCache): copies of some CPU experts on a GPU, moved as the routing asks
     (moert/dynamic/runtime.py; it caches the experts the plan put on the CPU: cpu_moe=True, or n_cpu_moe=N)."""
     from moert import gguf
@@ -120,6 +122,8 @@ def load(model: Any, plan: Any = None, *, context_size: int | None = None, threa
         try:
             m = Model(g, arch, config, plan, weights, n_ctx, n_batch, act_quant=act_quant, kv_types=kv_types,
                       flash_attn=flash, repack=repack)
+            if not stall_guard:
+                m.stall_guard = None
             if hardware is not None:
                 from moert.cost import vclock
 

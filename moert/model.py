@@ -76,7 +76,8 @@ class Model(ModelRuntime, TextAPI, Tracing):
         # predicts the time of the devices it `covers` (sim GPUs timed as a named hardware's)
         self.clock = None
         self.expert_cache = None                  # a dynamic.runtime.RuntimeCache (use_expert_cache)
-        self.stall_guard = StallGuard()           # decode steps stalled by a busy core go to one thread (threads.py)
+        # decode steps stalled by a busy core go to one thread (threads.py); None: every step on the threads set
+        self.stall_guard: StallGuard | None = StallGuard()
         # a one-token step runs each CPU layer as two kernel calls where it can (moert/fused.py; time counted as
         # the phase "layer"); False: always the architecture's Python block, with per-phase times
         self.fused_decode = True
@@ -199,7 +200,8 @@ class Model(ModelRuntime, TextAPI, Tracing):
                 self.expert_cache = cache
                 for d in self.plan.devices:
                     d.stats.reset_to(counters[d.name])
-        self.stall_guard = StallGuard()           # its steps compiled kernels: not a measure of anything
+        if self.stall_guard is not None:          # its steps compiled kernels: not a measure of anything
+            self.stall_guard = StallGuard()
         self.warmup_seconds = time.perf_counter() - t0
         return self.warmup_seconds
 

@@ -35,6 +35,7 @@ class StallGuard:
         self.backoff = self.MIN_BACKOFF       # steps on one thread after the next stall
         self.fast_n = self.fast_1 = float("inf")
         self.stalls = 0                       # stalled steps seen (for benchmarks and tests)
+        self.one_steps = 0                    # steps it ran on one thread (the probe and the backoffs)
 
     def one_thread(self) -> bool:
         """Whether the next decode step runs on one thread."""
@@ -45,6 +46,7 @@ class StallGuard:
         self.steps += 1
         self.fast_n, self.fast_1 = self.fast_n * self.FADE, self.fast_1 * self.FADE
         if one:
+            self.one_steps += 1
             self.fast_1 = min(self.fast_1, seconds)
             self.wait = max(0, self.wait - 1)
             return

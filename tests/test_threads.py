@@ -8,6 +8,8 @@
 
 from __future__ import annotations
 
+import json
+
 import numba
 import numpy as np
 import pytest
@@ -183,3 +185,37 @@ def test_decode_steps_the_guard_sends_to_one_thread_give_the_same_logits(monkeyp
         np.testing.assert_allclose(one, several, rtol=0, atol=1e-4 * np.abs(several).max())
     finally:
         m.close()
+
+
+def test_without_the_guard_every_decode_step_keeps_the_threads_set(monkeypatch, capsys):
+    """load(stall_guard=False) / --no-stall-guard: no step goes to one thread, whatever came before; `moert bench`
+    counts the steps the guard did send to one thread."""
+    from moert import load
+    from moert.bench import run_test
+    from moert.cli.main import main
+    from moert.demo import demo_model_path
+
+    m = load(demo_model_path(), gpu_layers=0, context_size=64, progress=False, stall_guard=False)
+    try:
+        assert m.stall_guard is None
+        seen, real = [], m.arch.forward
+
+        def spy(model, chunk):
+            seen.append(numba.get_num_threads())
+            return real(model, chunk)
+        monkeypatch.setattr(m.arch, "forward", spy)
+        for t in range(3):                                  # the guarded model's second step would be its probe
+            with_threads(TWO, lambda t=t: m.forward([40 + t]))
+        assert seen == [TWO] * 3
+    finally:
+        m.close()
+    g = load(demo_model_path(), gpu_layers=0, context_size=64, progress=False)
+    try:
+        g.stall_guard.wait = 4                              # as after a stall: the next 4 steps on one thread
+        r = with_threads(TWO, lambda: run_test(g, n_gen=3, repetitions=2, warmup=False))
+        assert r.one_thread_steps == 4 and r.to_dict()["one_thread_steps"] == 4
+    finally:
+        g.close()
+    assert main(["bench", str(demo_model_path()), "-p", "0", "-n", "2", "-r", "1", "-t", "1",
+                 "--no-stall-guard", "-o", "json"]) == 0
+    assert json.loads(capsys.readouterr().out)[0]["n_gen"] == 2

@@ -144,8 +144,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
 def add_commands(sub) -> None:
     """Register bench on the top-level subparsers."""
+    from moert.cli.args import add_act_quant_arg
     from moert.cli.common import add_hardware_arg, add_model_arg, add_ray_args
-    from moert.cli.generate import add_act_quant_arg
     from moert.cli.placement import add_placement_args
 
     b = sub.add_parser("bench", help="measure prompt processing and generation speed (like llama-bench)",
@@ -168,6 +168,9 @@ def add_commands(sub) -> None:
     g.add_argument("-o", "--output", choices=("md", "csv", "json", "jsonl", "sql"), default="md",
                    help="output format: md (default), a table; csv, json, jsonl, sql: llama-bench's records, its field "
                    "names (model_type, n_prompt, n_gen, avg_ts, stddev_ts, ...), so its tooling reads them")
+    g.add_argument("--no-stall-guard", dest="stall_guard", action="store_false",
+                   help="every decode step on the -t threads even when another process stalls them (default: the "
+                        "steps after a stalled one run on one thread, and the table says how many did)")
     g.add_argument("-t", "--threads", type=_positives, default=None, metavar="N[,N...]",
                    help="CPU threads for the kernels (default: the physical cores; see moert run --help)")
     g.add_argument("-b", "--batch-size", type=_positive, default=512, help="prompt tokens per forward chunk")

@@ -74,15 +74,15 @@ def _port(value: str) -> int:
 
 def _defaults(args: argparse.Namespace) -> dict:
     """The sampling flags, as the defaults of requests that do not set them."""
-    from moert.cli.generate import sampling
+    from moert.cli.args import sampling
 
     return dict(max_tokens=args.n_predict, **sampling(args))
 
 
 def add_commands(sub) -> None:
     """Register serve on the top-level subparsers."""
+    from moert.cli.args import add_sampling_args, positive
     from moert.cli.common import add_model_arg, add_ray_args
-    from moert.cli.generate import add_sampling_args, positive
     from moert.cli.llama_flags import add_chat_template_args, add_override_kv_arg
     from moert.cli.placement import add_placement_args
     from moert.server import MAX_BODY
