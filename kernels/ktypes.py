@@ -40,7 +40,7 @@ import numpy as np
 
 from moert.kernels import dequant as dk
 from moert.kernels import matmul_q as mq
-from moert.kernels import mxfp4, repack, simd, simd_f32
+from moert.kernels import mxfp4, q8_0, repack, simd, simd_f32
 from moert.kernels import qblocks as qb
 from moert.kernels.blockdot import FM, PRANGE_ONLY, block_dot, block_dot2, no_sums, stack_f32, sums32
 from moert.kernels.dequant import BF16_TO_F32, F16_TO_F32
@@ -242,7 +242,8 @@ def _rows_batch(w, x, xs, out, r0, r1, b0, b1, f16):
 register(KernelType("F32", None, "direct"))
 register(KernelType("F16", qb.deq_f16, "chunked", dequant=dk.table16))
 register(KernelType("BF16", qb.deq_bf16, "chunked", dequant=dk.table16, table=BF16_TO_F32))
-register(KernelType("Q8_0", qb.deq_q8_0, "chunked", dequant=dk.q8_0, dot1=qb.dot1_q8_0))
+register(KernelType("Q8_0", qb.deq_q8_0, "chunked", dequant=dk.q8_0, dot1=qb.dot1_q8_0,
+                    q8_32=(mxfp4.quantize_q8, q8_0.rows_q8)))           # int8: x per 32, as llama.cpp's
 register(KernelType("Q4_0", None, None, dequant=dk.q4_0))
 register(KernelType("Q5_0", None, None, dequant=dk.q5_0))
 # One-token float dots: AVX2 ones (kernels/simd_f32.py, ~1.35-1.75x) where the CPU has it, Numba's loops elsewhere
