@@ -13,9 +13,10 @@ Block layout (moert/quants/dequant.py draws it too):
     0       2                      34
 
 Per block (row_q8, LLVM IR as kernels/simd.py emits it): one 32-byte load of the weights, |q| and sign(q)
-moved onto x with two vpsignb, vpmaddubsw + vpmaddwd -> <8 x i32> (exact: |q| <= 128, |x| <= 127, a pair
-<= 32512), one conversion, times d (vcvtph2ps) * xd, two blocks an iteration into two accumulators
-(mxfp4_avx2.pair_loop). The float kernels (kernels/qblocks.py dot1_q8_0) convert every weight to float.
+moved onto x with two vpsignb, vpmaddubsw + vpmaddwd (one vpdpbusd on a CPU with VNNI) -> <8 x i32> (exact:
+|q| <= 128, |x| <= 127, a pair <= 32512), one conversion, times d (vcvtph2ps) * xd, two blocks an iteration
+into two accumulators (mxfp4_avx2.pair_loop). The float kernels (kernels/qblocks.py dot1_q8_0) convert every
+weight to float.
 Integers are explicit int32 in the Numba loops (Numba widens to int64 otherwise).
 
 Dimension legend: T tokens, R rows, C columns, B = C / 32 blocks per row.
@@ -30,12 +31,11 @@ from numba.extending import intrinsic
 
 from moert.kernels import simd
 from moert.kernels.blockdot import FM, I32
-from moert.kernels.mxfp4_avx2 import pair_loop, result
+from moert.kernels.mxfp4_avx2 import dot_u8s8, pair_loop, result
 from moert.kernels.qblocks import half, i8
 
 __all__ = ["rows_q8", "rows_q8_avx2", "rows_q8_ref", "rows_q8_table"]
 
-_I16 = ir.IntType(16)
 _V32x8 = ir.VectorType(ir.IntType(8), 32)
 _F32x8 = ir.VectorType(ir.FloatType(), 8)
 
@@ -52,9 +52,9 @@ def row_q8(typingctx, w, o, nb, x8, c, ld, xd, cd, ldd, n):
 
     def codegen(context, builder, sig, args):
         o_, nb_, c_, ld_, cd_, ldd_ = simd._intp(context, builder, sig, args, 1, 2, 4, 5, 7, 8)
-        ones = ir.Constant(ir.VectorType(_I16, 16), [1] * 16)
         sign = simd._fn(builder, "llvm.x86.avx2.psign.b", _V32x8, [_V32x8, _V32x8])
         wty, wa = sig.args[0], args[0]
+        zero = ir.Constant(ir.VectorType(ir.IntType(32), 8), [0] * 8)
 
         def body(b):
             ob = builder.add(o_, builder.mul(b, ir.Constant(b.type, 34)))
@@ -67,7 +67,7 @@ def row_q8(typingctx, w, o, nb, x8, c, ld, xd, cd, ldd, n):
                 xv = simd._vload(context, builder, sig.args[3], args[3],
                                  builder.add(ct, builder.mul(b, ir.Constant(b.type, 32))), _V32x8)
                 sx = builder.call(sign, [xv, q])                        # sign(q) moved onto x
-                isum = simd._madd(builder, simd._maddubs(builder, aq, sx), ones)      # <8 x i32>
+                isum = dot_u8s8(builder, aq, sx, zero)                          # <8 x i32>
                 f = builder.fmul(d, simd._f32_at(context, builder, sig.args[6], args[6], builder.add(cdt, b)))
                 out.append((builder.sitofp(isum, _F32x8), f))
             return out
