@@ -1,16 +1,20 @@
-"""What a Ray worker costs per MoE layer of a decoded token: a local 2-worker cluster beside the single process.
+"""What a Ray worker costs per MoE layer of a decoded token: a local 2-worker cluster beside the single process,
+with moert's two ways of calling the workers side by side.
 
-    python bench/bench_cluster.py [--tokens 64] [--rounds 5] [--layers 8] [--json]
+    python bench/bench_cluster.py [--tokens 48] [--rounds 7] [--layers 8] [--json]
 
-One model file (qwen3moe-shaped, Q8_0, written by moert.testing), loaded twice in this run:
-  single   every tensor on the CPU (one process);
-  ray:2    the same, but each MoE layer's experts split in halves over RAY0 and RAY1 (a local cluster,
-           `ray.init(num_cpus=...)`, worker processes on this machine).
-Rounds alternate between the two (the machine is shared: min and median of the rounds, and their ratio). Each
-round decodes --tokens tokens. It ends in one table: ms per token each way, the added ms per MoE layer, the
-workers' own counters (round trip, kernel time, overhead per call), a bare Ray round trip to two actors that do
-nothing (Ray's floor on this machine), and moert.cost.cluster's prediction of the per-layer cost for the "local"
-network preset, with its error against the measured added cost.
+One model file (qwen3moe-shaped, Q8_0, written by moert.testing), loaded three times in this run:
+  single      every tensor on the CPU (one process);
+  plain       each MoE layer's experts split in halves over RAY0 and RAY1 (a local cluster, worker processes on
+              this machine), one Ray actor call per worker and layer (MOERT_RAY_CALLS=plain);
+  compiled    the same through one Ray Compiled Graph (moert/cluster_graph.py, the default).
+and Ray's own floor for each way: two actors that echo a message of a layer call's size, called together (plain:
+`.remote` + one `ray.get`; compiled: a compiled graph's `execute` + `ray.get`). Each round runs them all, one after
+the other (the machine is shared: min and median of the rounds). A compiled graph's idle workers poll their
+channels, so each graph is torn down outside its own measurement (`release`), so as not to load the others.
+It ends in one table: ms per token, the added ms per MoE layer ((ray - single) / layers of the same round), the
+workers' counters, the floors, and moert.cost.cluster's prediction from Ray's published figures for each way,
+with its error against the measured added cost.
 """
 
 from __future__ import annotations
@@ -29,23 +33,61 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 
-def decode(m, tokens: int) -> float:
-    """Seconds per token of `tokens` one-token forwards, from a fresh context."""
+def decode(m, tokens: int) -> tuple[float, tuple | None]:
+    """Seconds per token of `tokens` one-token forwards, from a fresh context (the prompt, untimed, first; a
+    released graph compiles there), and the workers' mean (round trip, kernel) seconds per call meanwhile."""
     m.reset()
     m.forward([1, 2, 3])
+    before = [d.remote.copy() for d in m.plan.remote]
     t0 = time.perf_counter()
     for i in range(tokens):
         m.forward([(7 * i + 5) % 200])
-    return (time.perf_counter() - t0) / tokens
+    seconds = (time.perf_counter() - t0) / tokens
+    if not before:
+        return seconds, None
+    r = [d.remote - b for d, b in zip(m.plan.remote, before)]
+    n = sum(x.calls for x in r)
+    return seconds, (sum(x.round_trip_s for x in r) / n, sum(x.compute_s for x in r) / n)
+
+
+def floors(ray, msg: bytes, reps: int) -> tuple[float, float]:
+    """Seconds per round trip to two echo actors: plain calls, then a compiled graph (torn down after)."""
+    from ray.dag import InputNode, MultiOutputNode
+
+    @ray.remote(num_cpus=0)
+    class Echo:
+        def echo(self, payload):
+            return payload
+
+    actors = [Echo.remote() for _ in range(2)]
+    ray.get([a.echo.remote(msg) for a in actors])
+    t0 = time.perf_counter()
+    for _ in range(reps):
+        ray.get([a.echo.remote(msg) for a in actors])
+    plain = (time.perf_counter() - t0) / reps
+    with InputNode() as inp:
+        dag = MultiOutputNode([a.echo.bind(inp[i]) for i, a in enumerate(actors)])
+    dag = dag.experimental_compile()
+    ray.get(dag.execute(msg, msg))
+    t0 = time.perf_counter()
+    for _ in range(reps):
+        ray.get(dag.execute(msg, msg))
+    compiled = (time.perf_counter() - t0) / reps
+    dag.teardown()
+    for a in actors:
+        ray.kill(a)
+    return plain, compiled
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--tokens", type=int, default=64)
-    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--tokens", type=int, default=48)
+    ap.add_argument("--rounds", type=int, default=7)
     ap.add_argument("--layers", type=int, default=8)
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
+
+    import logging
 
     import ray
 
@@ -57,77 +99,83 @@ def main() -> int:
     path = Path(tempfile.mkdtemp()) / "bench-cluster.gguf"
     write_qwen3moe(path, n_layer=args.layers, n_embd=D, n_expert=E, n_expert_used=K, n_ff_exp=512, qtype="Q8_0",
                    seed=1)
-    ray.init(num_cpus=os.cpu_count(), include_dashboard=False, log_to_driver=False)
+    ray.init(num_cpus=os.cpu_count(), include_dashboard=False, log_to_driver=False, logging_level=logging.WARNING)
+    logging.getLogger("ray.dag.compiled_dag_node").setLevel(logging.WARNING)
     rules = rf"\.ffn_.*_exps=RAY0@0-{E // 2 - 1},\.ffn_.*_exps=RAY1@{E // 2}-{E - 1}"
+    opts = dict(gpu_layers=0, context_size=args.tokens + 8, threads=1, progress=False)
+    models = {}
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        single = moert.load(path, gpu_layers=0, context_size=args.tokens + 8, threads=1, progress=False)
-        remote = moert.load(path, overrides=rules, gpu_layers=0, context_size=args.tokens + 8, threads=1,
-                            progress=False, ray="local:2", ray_threads=1)
-
-    @ray.remote(num_cpus=0)
-    class Nothing:
-        def ping(self, payload: bytes) -> bytes:
-            return payload
-
-    floor_actors = [Nothing.remote() for _ in range(2)]
+        models["single"] = moert.load(path, **opts)
+        for calls in ("plain", "compiled"):
+            os.environ["MOERT_RAY_CALLS"] = calls
+            models[calls] = moert.load(path, overrides=rules, ray="local:2", ray_threads=1, **opts)
+        os.environ.pop("MOERT_RAY_CALLS")
+    group = models["compiled"].plan.remote[0].group
+    assert group is not None and models["plain"].plan.remote[0].group is None
+    group.release()                                  # its workers poll while compiled: only during its rounds
     msg = b"\0" * (12 + 4 * D + 8 * K)
-    ray.get([a.ping.remote(msg) for a in floor_actors])
 
-    t_single, t_remote, t_floor, per_call = [], [], [], []
+    t = {k: [] for k in ("single", "plain", "compiled", "floor_plain", "floor_compiled")}
+    calls = {k: [] for k in ("plain", "compiled")}
     for _ in range(args.rounds):
-        t_single.append(decode(single, args.tokens))
-        before = {d.name: d.remote.copy() for d in remote.plan.remote}
-        t_remote.append(decode(remote, args.tokens))
-        r = [d.remote - before[d.name] for d in remote.plan.remote]
-        per_call.append(dict(round_trip_ms=sum(x.round_trip_s for x in r) / sum(x.calls for x in r) * 1e3,
-                             compute_ms=sum(x.compute_s for x in r) / sum(x.calls for x in r) * 1e3))
-        t0 = time.perf_counter()
-        for _ in range(200):
-            ray.get([a.ping.remote(msg) for a in floor_actors])
-        t_floor.append((time.perf_counter() - t0) / 200)
+        for name in ("single", "plain", "compiled"):
+            seconds, per_call = decode(models[name], args.tokens)
+            t[name].append(seconds)
+            if per_call is not None:
+                calls[name].append(per_call)
+        group.release()
+        fp, fc = floors(ray, msg, 300)
+        t["floor_plain"].append(fp)
+        t["floor_compiled"].append(fc)
 
-    added = [(b - a) / args.layers for a, b in zip(t_single, t_remote)]      # per MoE layer, paired rounds
-    predicted = network_seconds(NETS["local"], 1, D, K, 1)   # the head waits for 2 workers at once: 1 extra
-    predicted2 = network_seconds(NETS["local"], 2, D, K, 1)
+    def stats(xs, scale=1e3):
+        return dict(min=min(xs) * scale, median=statistics.median(xs) * scale)
+
     res = dict(
-        machine=f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores, load {os.getloadavg()[0]:.1f}",
+        machine=f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores, load "
+                f"{' '.join(f'{x:.1f}' for x in os.getloadavg())} (1/5/15 min, at the end)",
         model=f"qwen3moe-shaped Q8_0, {args.layers} MoE layers, D {D}, E {E}, K {K}", tokens=args.tokens,
-        rounds=args.rounds,
-        single_ms_per_token=dict(min=min(t_single) * 1e3, median=statistics.median(t_single) * 1e3),
-        ray2_ms_per_token=dict(min=min(t_remote) * 1e3, median=statistics.median(t_remote) * 1e3),
-        added_ms_per_layer=dict(min=min(added) * 1e3, median=statistics.median(added) * 1e3),
-        ratio_median=statistics.median(t_remote) / statistics.median(t_single),
-        worker_round_trip_ms=statistics.median(p["round_trip_ms"] for p in per_call),
-        worker_compute_ms=statistics.median(p["compute_ms"] for p in per_call),
-        ray_floor_ms_2_actors=dict(min=min(t_floor) * 1e3, median=statistics.median(t_floor) * 1e3),
-        predicted_ms_per_layer_2_workers=predicted2 * 1e3,
-        prediction_error_vs_median=predicted2 / statistics.median(added) - 1,
-        prediction_error_vs_min=predicted2 / min(added) - 1,
-        predicted_ms_1_worker=predicted * 1e3,
-        predicted_with_floor_ms=network_seconds(NETS["local"], 2, D, K, 1, statistics.median(t_floor) * 1e6) * 1e3,
-        command=" ".join(["python", *sys.argv]),
-    )
+        rounds=args.rounds, ray=ray.__version__, compiles=group.compiles, command=" ".join(["python", *sys.argv]))
+    for name in ("single", "plain", "compiled"):
+        res[f"{name}_ms_per_token"] = stats(t[name])
+    for name in ("plain", "compiled"):
+        added = [(b - a) / args.layers for a, b in zip(t["single"], t[name])]      # per MoE layer, same round
+        pred = network_seconds(NETS["local"], 2, D, K, 1, calls=name)
+        res[name] = dict(
+            added_ms_per_layer=stats(added), floor_ms=stats(t[f"floor_{name}"]),
+            call_round_trip_ms=statistics.median(c[0] for c in calls[name]) * 1e3,
+            call_kernels_ms=statistics.median(c[1] for c in calls[name]) * 1e3,
+            predicted_ms=pred * 1e3, error_vs_median=pred / statistics.median(added) - 1,
+            error_vs_min=pred / min(added) - 1,
+            with_floor_ms=network_seconds(NETS["local"], 2, D, K, 1, statistics.median(t[f"floor_{name}"]) * 1e6)
+            * 1e3)
     if args.json:
         print(json.dumps(res, indent=1))
-    else:
-        print(f"machine: {res['machine']}; {res['model']}; {args.tokens} decoded tokens x {args.rounds} rounds")
-        print("| | min | median |\n|---|---|---|")
-        for k in ("single_ms_per_token", "ray2_ms_per_token", "added_ms_per_layer", "ray_floor_ms_2_actors"):
-            print(f"| {k} | {res[k]['min']:.3f} | {res[k]['median']:.3f} |")
-        print(f"| ray:2 / single (median) | | {res['ratio_median']:.2f} |")
-        print(f"| a worker's call: round trip / kernel (median ms) | | {res['worker_round_trip_ms']:.3f} / "
-              f"{res['worker_compute_ms']:.3f} |")
-        print(f"| predicted per layer (moert.cost.cluster, 'local') | | "
-              f"{res['predicted_ms_per_layer_2_workers']:.3f} |")
-        print(f"| prediction vs measured added (median / min) | | {res['prediction_error_vs_median']:+.0%} / "
-              f"{res['prediction_error_vs_min']:+.0%} |")
-        floor = res["predicted_with_floor_ms"]
-        print(f"| predicted with this machine's Ray floor instead of Ray's published rate | | {floor:.3f} "
-              f"({floor / res['added_ms_per_layer']['median'] - 1:+.0%} of the median) |")
-        print(f"command: {res['command']}")
-    single.close()
-    remote.close()
+        return 0
+    print(f"machine: {res['machine']}; Ray {res['ray']}\nmodel: {res['model']}; {args.tokens} decoded tokens x "
+          f"{args.rounds} rounds (min / median ms)")
+    p, c = res["plain"], res["compiled"]
+    rows = [("single process, ms per token", res["single_ms_per_token"], None),
+            ("ray:2, ms per token", res["plain_ms_per_token"], res["compiled_ms_per_token"]),
+            ("**added per MoE layer, ms**", p["added_ms_per_layer"], c["added_ms_per_layer"]),
+            ("Ray's floor: 2 echo actors at once, ms", p["floor_ms"], c["floor_ms"])]
+    print("| | plain actor calls | compiled graph |\n|---|---|---|")
+    for label, a, b in rows:
+        cell = (lambda s: f"{s['min']:.3f} / {s['median']:.3f}" if s else "")
+        print(f"| {label} | {cell(a)} | {cell(b)} |")
+    print(f"| a worker's call: round trip / its kernels, ms (median) | {p['call_round_trip_ms']:.3f} / "
+          f"{p['call_kernels_ms']:.3f} | {c['call_round_trip_ms']:.3f} / {c['call_kernels_ms']:.3f} |")
+    print(f"| predicted per layer from Ray's published figures, ms | {p['predicted_ms']:.3f} | "
+          f"{c['predicted_ms']:.3f} |")
+    print(f"| prediction vs measured added (median / min) | {p['error_vs_median']:+.0%} / {p['error_vs_min']:+.0%} "
+          f"| {c['error_vs_median']:+.0%} / {c['error_vs_min']:+.0%} |")
+    print(f"| the same with this run's Ray floor (median) for Ray's figure: measured here, not published, ms | "
+          f"{p['with_floor_ms']:.3f} | {c['with_floor_ms']:.3f} |")
+    print(f"(graphs compiled for the compiled model: {res['compiles']}, one per round and one at load)")
+    print(f"command: {res['command']}")
+    for m in models.values():
+        m.close()
     ray.shutdown()
     return 0
 

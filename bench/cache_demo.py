@@ -5,8 +5,10 @@ the static placement of the same GPU bytes (the trace's hottest experts of each 
     python bench/cache_demo.py [--tokens 160] [--plot bench/cache-demo-hitrate.png] [--json]
 
 The trace: generate() from the prompts below (seeded sampling, temperature 0.8), one after another, the whole
-run recorded (prefill chunks and decode tokens). The caches replay it (moert.replay); the predictions cost its
-decode tokens (moert.predict(..., cache=, trace=)). Ends in markdown tables for bench/RESULTS.md.
+run recorded (prefill chunks and decode tokens) with a prefetching cache attached, so the trace keeps its
+next-router guesses. The caches replay it (moert.replay); the predictions cost its decode tokens
+(moert.predict(..., cache=, trace=); "+ prefetch": the recorded guesses copied beside each layer's experts).
+Ends in markdown tables for bench/RESULTS.md.
 """
 
 from __future__ import annotations
@@ -81,6 +83,9 @@ def main() -> int:
             for p in ("lru", "lfu", "lfru", "static"):
                 c = ExpertCache("sim:0", s, p, hot=t)
                 pred[box, p, s] = moert.predict(cpu_plan, hw, cache=c, trace=t, **kw).decode_tok_s
+            for p in ("lru", "lfu"):                  # the guesses the recording's prefetch made (Trace.prefetch)
+                c = ExpertCache("sim:0", s, p, prefetch="next-router")
+                pred[box, p + " + prefetch", s] = moert.predict(cpu_plan, hw, cache=c, trace=t, **kw).decode_tok_s
         pred[box, "all on CPU", 0] = moert.predict(cpu_plan, hw, trace=t.counts(), n_prompt=64, n_gen=128).decode_tok_s
     if args.json:
         print(json.dumps({"rows": rows, "predicted": {f"{b}|{p}|{s}": v for (b, p, s), v in pred.items()}}, indent=1))
@@ -99,7 +104,7 @@ def main() -> int:
         print(f"\npredicted decode tok/s on {box} (all experts on the CPU: {pred[box, 'all on CPU', 0]:,.0f}):\n")
         print("| placement | " + " | ".join(f"{s}" for s in SLOTS) + " |")
         print("|---|" + "---:|" * len(SLOTS))
-        for p in ("static hot", "lru", "lfu", "lfru", "static"):
+        for p in ("static hot", "lru", "lfu", "lfru", "static", "lru + prefetch", "lfu + prefetch"):
             label = "static hot_per_layer (no cache)" if p == "static hot" else f"cache: {p}"
             print(f"| {label} | " + " | ".join(f"{pred[box, p, s]:,.0f}" for s in SLOTS) + " |")
     plain = moert.replay(t, ExpertCache("sim:0", 4, "lru"))

@@ -3,7 +3,7 @@ requests one after another) against as many slots as clients (-np N: their token
 per step), and latency percentiles.
 
     python bench/serve_load.py [--clients 1,2,4,8] [--requests 4] [--max-tokens 32] [--threads N] [--model PATH]
-                               [--stream] [-c 2048]
+                               [--stream] [-c 2048] [--llama-server PATH]
 
 For each client count N it starts `moert serve` in a subprocess on 127.0.0.1 (a free port) twice, with -np 1 and
 with -np N, and sends `--requests` x N greedy /v1/completions requests (distinct prompts of 8-16 words,
@@ -16,8 +16,11 @@ expert any of them chose once, 64 x (1 - (56/64)^N) of them with random routing:
 takes any GGUF with a vocabulary (moert's demo model has a 256-token context: -np 8 leaves 32 tokens a slot).
 Bounded: every request has a timeout and every server is stopped, whatever happens.
 
-llama-server's -np is not measured here: llama-cpp-python's server has no parallel slots. llama.cpp's parallel
-decoding on the same model and threads is measured in-process by bench/batch_decode.py (see bench/RESULTS.md).
+--llama-server PATH (a llama-server binary; llama-cpp-python's own server has no parallel slots) adds the same
+rows for llama.cpp's server, started the same way on the same GGUF: `llama-server -m MODEL -c CTX -np N -t T
+-tb T --metrics` (its KV cache f16 and -fa auto, as moert's defaults; -c divided among the slots, as moert's),
+so both servers are measured in one run, one after the other, under the same load. The last column is moert's
+tokens/s over llama-server's at the same clients and -np.
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import socket
 import statistics
 import subprocess
 import sys
@@ -69,6 +73,31 @@ def start_server(model: Path, ctx: int, slots: int, threads: int | None) -> tupl
     return proc, line.split("on ")[1].split()[0]
 
 
+def start_llama_server(binary: str, model: Path, ctx: int, slots: int, threads: int | None
+                       ) -> tuple[subprocess.Popen, str]:
+    """llama-server on a free loopback port, once its /health answers 200 (the model loaded)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    cmd = [binary, "-m", str(model), "--host", "127.0.0.1", "--port", str(port), "-c", str(ctx), "-np", str(slots),
+           "-ngl", "0", "--metrics"] + (["-t", str(threads), "-tb", str(threads)] if threads else [])
+    log = tempfile.TemporaryFile("w+")
+    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+    for _ in range(600):                                 # bounded: 120 s to load
+        if proc.poll() is not None:
+            log.seek(0)
+            raise SystemExit(f"llama-server exited ({proc.returncode}): {log.read()[-2000:]}")
+        try:
+            if httpx.get(url + "/health", timeout=5).status_code == 200:
+                return proc, url
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.2)
+    stop(proc)
+    raise SystemExit("llama-server did not answer /health within 120 s")
+
+
 def stop(proc: subprocess.Popen) -> None:
     proc.terminate()
     try:
@@ -106,8 +135,10 @@ def pct(xs: list[float], q: float) -> float:
 
 
 def row(model: Path, ctx: int, clients: int, slots: int, per_client: int, max_tokens: int, stream: bool,
-        threads: int | None) -> list:
-    proc, url = start_server(model, ctx, slots, threads)
+        threads: int | None, llama_server: str | None = None) -> list:
+    """One table row: moert serve (or, given its binary, llama-server) with `slots` slots, `clients` clients."""
+    proc, url = (start_llama_server(llama_server, model, ctx, slots, threads) if llama_server else
+                 start_server(model, ctx, slots, threads))
     try:
         one(url, 999, 4, False)                       # warm the path once, untimed
         steps0, busy0 = metric(url, "n_decode_total"), metric(url, "n_busy_slots_per_decode")
@@ -122,8 +153,8 @@ def row(model: Path, ctx: int, clients: int, slots: int, per_client: int, max_to
         stop(proc)
     lat = [r[0] * 1e3 for r in res]
     toks = sum(r[1] for r in res)
-    return [clients, slots, n, round(n / wall, 2), round(toks / wall, 1), round(statistics.median(lat)),
-            round(pct(lat, 90)), round(busy, 2)]
+    return ["llama-server" if llama_server else "moert", clients, slots, n, round(n / wall, 2), round(toks / wall, 1),
+            round(statistics.median(lat)), round(pct(lat, 90)), round(busy, 2)]
 
 
 def main() -> None:
@@ -136,6 +167,8 @@ def main() -> None:
     ap.add_argument("--model", type=Path, default=None, help="a GGUF (default: the synthetic 64-expert qwen3moe)")
     ap.add_argument("-c", "--ctx", type=int, default=2048, help="the server's -c, divided among the slots "
                     "(default: 2048)")
+    ap.add_argument("--llama-server", default=None, metavar="PATH", help="a llama-server binary: measure it too, "
+                    "same model, -c, -np and -t, in the same run")
     a = ap.parse_args()
     clients = [int(c) for c in a.clients.split(",")]
     with tempfile.TemporaryDirectory() as tmp:
@@ -144,19 +177,24 @@ def main() -> None:
         rows = []
         for c in clients:
             for slots in sorted({1, c}):
-                rows.append(row(model, a.ctx, c, slots, a.requests, a.max_tokens, a.stream, a.threads))
-        for r in rows:                                # tokens/s against -np 1 at the same number of clients
-            base = next(b for b in rows if b[0] == r[0] and b[1] == 1)
-            r.append(f"{r[4] / base[4]:.2f}x")
+                for server in [None] + ([a.llama_server] if a.llama_server else []):   # side by side
+                    rows.append(row(model, a.ctx, c, slots, a.requests, a.max_tokens, a.stream, a.threads, server))
+        for r in rows:                                # tokens/s against -np 1, same server and number of clients
+            base = next(b for b in rows if b[:2] == r[:2] and b[2] == 1)
+            other = next((b for b in rows if b[0] != r[0] and b[1:3] == r[1:3]), None)
+            r.append(f"{r[5] / base[5]:.2f}x")
+            if a.llama_server:
+                r.append(f"{r[5] / other[5]:.2f}x" if other and r[0] == "moert" else "")
     what = (f"{model.name}" if a.model else "a synthetic qwen3moe (4 layers, D 1024, 64 experts of 512, 8 used, "
             "Q8_0, random weights, vocabulary 2048)")
     print(f"machine: {common.machine_line(m)}")
-    print(f"server:  moert serve {what} -ngl 0 -c {a.ctx} -np N --temp 0 (every tensor on the CPU); "
+    print(f"server:  moert serve {what} -ngl 0 -c {a.ctx} -np N --temp 0 (every tensor on the CPU)"
+          + (f"; llama-server -m MODEL -c {a.ctx} -np N -ngl 0 --metrics" if a.llama_server else "") + "; "
           f"{a.requests} requests per client of {a.max_tokens} tokens, distinct prompts of 8-16 words, "
           f"{'streaming' if a.stream else 'not streaming'}")
     print(f"command: python bench/serve_load.py {' '.join(sys.argv[1:])}\n")
-    head = ["clients", "-np", "requests", "requests/s", "tokens/s", "p50 ms", "p90 ms", "slots/forward",
-            "tokens/s vs -np 1"]
+    head = ["server", "clients", "-np", "requests", "requests/s", "tokens/s", "p50 ms", "p90 ms", "slots/forward",
+            "tokens/s vs -np 1"] + (["moert / llama-server"] if a.llama_server else [])
     print(common.table(head, rows))
 
 

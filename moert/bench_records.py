@@ -57,7 +57,7 @@ def record(machine: dict, model: dict, settings: dict, r: TestResult) -> dict:
                model_n_params=model["params"], n_batch=settings["n_batch"], n_ubatch=settings.get("n_ubatch",
                                                                                                 settings["n_batch"]),
                n_threads=c.get("n_threads", machine["threads"]), cpu_mask="0x0", cpu_strict=False, poll=50,
-               type_k=c.get("type_k", "f32"), type_v=c.get("type_v", "f32"),
+               type_k=c.get("type_k", "f16"), type_v=c.get("type_v", "f16"),
                n_gpu_layers=-1 if ngl in ("all", None) else ngl if isinstance(ngl, int) else -1,
                n_cpu_moe=c.get("n_cpu_moe") or 0, split_mode="layer", main_gpu=0, no_kv_offload=False,
                flash_attn=FLASH.get(c.get("flash_attn", "auto"), -1), devices="auto", tensor_split="0.00",

@@ -5,6 +5,8 @@
                                                bytes once) and keeps views of exactly its experts
     moert/experts.py                           per MoE layer: one call per worker with all its (token, expert,
                                                weight) pairs, all workers at once, partial sums added on the host
+    moert/cluster_graph.py                     those calls as one Ray Compiled Graph (shared-memory channels, no
+                                               scheduler per call); MOERT_RAY_CALLS=plain: plain actor calls
 
 Workers are Ray actors (moert/cluster_worker.py) running the host's own kernels: results equal the all-CPU
 run's up to the order of a sum. With "local:N" the N workers run on this machine (how the tests run); with an
@@ -19,11 +21,14 @@ import os
 import re
 import socket
 import time
+import weakref
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from moert.cluster_graph import Batch, CompiledCalls
+from moert.cluster_graph import enabled as compiled_graphs
 from moert.cluster_worker import ExpertWorker, pack, unreply
 from moert.errors import ArgumentError
 from moert.remote import RemoteDevice, RemoteDeviceError
@@ -110,6 +115,11 @@ def connect(spec: str, n_workers: int, threads: int | None = None, timeout: floa
         threads = 1
     devices = [RayDevice(i, _actor(ray, node, threads, kind == "local"), timeout, fallback) for i, node in
                enumerate(nodes[:n_workers])]
+    if compiled_graphs():       # one compiled graph for the cluster's layer calls (compiled at the first layer)
+        group = CompiledCalls(devices)
+        for d in devices:
+            d.group = group
+    _started.update(devices)
     try:
         where = ray.get([d.actor.ping.remote() for d in devices], timeout=SETUP_TIMEOUT_S)
     except Exception as e:
@@ -120,6 +130,23 @@ def connect(spec: str, n_workers: int, threads: int | None = None, timeout: floa
     for d, (host, pid) in zip(devices, where):
         d.host, d.pid = host, pid
     return devices
+
+
+HUNG = object()        # RayDevice._get: the call is known to have hung (a compiled graph's step past its timeout)
+_started: weakref.WeakSet = weakref.WeakSet()        # every RayDevice connect() made in this process
+
+
+def started() -> list[RayDevice]:
+    """The workers connect() started in this process that are still referenced."""
+    return list(_started)
+
+
+def close_all(keep: set = frozenset()) -> None:
+    """Let the workers this process started go, but those in `keep` (the CLI calls it when a command ends: a
+    compiled graph's idle workers would poll their channels until the process exits)."""
+    for d in list(_started):
+        if d not in keep:
+            d.close()
 
 
 def use_cluster(plan: Any, ray: str | None, threads: int | None = None, timeout: float | None = None,
@@ -171,6 +198,7 @@ class RayDevice(RemoteDevice):
         self.actor, self.timeout, self.fallback = actor, float(timeout), (fallback if fallback == "cpu" else None)
         self.host, self.pid = "?", 0
         self.source = ""                 # "file": the worker mapped its own copy; "sent": it was sent the bytes
+        self.group: CompiledCalls | None = None     # the cluster's compiled graph; None: plain actor calls
         self._keys = 0
 
     def __repr__(self) -> str:
@@ -183,6 +211,8 @@ class RayDevice(RemoteDevice):
         fix = ("run `ray status` and check the worker's node; restart the model to reconnect, or pass "
                "ray_fallback='cpu' (--ray-fallback cpu) to run a lost worker's experts on this host")
         try:
+            if ref is HUNG:
+                raise ray.exceptions.GetTimeoutError()
             return ray.get(ref, timeout=timeout)
         except ray.exceptions.GetTimeoutError:
             msg = (f"{self.name} (Ray worker on {self.host}) did not answer {doing}{at} within {limit or timeout:g} s: "
@@ -214,24 +244,47 @@ class RayDevice(RemoteDevice):
         return self._keys
 
     def submit(self, key: int, x: np.ndarray, ids: np.ndarray, weights: np.ndarray) -> Any:
+        """Start this layer's call: queued in the cluster's compiled graph (run by `start`), or a plain actor call."""
         payload = pack(x, ids, weights)
         t0 = time.perf_counter()
-        ref = self.actor.run.remote(key, payload)
+        queued = self.group.submit(self, key, payload) if self.group is not None else None
+        ref = queued if queued is not None else self.actor.run.remote(key, payload)
         self.remote.sent_bytes += len(payload)
-        return ref, t0, x.shape
+        return ref, t0, x.shape, (key, payload)
+
+    @staticmethod
+    def start(handles: list) -> None:
+        """Every worker's call of this layer submitted: run the compiled graph's step (plain calls run already)."""
+        for group in {id(h[0].group): h[0].group for h in handles if isinstance(h[0], Batch)}.values():
+            group.flush()
 
     def collect(self, handle: Any, layer: int) -> np.ndarray:
-        ref, t0, _ = handle
+        ref, t0, _, call = handle
         left = max(self.timeout - (time.perf_counter() - t0), 0.001)    # a batch wait may have used some already
+        if isinstance(ref, Batch):
+            data = self.group.reply(self, ref, left)
+            if data is not None:
+                return self._done(handle, data)
+            # the graph failed, and its outputs do not say which worker: still inside its step past the timeout, this
+            # one hung; else its call again as a plain one, which says whether it died (or answers: another failed)
+            if ref.timed_out and self._get(self.actor.busy.remote(), SETUP_TIMEOUT_S, "its expert call", layer):
+                return self._get(HUNG, 0, "its expert call", layer, self.timeout)
+            t0, ref = time.perf_counter(), self.actor.run.remote(*call)
+            handle, left = (ref, t0, *handle[2:]), self.timeout
         return self._done(handle, self._get(ref, left, "its expert call", layer, self.timeout))
 
     @staticmethod
     def collect_many(pairs: list, layer: int) -> list[np.ndarray]:
-        """Wait for several workers' calls at once (one ray.get: cheaper than one each); a RemoteDeviceError if any
+        """Wait for several workers' calls at once (one wait: cheaper than one each); a RemoteDeviceError if any
         failed or the first timeout passed (the caller then asks each device to learn which)."""
         ray = _ray()
         t0 = min(h[1] for _, h in pairs)
         left = max(min(d.timeout for d, _ in pairs) - (time.perf_counter() - t0), 0.001)
+        if all(isinstance(h[0], Batch) for _, h in pairs):       # one compiled execution: its outputs together
+            datas = [d.group.reply(d, h[0], left) for d, h in pairs]
+            if any(x is None for x in datas):
+                raise RemoteDeviceError(f"the compiled graph failed at layer {layer}", "", layer)
+            return [d._done(h, data) for (d, h), data in zip(pairs, datas)]
         try:
             datas = ray.get([h[0] for _, h in pairs], timeout=left)
         except Exception as e:              # which one, and why: collect() of each says
@@ -239,7 +292,7 @@ class RayDevice(RemoteDevice):
         return [d._done(h, data) for (d, h), data in zip(pairs, datas)]
 
     def _done(self, handle: Any, data: bytes) -> np.ndarray:
-        ref, t0, (T, D) = handle
+        t0, (T, D) = handle[1], handle[2]
         y, seconds = unreply(data, T, D)
         r = self.remote
         r.calls += 1
@@ -249,14 +302,20 @@ class RayDevice(RemoteDevice):
         return np.array(y)                  # writable, owned (the reply's buffer is read-only)
 
     def stall(self, seconds: float) -> None:
-        """Make the worker hang for `seconds` (fault tests)."""
-        self.actor.stall.remote(seconds)
+        """Make the worker hang for `seconds` from now (fault tests)."""
+        self._get(self.actor.stall.remote(seconds), SETUP_TIMEOUT_S, "stalling")
 
     def close(self) -> None:
+        """Let the worker go (with a compiled graph: all of the cluster's workers, and the graph)."""
+        if self.group is not None:
+            self.group.close()
+        self.kill()
+
+    def kill(self) -> None:
         try:
             _ray().kill(self.actor, no_restart=True)
         except Exception:   # already gone (killed, or the cluster shut down): nothing to let go
             pass
 
 
-__all__ = ["RayDevice", "attach", "connect", "parse_address", "use_cluster"]
+__all__ = ["RayDevice", "attach", "close_all", "connect", "parse_address", "started", "use_cluster"]

@@ -5,6 +5,8 @@
     w.receive(arrays)                       or: its experts' quantized bytes, sent once (no file there)
     w.prepare(key, names, act, biases)      one MoE layer made ready (the host's own kernels, kernels/moe_fused.py)
     w.run(key, payload) -> bytes            all (token, expert, weight) pairs of that layer, one message each way
+    w.step(call) -> bytes | None            the same as one step of a Ray Compiled Graph (moert/cluster_graph.py):
+                                            call (key, payload), or None when the layer gives this worker nothing
 
 The message layout (little-endian, see `pack` / `unpack`):
     request   int32 [T, K, D] | float32 x (T, D) | int32 ids (T, K), -1 = not this worker's | float32 weights (T, K)
@@ -19,6 +21,7 @@ from __future__ import annotations
 
 import os
 import socket
+import threading
 import time
 
 import numpy as np
@@ -66,6 +69,10 @@ class ExpertWorker:
 
             numba.set_num_threads(min(int(threads), numba.config.NUMBA_NUM_THREADS))
             threadpool_limits(limits=int(threads))
+        self.threads = int(threads) if threads else None
+        self.stepping = threading.local()  # a compiled graph steps on its own thread; Numba sets threads per thread
+        self.running = threading.Lock()    # one layer at a time: a call resent after a graph fault waits its turn
+        self.stalled_until = 0.0           # `stall`: run() waits until then (time.monotonic())
         self.tensors: dict[str, tuple] = {}      # name -> (data, type, shape, remap: expert id -> row, or None)
         self.layers: dict[int, object] = {}
         self.remap: dict[int, np.ndarray | None] = {}
@@ -128,17 +135,35 @@ class ExpertWorker:
 
     def run(self, key: int, payload: bytes) -> bytes:
         """The (T, D) weighted sum of this worker's experts for one layer call (a `pack`ed request)."""
-        t0 = time.perf_counter()
-        x, ids, w = unpack(payload)
-        remap = self.remap[key]
-        if remap is not None:                                   # ids index the rows this worker was sent
-            ids = remap[ids]                                    # -1 -> remap[-1] = -1
-        y = self.layers[key](x, ids, w)
-        return reply(y, time.perf_counter() - t0)
+        with self.running:
+            while time.monotonic() < self.stalled_until:        # a hung worker, as the fault tests make one
+                time.sleep(0.05)
+            t0 = time.perf_counter()
+            x, ids, w = unpack(payload)
+            remap = self.remap[key]
+            if remap is not None:                               # ids index the rows this worker was sent
+                ids = remap[ids]                                # -1 -> remap[-1] = -1
+            y = self.layers[key](x, ids, w)
+            return reply(y, time.perf_counter() - t0)
+
+    def step(self, call: tuple | None) -> bytes | None:
+        """One execution of the compiled graph: `run(*call)`, or None when this layer has nothing for this worker."""
+        if call is None:
+            return None
+        if self.threads and getattr(self.stepping, "threads", None) != self.threads:
+            import numba
+
+            numba.set_num_threads(min(self.threads, numba.config.NUMBA_NUM_THREADS))
+            self.stepping.threads = self.threads
+        return self.run(*call)
+
+    def busy(self) -> bool:
+        """Whether a layer call is running (the host asks when a compiled graph's step timed out)."""
+        return self.running.locked()
 
     def stall(self, seconds: float) -> None:
-        """Block this worker for `seconds` (the fault tests' hung worker)."""
-        time.sleep(seconds)
+        """Make every layer call in the next `seconds` wait them out (the fault tests' hung worker)."""
+        self.stalled_until = time.monotonic() + seconds
 
 
 def prepare_layer(qs: list, biases: tuple | None, act: str, act_quant: str | None, repack: bool):

@@ -77,6 +77,8 @@ def _placed(m, il: int, layout: ExpertLayout, ffn, x, ids, ids_h, weights, count
         w_h = weights if src is CPU else m.to(weights, CPU, "expert weights")
     sent = [(dev, ids_d, _remote_start(m, ffn, dev, x_h, ids_d, w_h))
             for dev, ids_d, _ in parts if dev.kind == "ray"]
+    if any(h is not None for _, _, h in sent):                      # a compiled graph runs them all now
+        type(sent[0][0]).start([h for _, _, h in sent if h is not None])
     y = None
     for dev, ids_d, counts_d in parts:
         if dev.kind != "ray":

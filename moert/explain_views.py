@@ -10,7 +10,9 @@ Each returns a dict (what --json prints) and has a format_* for the terminal. Th
 read, not guessed: while the token runs alone (a decode step), the shared GQA attention (models/blocks.py) is
 called through a wrapper that computes softmax(q K^T * scale) over the cache it has just written, exactly the
 reference attention's (its fused CPU decode kernel is bypassed for that one step, the same numbers to 1e-6).
-DeepSeek's latent attention (MLA) is not shown. Dimension legend: H query heads, Hk KV heads, G = H / Hk, S keys.
+DeepSeek's latent attention (MLA, layers.latent_attention) is read the same way: every head attends with one
+shared key, [latent, rotated key], so its one "KV head" groups all H query heads. Dimension legend: H query
+heads, Hk KV heads, G = H / Hk, S keys, R latent rank, P rotated dims.
 """
 
 from __future__ import annotations
@@ -42,9 +44,9 @@ def _text(m, t: int) -> str:
 def _recording_attention(m, out: dict):
     """blocks.attention wrapped for one step: the last query's probabilities over the keys, per layer -> out."""
     from moert.kvcache import load
-    from moert.models import blocks
+    from moert.models import blocks, deepseek2
 
-    attention, cpu_arrays = blocks.attention, blocks.cpu_arrays
+    attention, cpu_arrays, latent = blocks.attention, blocks.cpu_arrays, deepseek2.latent_attention
     layer = {"il": None}
     opens = type(m).attention_device.__get__(m)
 
@@ -69,12 +71,22 @@ def _recording_attention(m, out: dict):
         out[layer["il"]] = p.reshape(K.shape[1], G, S).mean(axis=1)       # (Hk, S): each KV head's query group
         return y
 
+    def rec_latent(q_lat, q_pe, c_kv, k_pe, cache, pos0, scale, xp=np):
+        y = latent(q_lat, q_pe, c_kv, k_pe, cache, pos0, scale, xp)         # (H, T, R)
+        S = pos0 + c_kv.shape[0]
+        kv = host_array(m, load(cache, 0, S))[:, 0]                          # (S, R + P), now holding this step
+        q = np.concatenate([host_array(m, q_lat)[:, -1], host_array(m, q_pe)[:, -1]], axis=-1)   # (H, R + P)
+        p = softmax((q @ kv.T) * scale)                                    # (H, S): the last query sees every key
+        out[layer["il"]] = p.mean(axis=0, keepdims=True)                   # (1, S): the one shared key's group
+        return y
+
     blocks.attention, blocks.cpu_arrays = rec, (lambda *a: False)        # the reference path, for this step
+    deepseek2.latent_attention = rec_latent
     m.attention_device = attention_device
     try:
         yield
     finally:
-        blocks.attention, blocks.cpu_arrays = attention, cpu_arrays
+        blocks.attention, blocks.cpu_arrays, deepseek2.latent_attention = attention, cpu_arrays, latent
         del m.attention_device                                            # the class's method again
 
 
@@ -90,7 +102,7 @@ def attention_view(m, prompt, token: int = -1, top: int = 5) -> dict:
     layers = []
     for il in range(m.config.n_layer):
         if il not in probs:
-            layers.append({"layer": il, "groups": None})                  # not the shared attention (MLA)
+            layers.append({"layer": il, "groups": None})                  # a layer that did not run (MTP)
             continue
         groups = []
         for g, row in enumerate(probs[il]):
@@ -186,7 +198,7 @@ def format_view(d: dict) -> str:
         for lt in d["layers"]:
             for g in lt["groups"] or [None]:
                 what = ("  ".join(f"{s}:{q(t)} {w:.2f}" for s, t, w in g["top"]) if g else
-                        "(latent attention: not shown)")
+                        "(not run: a next-token-prediction layer)")
                 lines.append(f"  layer {lt['layer']:>2} kv{g['kv_head'] if g else '-'}  {what}")
         return "\n".join(lines)
     if d["view"] == "lens":

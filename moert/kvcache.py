@@ -3,7 +3,7 @@
     spec  = kv_spec(config)                 per layer K (n_ctx, Hkv, Dk) and V (n_ctx, Hkv, Dv)
     cache = allocate_kv_cache(plan, n_ctx)  zeroed, each layer on its attention device, checked whole first
 
-K and V are stored as llama.cpp's -ctk / -ctv say: f32 (moert's default, exact), f16, bf16 or q8_0
+K and V are stored as llama.cpp's -ctk / -ctv say: f16 (the default, llama.cpp's), f32 (exact), bf16 or q8_0
 (blocks of 32 with an f16 scale, ggml's quantize_row_q8_0). f32 caches are plain arrays; the others are
 `TypedKV`s, which round what is written and give float32 back when read (`store` / `load` take either).
 
@@ -22,6 +22,7 @@ from moert.devices import Device
 from moert.errors import ArgumentError, DeviceOutOfMemory, PlacementError
 
 KV_TYPES = ("f32", "f16", "bf16", "q8_0")     # llama.cpp's cache type names that moert runs
+DEFAULT_KV_TYPE = "f16"                       # llama.cpp's default -ctk / -ctv; everything that sizes KV uses it
 _ROW = {"f32": (4, 1), "f16": (2, 1), "bf16": (2, 1), "q8_0": (34, 32)}    # bytes per `n` values
 
 
@@ -195,7 +196,7 @@ def kv_spec(config: Any) -> KVSpec:
     return KVSpec(int(n_layer), int(n_head_kv), int(dk), int(dv))
 
 
-def kv_cache_bytes(config: Any, n_ctx: int, dtype: Any = np.float32) -> int:
+def kv_cache_bytes(config: Any, n_ctx: int, dtype: Any = DEFAULT_KV_TYPE) -> int:
     """Bytes of the whole KV cache (every layer's K and V) for n_ctx tokens."""
     s = kv_spec(config)
     return s.n_layer * s.layer_bytes(n_ctx, dtype)
@@ -234,7 +235,7 @@ class KVCache:
         self.k, self.v, self.devices = [], [], []
 
 
-def allocate_kv_cache(plan: Any, n_ctx: int, dtype: Any = np.float32, config: Any = None) -> KVCache:
+def allocate_kv_cache(plan: Any, n_ctx: int, dtype: Any = DEFAULT_KV_TYPE, config: Any = None) -> KVCache:
     """Zeroed K and V (n_ctx, n_head_kv, head_dim) per layer on its attention device (accounted); dtype: a
     cache type for both ("f32", "f16", "bf16", "q8_0"), or a (K type, V type) pair (-ctk, -ctv)."""
     s = kv_spec(config if config is not None else plan)
@@ -266,8 +267,8 @@ def allocate_kv_cache(plan: Any, n_ctx: int, dtype: Any = np.float32, config: An
 
 
 
-__all__ = ["KV_TYPES", "KVCache", "KVSpec", "Rows", "TypedKV", "allocate_kv_cache", "kv_bytes", "kv_cache_bytes",
-           "kv_spec", "kv_type", "load", "rows", "store"]
+__all__ = ["DEFAULT_KV_TYPE", "KV_TYPES", "KVCache", "KVSpec", "Rows", "TypedKV", "allocate_kv_cache", "kv_bytes",
+           "kv_cache_bytes", "kv_spec", "kv_type", "load", "rows", "store"]
 
 
 def flash_mode(value: str | bool, kv_types: tuple[str, str]) -> bool:

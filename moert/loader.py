@@ -20,7 +20,7 @@ from moert import models
 from moert.config import DEFAULT_CONTEXT, MAX_CONTEXT
 from moert.device_config import accepts_device_config
 from moert.errors import ArgumentError, ContextWarning, KernelOptionError, check_int
-from moert.kvcache import flash_mode, kv_type
+from moert.kvcache import DEFAULT_KV_TYPE, flash_mode, kv_type
 from moert.model import MAX_BATCH, Model
 from moert.threads import set_threads
 
@@ -28,10 +28,11 @@ from moert.threads import set_threads
 @accepts_device_config
 def load(model: Any, plan: Any = None, *, context_size: int | None = None, threads: int | None = None,
          progress: Any = None, n_batch: int = 512, warmup: bool = True, act_quant: str | None = None,
-         mmap: bool = True, trace: bool | str = False, cache_type_k: str = "f32", cache_type_v: str = "f32",
-         flash_attn: str | bool = "auto", hardware: Any = None, repack: bool = False, ray: str | None = None,
-         ray_model: str | None = None, ray_fallback: str | None = None, ray_threads: int | None = None,
-         ray_timeout: float | None = None, expert_cache: Any = None, **placement: Any) -> Model:
+         mmap: bool = True, trace: bool | str = False, cache_type_k: str = DEFAULT_KV_TYPE,
+         cache_type_v: str = DEFAULT_KV_TYPE, flash_attn: str | bool = "auto", hardware: Any = None,
+         repack: bool = False, ray: str | None = None, ray_model: str | None = None, ray_fallback: str | None = None,
+         ray_threads: int | None = None, ray_timeout: float | None = None, expert_cache: Any = None,
+         **placement: Any) -> Model:
     """Open a GGUF model, place its tensors (`plan`, a moert.Plan of this file; else moert.plan's keywords in
     `placement`: overrides, gpu_layers, cpu_moe, n_cpu_moe, gpu_backend, gpu_memory, ...), load them onto their
     devices, allocate the KV cache, and (warmup=True, llama.cpp's default too) run a few tokens through it and
@@ -46,9 +47,10 @@ def load(model: Any, plan: Any = None, *, context_size: int | None = None, threa
     mmap=False (--no-mmap) reads the file into memory instead of mapping it, so a file truncated or
     rewritten while the model is loaded cannot crash it (see README, "Bad input"). trace=True records every
     token's routing (`Model.trace`, moert/trace.py); trace="full" the router logits too.
-    cache_type_k / cache_type_v (-ctk / -ctv): "f32" (default, exact), "f16", "bf16" or "q8_0", the KV cache's
-    storage. flash_attn (-fa) "on": attention holds the scores of 256 keys at a time, never (T, n_ctx);
-    "auto" (default): on when a cache type is not f32 (those are read back a chunk at a time), else off.
+    cache_type_k / cache_type_v (-ctk / -ctv): "f16" (default, llama.cpp's), "f32" (exact: what a float oracle
+    needs), "bf16" or "q8_0", the KV cache's storage. flash_attn (-fa) "on": attention holds the scores of 256
+    keys at a time, never (T, n_ctx); "auto" (default): on when a cache type is not f32 (those are read back a
+    chunk at a time, so on by default), else off.
     hardware= (a moert.Hardware or a preset name, "rtx3090+ryzen-7950x"): time the sim GPUs as that hardware's
     (moert/cost/vclock.py; implies gpu_backend="sim" over "auto", and that hardware's GPU sizes unless gpu_memory=
     is given).
@@ -57,7 +59,7 @@ def load(model: Any, plan: Any = None, *, context_size: int | None = None, threa
     sent its experts' bytes); ray_fallback="cpu": a lost worker's experts run on this host; ray_threads: kernel
     threads per worker; ray_timeout: seconds a layer call may take before its worker counts as hung.
     expert_cache= (a moert.ExpertCache): copies of some CPU experts on a GPU, moved as the routing asks
-    (moert/dynamic/runtime.py; the plan puts the routed experts on the CPU: cpu_moe=True)."""
+    (moert/dynamic/runtime.py; it caches the experts the plan put on the CPU: cpu_moe=True, or n_cpu_moe=N)."""
     from moert import gguf
     from moert.cluster import attach, use_cluster
     from moert.errors import DeviceOutOfMemory
@@ -105,13 +107,13 @@ def load(model: Any, plan: Any = None, *, context_size: int | None = None, threa
             warnings.warn(ContextWarning(f"context_size={n_ctx} > the {config.n_ctx_train} tokens the model was "
                                          f"trained for: possible training context overflow (quality may drop "
                                          f"past {config.n_ctx_train})"), stacklevel=3)
-        plan = auto_plan(g, n_ctx, **placement) if plan is None else plan
+        plan = auto_plan(g, n_ctx, kv_dtype=kv_types, flash_attn=flash, **placement) if plan is None else plan
         plan = use_cluster(plan, ray, ray_threads, ray_timeout, ray_fallback)   # RAY<N>: workers started, answering
         try:
             weights = load_weights(g, plan, progress=progress)
             attach(weights, plan.remote, ray_model or g.path, act_quant, repack)
         except DeviceOutOfMemory as err:
-            raise with_fit_suggestion(err, plan, n_ctx) from None
+            raise with_fit_suggestion(err, plan, n_ctx, kv_types, flash) from None
         try:
             m = Model(g, arch, config, plan, weights, n_ctx, n_batch, act_quant=act_quant, kv_types=kv_types,
                       flash_attn=flash, repack=repack)

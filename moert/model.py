@@ -45,7 +45,7 @@ class Model(ModelRuntime, TextAPI, Tracing):
     API (tokenize, generate, stream, chat) is in moert/generate.py, tracing in moert/trace.py."""
 
     def __init__(self, gguf_file, arch, config, plan, weights, context_size: int, n_batch: int = 512,
-                 act_quant: str | None = None, kv_types: tuple[str, str] = ("f32", "f32"), flash_attn: bool = False,
+                 act_quant: str | None = None, kv_types: tuple[str, str] = ("f16", "f16"), flash_attn: bool = True,
                  repack: bool = False):
         from moert.kvcache import allocate_kv_cache
 
@@ -94,6 +94,8 @@ class Model(ModelRuntime, TextAPI, Tracing):
                            hardware=self.clock.hardware.name if self.clock is not None else "")
         self._replaced = 0.0                     # measured seconds inside predicted phases, left out
         t0, start = time.perf_counter(), self.position
+        mark = self._trace.mark() if self._trace is not None else None
+        snap = self.expert_cache.snapshot() if self.expert_cache is not None else None
         out = []
         guard = (self.stall_guard if len(tokens) == 1 and batch is None and threads() > 1
                  else None)                                       # one sequence's decode step on several threads
@@ -118,7 +120,9 @@ class Model(ModelRuntime, TextAPI, Tracing):
         except BaseException:
             self._position = start   # all or nothing: KV entries past `position` are simply overwritten later
             if self._trace is not None:
-                self._trace.drop_chunk()
+                self._trace.rollback(mark)
+            if snap is not None:     # and the expert cache as it was (moert/dynamic/runtime.py)
+                self.expert_cache.restore(snap)
             raise
         finally:
             self._call.seconds = time.perf_counter() - t0 - self._replaced + self._call.predicted_seconds

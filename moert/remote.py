@@ -125,6 +125,10 @@ class RemoteDevice(Device):
         raise RemoteDeviceError(f"{self.name}: no cluster is connected", self.name)
 
     @staticmethod
+    def start(handles: list) -> None:
+        """Every worker's call of a layer submitted (a cluster with a compiled graph runs them now)."""
+
+    @staticmethod
     def collect_many(pairs: list, layer: int) -> list[np.ndarray]:
         """collect() of several (device, handle) pairs (a cluster waits for them together)."""
         return [d.collect(h, layer) for d, h in pairs]

@@ -340,3 +340,30 @@ def write_tiny(path: str | Path, name: str, seed: int = 0, **kw) -> Path:
     spec = dict(TINY[name])
     arch = spec.pop("arch", name)
     return write_arch(path, arch, **{**spec, **kw}, seed=seed)
+
+
+def full_context_peak(path: str | Path, n_ctx: int, kv: str = "f16", **placement) -> tuple[int, int]:
+    """(memory estimate, measured sim peak) of sim:0 while generation's forward passes fill the whole context: a
+    prompt of n_ctx - 3 tokens in chunks of 512, then three decode steps, each asking for the last logits only.
+    kv: the cache type of K and V (f16, the default of both; f32 exact), -fa auto as moert.load's default;
+    placement: moert.plan's keywords (cpu_moe=True, ...). tests/test_memory.py and bench/estimate_tightness.py."""
+    import warnings
+
+    import moert
+    from moert.errors import PlacementWarning
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", PlacementWarning)
+        p = moert.plan(str(path), gpu_backend="sim", gpu_memory="64GiB", **placement)
+        est = moert.estimate(p, n_ctx, kv_dtype=kv).devices["sim:0"].total
+        m = moert.load(path, gpu_backend="sim", gpu_memory="64GiB", context_size=n_ctx, progress=False,
+                       warmup=False, cache_type_k=kv, cache_type_v=kv, **placement)
+    try:
+        tokens = np.random.default_rng(0).integers(0, m.n_vocab, n_ctx)
+        m.forward(tokens[: n_ctx - 3], last_only=True)
+        for t in tokens[n_ctx - 3:]:
+            m.forward([t], last_only=True)
+        assert m.position == n_ctx
+        return est, m.plan.devices[0].peak
+    finally:
+        m.close()

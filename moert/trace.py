@@ -39,6 +39,9 @@ class Trace:
     weights: np.ndarray                       # (N, L, K) float32
     logits: np.ndarray | None = None         # (N, L, E) float32 router logits, with trace="full"
     header: dict[str, Any] = field(default_factory=dict)   # model, architecture, config, placement, version
+    # (M, 3) int64 rows (token, layer, expert): an expert cache's prefetch="next-router" predicted `expert` for
+    # `layer` in the forward chunk starting at trace token `token` (what moert.replay and predict replay)
+    prefetch: np.ndarray | None = None
 
     def __len__(self) -> int:
         return int(self.positions.shape[0])
@@ -125,6 +128,8 @@ class Trace:
                       header=np.array(json.dumps({**self.header, "n_expert": self.n_expert})))
         if self.logits is not None:
             arrays["logits"] = self.logits
+        if self.prefetch is not None:
+            arrays["prefetch"] = self.prefetch
         with open(path, "wb") as f:
             np.savez_compressed(f, **arrays)
         return path
@@ -136,7 +141,8 @@ class Trace:
             with np.load(path, allow_pickle=False) as z:
                 header = json.loads(str(z["header"]))
                 t = cls(int(header.pop("n_expert")), z["positions"], z["prefill"].astype(bool), z["ids"],
-                        z["weights"], z["logits"] if "logits" in z.files else None, header)
+                        z["weights"], z["logits"] if "logits" in z.files else None, header,
+                        z["prefetch"].astype(np.int64) if "prefetch" in z.files else None)
         except (OSError, KeyError, ValueError, json.JSONDecodeError) as e:
             raise TraceError(f"{path}: not a moert trace ({type(e).__name__}: {e}); write one with "
                              f"`moert run ... --trace FILE` or Trace.save") from None
@@ -155,6 +161,24 @@ class Recorder:
         self.n_layer, self.n_expert, self.k, self.full, self.header = n_layer, n_expert, k, full, header
         self._chunk: dict[int, tuple] = {}
         self._done: list[tuple] = []
+        self._guesses: dict[int, tuple] = {}        # layer -> experts a cache's prefetch predicted, this chunk
+        self._prefetch: list[np.ndarray] = []       # (m, 3) rows (token, layer, expert) of the chunks done
+        self._tokens = 0                            # tokens of the chunks done
+        self._prefetching = False                   # a prefetching cache ran: Trace.prefetch is an array
+
+    def guess(self, layer: int, experts) -> None:
+        """An expert cache's prefetch predicted `experts` for `layer` in this chunk (none: not a cached layer)."""
+        self._guesses[layer], self._prefetching = tuple(experts), True
+
+    def mark(self) -> tuple[int, int, int]:
+        """Where the recording stands (a forward that fails goes back here: `rollback`)."""
+        return len(self._done), len(self._prefetch), self._tokens
+
+    def rollback(self, mark: tuple[int, int, int]) -> None:
+        """Forget the chunks recorded since `mark` and the current one."""
+        del self._done[mark[0]:], self._prefetch[mark[1]:]
+        self._tokens = mark[2]
+        self.drop_chunk()
 
     def layer(self, il: int, ids: np.ndarray, weights: np.ndarray, logits: np.ndarray | None) -> None:
         self._chunk[il] = (ids, weights, logits)
@@ -172,10 +196,15 @@ class Recorder:
                 lg[:, il] = g
         pos = np.arange(pos0, pos0 + n) if positions is None else np.asarray(positions, np.int64)
         self._done.append((pos, np.full(n, n > 1) if prefill is None else np.asarray(prefill, bool), ids, w, lg))
+        rows = [(self._tokens, il, e) for il, es in sorted(self._guesses.items()) for e in es]
+        if rows:
+            self._prefetch.append(np.array(rows, dtype=np.int64).reshape(-1, 3))
+        self._tokens += n
+        self._guesses = {}
         self._chunk = {}
 
     def drop_chunk(self) -> None:
-        self._chunk = {}
+        self._chunk, self._guesses = {}, {}
 
     def trace(self) -> Trace:
         """Everything recorded so far, as a Trace."""
@@ -183,10 +212,14 @@ class Recorder:
             z = np.zeros((0, self.n_layer, self.k))
             return Trace(self.n_expert, np.zeros(0, np.int64), np.zeros(0, bool), z.astype(np.int32),
                          z.astype(np.float32), np.zeros((0, self.n_layer, self.n_expert), np.float32)
-                         if self.full else None, dict(self.header))
+                         if self.full else None, dict(self.header),
+                         np.zeros((0, 3), np.int64) if self._prefetching else None)
         cols = list(zip(*self._done))
+        pf = np.concatenate(self._prefetch) if self._prefetch else \
+            np.zeros((0, 3), np.int64) if self._prefetching else None
         return Trace(self.n_expert, np.concatenate(cols[0]), np.concatenate(cols[1]), np.concatenate(cols[2]),
-                     np.concatenate(cols[3]), np.concatenate(cols[4]) if self.full else None, dict(self.header))
+                     np.concatenate(cols[3]), np.concatenate(cols[4]) if self.full else None, dict(self.header),
+                     pf)
 
 
 class Tracing:
@@ -203,6 +236,11 @@ class Tracing:
                   "placement": {"overrides": self.plan.overrides_string(), "gpu_layers": self.plan.gpu_layers,
                                 "bytes_by_device": self.plan.bytes_by_device()}, "moert_version": __version__}
         self._trace = Recorder(c.n_layer, getattr(c, "n_expert", 0), getattr(c, "n_expert_used", 0), full, header)
+
+    def record_prefetch(self, layer: int, experts) -> None:
+        """An expert cache's prefetch predicted `experts` for `layer` in this chunk (kept in the trace)."""
+        if self._trace is not None:
+            self._trace.guess(layer, experts)
 
     def trace_stop(self):
         """Stop recording; the Trace recorded (None if none was started)."""

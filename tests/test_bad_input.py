@@ -289,10 +289,10 @@ def test_no_mmap_survives_truncation(tmp_path):
 # ----------------------------------------------------------------------------- 6. allocations, 7. arguments
 
 def test_kv_cache_larger_than_the_gpu_is_refused_before_allocating(recipe):
-    t0 = time.perf_counter()   # attention weights ~0.3 MiB fit; the KV cache at 512 tokens, 1 MiB, does not
+    t0 = time.perf_counter()   # attention weights ~0.3 MiB fit; the f32 KV cache at 512 tokens, 1 MiB, does not
     with pytest.raises(DeviceOutOfMemory, match=r"sim:0: out of memory for the KV cache at context 512"):
         moert.load(BASE, gpu_backend="sim", cpu_moe=True, gpu_memory=["1MiB"], context_size=512, warmup=False,
-                   progress=False)
+                   progress=False, cache_type_k="f32", cache_type_v="f32")
     assert time.perf_counter() - t0 < 5
 
 

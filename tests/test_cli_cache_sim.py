@@ -78,3 +78,32 @@ def test_run_with_an_expert_cache(capsys):
     assert cache["recall"][0] is None and all(0 <= r <= 1 for r in cache["recall"][1:])
     assert main(["run", demo, "-p", "x", "-n", "1", "-ngl", "0", "--no-warmup", "--cache-slots", "4"]) == 1
     assert "--gpu-backend sim" in capsys.readouterr().err
+
+
+def test_prefetch_replays_the_recorded_guesses(tmp_path, capsys):
+    import moert
+    from moert.dynamic import ExpertCache, replay
+    from moert.testing import write_tiny
+
+    path = write_tiny(tmp_path / "q.gguf", "qwen3moe", seed=3)
+    cache = ExpertCache("sim:0", 2, "lfu", prefetch="next-router")
+    m = moert.load(path, cpu_moe=True, gpu_backend="sim", context_size=64, warmup=False, expert_cache=cache,
+                   trace=True)
+    m.forward(np.array([5, 9, 2, 33]))
+    for t in (3, 5, 7, 9, 11):
+        m.forward(np.array([t]))
+    hits, saved = m.stats.cache.hits.tolist(), str(m.trace.save(tmp_path / "run.npz"))
+    m.close()
+    assert main(["cache-sim", saved, "--slots", "2,4", "--policy", "lfu,belady", "--prefetch", "--json"]) == 0
+    d = json.loads(capsys.readouterr().out)
+    got = {(r["policy"], r["slots"], r["prefetch"]): r["hits"] for r in d["results"]}
+    assert got[("lfu", 2, "next-router")] == hits                        # the run's own counts
+    plain = replay(moert.Trace.load(saved), ExpertCache("sim:0", 4, "belady"))
+    assert got[("belady", 4, None)] == plain.hits.tolist() and d["prefetch"] == "next-router"
+    assert main(["cache-sim", saved, "--slots", "2", "--prefetch"]) == 0
+    assert "without prefetch" in capsys.readouterr().out
+    t = moert.Trace.load(saved)
+    t.prefetch = None
+    bare = str(t.save(tmp_path / "bare.npz"))
+    assert main(["cache-sim", bare, "--prefetch"]) == 2
+    assert "--prefetch next-router" in capsys.readouterr().err

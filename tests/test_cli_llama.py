@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 import moert
-from moert.cli.llama_flags import parse_override_kv, process_escapes
+from moert.cli.llama_flags import parse_override_kv, parse_override_kv_list, process_escapes
 
 DEMO = Path(moert.__file__).parent / "data" / "demo-qwen3moe.gguf"       # trained context 256, add_bos false
 FAST = ["--no-warmup", "-t", "1", "--temp", "0"]
@@ -78,6 +78,38 @@ def test_escapes_as_llama_cpp_processes_them():
     assert process_escapes(r"a\nb\t\"c\" \\n \x41 \q") == 'a\nb\t"c" \\n A \\q'
     assert parse_override_kv("x.y=bool:true") == ("x.y", "BOOL", True)
     assert parse_override_kv("x.y=str:a=b") == ("x.y", "STRING", "a=b")
+    # llama.cpp's comma list; a comma inside a str value stays when no KEY=TYPE: follows it
+    assert parse_override_kv_list("a.b=int:1,c=str:x,y,d=bool:false") == [("a.b", "INT64", 1), ("c", "STRING", "x,y"),
+                                                                          ("d", "BOOL", False)]
+
+
+@pytest.mark.parametrize("command", ["run", "chat"])
+def test_e_processes_escapes_in_p_and_every_r_once_and_no_escape_keeps_them(command):
+    """llama.cpp's -e (on by default) processes -p, --in-prefix/--in-suffix, each -r and DRY's breakers
+    (common/arg.cpp); moert has -p and -r of those. -sys stays as written, as llama.cpp leaves it."""
+    from moert.cli.llama_flags import apply_escapes
+    from moert.cli.main import build_parser
+
+    extra = ["-p", r"a\tb"] if command == "run" else ["-sys", r"keep\n"]
+    args = build_parser().parse_args([command, str(DEMO), *extra, "-r", r"\n\n", "-r", r"x\x41"])
+    apply_escapes(args)
+    assert args.stop == ["\n\n", "xA"] and getattr(args, "prompt", "a\tb") == "a\tb"
+    assert getattr(args, "system_prompt", None) in (None, r"keep\n")
+    apply_escapes(args)                                   # `run -cnv` calls chat with the same args: no twice
+    assert args.stop == ["\n\n", "xA"]
+    args = build_parser().parse_args([command, str(DEMO), *extra, "-r", r"\n", "--no-escape"])
+    apply_escapes(args)
+    assert args.stop == [r"\n"] and getattr(args, "prompt", r"a\tb") == r"a\tb"
+
+
+def test_an_escaped_r_stops_generation_at_a_real_newline():
+    """-r '\\n' is a newline once -e processed it: generation stops at the first one (the demo writes Python)."""
+    runs = {flag: json.loads(cli("run", str(DEMO), "-p", r"import os\n", "-r", r"\n", "-n", "40", *FAST, "--json",
+                                 *flag).stdout) for flag in ((), ("--no-escape",))}
+    escaped, literal = runs[()], runs[("--no-escape",)]
+    assert escaped["prompt"] == "import os\n" and literal["prompt"] == r"import os\n"
+    assert escaped["stop_reason"] == "stop" and "\n" not in escaped["text"]      # stopped at it (and dropped it)
+    assert literal["stop_reason"] != "stop" and "\n" in literal["text"]     # newlines, but never the two chars
 
 
 def test_conversation_mode_chats_with_p_as_the_system_prompt():

@@ -61,6 +61,20 @@ def rel(x, y) -> float:
     return float(np.abs(x - y).max() / np.abs(y).max())
 
 
+def kill(ray, dev) -> None:
+    """Kill a worker's actor and wait until Ray says it is dead (ray.kill returns before the process is gone: a
+    compiled graph's shared-memory step could still be answered by it meanwhile)."""
+    ray.kill(dev.actor)
+    t0 = time.perf_counter()
+    while time.perf_counter() - t0 < 20:
+        try:
+            ray.get(dev.actor.ping.remote(), timeout=5)
+        except ray.exceptions.RayActorError:
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"{dev.name} still answers 20 s after ray.kill")
+
+
 # ------------------------------------------------------------------------------------------ no cluster needed
 
 def test_ray_device_names_in_rules_and_plans(paths):
@@ -98,13 +112,14 @@ def test_the_message_layout_round_trips():
 # ------------------------------------------------------------------------------------------ on a local cluster
 
 @pytest.mark.parametrize("arch", ARCHS)
-def test_logits_and_routing_equal_all_cpu_on_any_mix(ray_cluster, paths, arch):
+def test_logits_and_routing_equal_all_cpu_on_any_mix(ray_cluster, paths, arch, monkeypatch):
     path = paths[arch]
     ref = run(load(path, gpu_layers=0))
-    mixes = [dict(gpu_layers="all", gpu_backend="sim")]              # ray + sim (attention, the other experts)
+    mixes = [("compiled", dict(gpu_layers="all", gpu_backend="sim"))]    # ray + sim (attention, the other experts)
     if arch == "qwen3moe":
-        mixes.append(dict(gpu_layers=0))                                # ray + cpu (each load starts 2 workers)
-    for kw in mixes:
+        mixes.append(("plain", dict(gpu_layers=0)))                      # ray + cpu, plain actor calls
+    for calls, kw in mixes:
+        monkeypatch.setenv("MOERT_RAY_CALLS", calls)
         m = load(path, overrides=rules_for(path), ray="local:2", **kw)
         try:
             got = run(m)
@@ -113,8 +128,45 @@ def test_logits_and_routing_equal_all_cpu_on_any_mix(ray_cluster, paths, arch):
             assert rel(got[0], ref[0]) < 1e-5 and rel(got[1], ref[1]) < 1e-5, kw
             np.testing.assert_array_equal(got[2].ids, ref[2].ids)
             assert all(d.remote.calls > 0 for d in m.plan.remote)
+            group = m.plan.remote[0].group
+            if calls == "plain":
+                assert group is None
+            else:                   # one graph for both workers, compiled once, every layer call through it
+                assert group is m.plan.remote[1].group and group.compiles == 1 and group.off is None
+                assert group.executions >= max(d.remote.calls for d in m.plan.remote)
         finally:
             m.close()
+
+
+def test_a_graph_ray_cannot_compile_leaves_plain_calls(ray_cluster, paths, monkeypatch):
+    from ray.dag.dag_node import DAGNode
+
+    def refuse(self, *args, **kwargs):
+        raise RuntimeError("no compiled graphs here")
+
+    monkeypatch.setattr(DAGNode, "experimental_compile", refuse)
+    path = paths["qwen3moe"]
+    want = load(path, gpu_layers=0).forward(PROMPT)
+    m = load(path, overrides=r"blk\.0\.ffn_.*_exps=RAY0", gpu_layers=0, ray="local:1")
+    try:
+        assert rel(m.forward(PROMPT), want) < 1e-5
+        group = m.plan.remote[0].group
+        assert "no compiled graphs here" in group.off and group.compiles == 0 and group.executions == 0
+        assert m.stats.last.remote["ray:0"].calls == 1
+    finally:
+        m.close()
+
+
+def test_ray_calls_setting_is_checked(monkeypatch):
+    from moert.cluster_graph import enabled
+
+    monkeypatch.setenv("MOERT_RAY_CALLS", "Plain")
+    assert not enabled()
+    monkeypatch.delenv("MOERT_RAY_CALLS")
+    assert enabled()
+    monkeypatch.setenv("MOERT_RAY_CALLS", "fast")
+    with pytest.raises(ArgumentError, match="MOERT_RAY_CALLS='fast'.*compiled.*plain"):
+        enabled()
 
 
 def test_counters_per_remote_device_and_a_worker_without_the_file(ray_cluster, paths, tmp_path):
@@ -165,7 +217,8 @@ def test_killed_worker_is_a_typed_error_and_the_fallback_finishes_with_the_same_
     m = load(path, overrides=rules, gpu_layers=0, ray="local:1")
     try:
         m.forward(PROMPT)
-        ray_cluster.kill(m.plan.remote[0].actor)
+        assert m.plan.remote[0].group.executions > 0        # the compiled graph was running when the worker died
+        kill(ray_cluster, m.plan.remote[0])
         t0 = time.perf_counter()
         with pytest.raises(RemoteDeviceError, match="ray:0.*layer 1.*ray-fallback cpu") as e:
             m.forward([4])
@@ -175,14 +228,17 @@ def test_killed_worker_is_a_typed_error_and_the_fallback_finishes_with_the_same_
             m.forward([4])
     finally:
         m.close()
-    m = load(path, overrides=rules, gpu_layers=0, ray="local:1", ray_fallback="cpu")
+    # two workers: ray:0 dies, the graph is compiled again over ray:1, which goes on; ray:0's experts on the host
+    m = load(path, overrides=rules + r",blk\.0\.ffn_.*_exps=RAY1", gpu_layers=0, ray="local:2", ray_fallback="cpu")
     try:
         m.forward(PROMPT[:2])
         m.reset()
-        ray_cluster.kill(m.plan.remote[0].actor)
+        lost, live = m.plan.remote
+        kill(ray_cluster, lost)
         with pytest.warns(RuntimeWarning, match="ray:0.*this host's CPU"):
             got = generate_ids(m, PROMPT, 6, GREEDY)
-        assert got == want and m.plan.remote[0].remote.fallback_calls >= 6
+        assert got == want and lost.remote.fallback_calls >= 6
+        assert live.remote.calls >= 7 and live.group.compiles == 2 and live.group.members == [live]
     finally:
         m.close()
 
@@ -190,11 +246,12 @@ def test_killed_worker_is_a_typed_error_and_the_fallback_finishes_with_the_same_
 def test_hung_worker_is_an_error_within_its_timeout(ray_cluster, paths):
     m = load(paths["qwen3moe"], overrides=r"blk\.0\.ffn_.*_exps=RAY0", gpu_layers=0, ray="local:1", ray_timeout=2)
     try:
+        assert m.plan.remote[0].group.executions > 0            # warm-up ran through the compiled graph
         m.plan.remote[0].stall(60)
         t0 = time.perf_counter()
         with pytest.raises(RemoteDeviceError, match="did not answer.*within 2 s"):
             m.forward(PROMPT)
-        assert time.perf_counter() - t0 < 10
+        assert time.perf_counter() - t0 < 3.5       # the graph's wait; the worker, still in its step, is named
     finally:
         m.close()
 
@@ -218,6 +275,11 @@ def test_run_and_serve_with_a_remote_device_and_a_lost_worker_is_503(ray_cluster
     from moert.testing import gpt2_vocab_metadata, write_qwen3moe
 
     worded = write_qwen3moe(tmp_path / "v.gguf", n_layer=2, n_expert=4, vocab=gpt2_vocab_metadata())
+    # explain takes the same flags: the walk of a token whose layer-0 experts ran on the worker
+    assert main(["explain", str(worded), "-p", "hello world", "-ngl", "0", "-ot", rules, "--ray", "local:1",
+                 "--json"]) == 0
+    walk = json.loads(capsys.readouterr().out)
+    assert walk["layers"][0]["expert_device"] == "ray:0" and walk["layers"][1]["expert_device"] == "cpu"
     m = load(worded, overrides=rules, gpu_layers=0, ray="local:1")
     server = Server(m, name="m", queue_size=4)
     try:
@@ -225,7 +287,7 @@ def test_run_and_serve_with_a_remote_device_and_a_lost_worker_is_503(ray_cluster
             ok = c.post("/v1/completions", json={"prompt": [1, 2, 3], "max_tokens": 4, "temperature": 0})
             assert ok.status_code == 200, ok.text
             assert c.get("/stats").json()["remote"]["ray:0"]["calls"] >= 4           # prompt + 3 more tokens
-            ray_cluster.kill(m.plan.remote[0].actor)
+            kill(ray_cluster, m.plan.remote[0])
             lost = c.post("/v1/completions", json={"prompt": [1, 2, 3], "max_tokens": 4, "temperature": 0})
             assert lost.status_code == 503 and "ray:0" in lost.json()["error"]["message"]
             assert c.get("/health").status_code == 200                  # the server itself keeps serving
@@ -266,3 +328,21 @@ def test_joining_a_running_cluster_by_its_address_puts_one_worker_per_node(ray_c
     host, port = address.rsplit(":", 1)
     with pytest.raises(RemoteDeviceError, match="already connected"):
         connect(f"{host}:{int(port) + 1 if int(port) < 65535 else 1}", 1)
+
+
+def test_auto_joins_the_running_cluster_that_RAY_ADDRESS_names(ray_cluster):
+    """ray="auto" in a process not yet in a cluster: Ray's own discovery (RAY_ADDRESS first) finds the session's."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    address = ray_cluster.get_runtime_context().gcs_address
+    code = ("import ray; from moert.cluster import connect; d = connect('auto', 1)[0]; "
+            "print(ray.get_runtime_context().gcs_address, d.pid); d.close()")
+    root = Path(__file__).resolve().parent.parent
+    env = dict(os.environ, RAY_ADDRESS=address, PYTHONPATH=str(root))
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env, cwd=root)
+    assert r.returncode == 0, r.stderr[-2000:]
+    joined, pid = r.stdout.split()[-2:]
+    assert joined == address and int(pid) > 0

@@ -37,10 +37,16 @@ def test_network_seconds_by_hand():
     net = NETS["10gbe"]                        # 1.25 GB/s x 0.9, 150 us each way
     D, K, B = 7168, 8, 1
     sent, back = 12 + 4 * D + 8 * K, 4 * D + 8
-    # 3 workers at once: 500 us + 2 x 53.5 us of Ray, 2 x 150 us of wire latency, 3 x both messages at 1.125 GB/s
-    want = (500 + 2 * 1e6 / 18694 + 300) * 1e-6 + 3 * (sent + back) / 1.125e9
-    assert network_seconds(net, 3, D, K, B) == pytest.approx(want, rel=1e-12)
+    # 3 workers at once, plain actor calls: 969 us + 2 x 53.5 us of Ray (the quickstart's classic call, and 1:n
+    # async calls), 2 x 150 us of wire latency, 3 x both messages at 1.125 GB/s
+    wire = 300e-6 + 3 * (sent + back) / 1.125e9
+    want = (969 + 2 * 1e6 / 18694) * 1e-6 + wire
+    assert network_seconds(net, 3, D, K, B, calls="plain") == pytest.approx(want, rel=1e-12)
+    # a compiled graph (the default): the quickstart's 86.7 us, none added per further worker
+    assert network_seconds(net, 3, D, K, B) == pytest.approx(86.7e-6 + wire, rel=1e-12)
     assert network_seconds(net, 0, D, K, B) == 0.0
+    with pytest.raises(HardwareError, match="calls='rpc'"):
+        network_seconds(net, 1, D, K, B, calls="rpc")
     one = (1000 + 300) * 1e-6 + (sent + back) / 1.125e9
     assert network_seconds(net, 1, D, K, B, call_us=1000) == pytest.approx(one)
 

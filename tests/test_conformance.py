@@ -7,12 +7,16 @@ Q4_K_M file that llama.cpp quantized itself. Neither is needed here.
 
 from __future__ import annotations
 
+from functools import partial
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from moert.loader import load
+from moert.loader import load as moert_load
+
+# an exact (f32) KV cache, not the default f16: these tests compare with float oracles
+load = partial(moert_load, cache_type_k="f32", cache_type_v="f32")
 
 FIXTURES = Path(__file__).parent / "fixtures" / "qwen3moe"
 NAMES = sorted(p.stem for p in FIXTURES.glob("*.npz"))

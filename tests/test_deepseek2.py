@@ -30,8 +30,8 @@ def load(path, **kw):
 
 def test_the_cache_holds_the_latent_and_the_rope_key_and_the_estimate_counts_it(glm):
     hp = TINY["deepseek2"]["hparams"]
-    per_token = hp["block_count"] * (hp["attention.kv_lora_rank"] + hp["rope.dimension_count"]) * 4   # f32
-    m = load(glm, context_size=48, gpu_backend="sim")
+    per_token = hp["block_count"] * (hp["attention.kv_lora_rank"] + hp["rope.dimension_count"]) * 2   # f16
+    m = load(glm, context_size=48, gpu_backend="sim")                  # the default cache type, as the estimate's
     assert m.kv.nbytes == 48 * per_token
     assert KVSpec.from_metadata(m.plan.metadata) == m.config.kv_spec() == KVSpec(2, 1, 40, 0)
     est = moert.estimate(m.plan, 48)

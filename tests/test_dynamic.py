@@ -8,6 +8,7 @@ import functools
 import numpy as np
 import pytest
 
+import moert
 from moert import ArgumentError
 from moert.dynamic import ExpertCache, accesses, replay
 from moert.dynamic.cache import CacheError
@@ -176,6 +177,8 @@ def test_bad_caches_say_what_to_do():
         ExpertCache("sim:0", 4, policy="fifo")
     with pytest.raises(ArgumentError, match="next-router"):
         ExpertCache("sim:0", 4, prefetch="yes")
+    with pytest.raises(ArgumentError, match="prefetch=None"):
+        ExpertCache("sim:0", 4, "belady", prefetch="next-router")
     with pytest.raises(CacheError, match="ExpertCache"):
         replay(sequence(SEQ), 4)
     with pytest.raises(CacheError, match="same model"):
@@ -193,3 +196,37 @@ def test_insert_is_a_prefetch_not_a_request():
     q = LFU(2)
     q.access(1, 0, 0, NEVER), q.access(1, 1, 0, NEVER)                  # 1 asked twice
     assert q.insert(2, 2, 0) == (True, -1) and q.insert(3, 3, 0) == (True, 2)   # 2 and 3 once each: 2 older
+
+
+@pytest.mark.parametrize("policy", list(POLICIES))
+def test_a_prefetch_never_overfills_the_cache(policy):
+    p = POLICIES[policy](2, frozenset({1, 2})) if policy == "static" else POLICIES[policy](2)
+    for t, key in enumerate([1, 2, 3, 4, 1, 5]):
+        admitted, evicted = p.insert(key, t, t)
+        assert len(p.resident) <= 2 and (not admitted or key in p.resident) and evicted not in p.resident
+    if policy == "belady":                       # an inserted key is never asked for again: never worth a slot
+        assert p.resident == {1, 2}
+
+
+@pytest.mark.parametrize("policy", sorted(set(POLICIES) - {"belady"}))      # the optimum takes no prediction
+@pytest.mark.parametrize("per_layer", [True, False])
+def test_fast_equals_twin_with_prefetch(policy, per_layer):
+    from moert.dynamic.requests import accesses, decide
+
+    for seed in range(4):
+        t = random_trace(seed)
+        rng = np.random.default_rng(seed + 10)
+        N, L, _ = t.ids.shape                      # guesses for layers 1.. at random tokens: some right, some wrong
+        tok, lay = rng.integers(0, N, 80), rng.integers(1, L, 80)
+        t.prefetch = np.stack([tok, lay, rng.integers(0, t.n_expert, 80)], axis=1)
+        for slots in (0, 1, 3, 8 if per_layer else 20):
+            c = ExpertCache("sim:0", slots, policy, per_layer, half_life=3.0, prefetch="next-router", hot=t)
+            a, b = replay(t, c), replay(t, c, fast=False)
+            for f in ("hits", "misses", "admissions", "evictions", "prefetch_admissions"):
+                assert getattr(a, f).tolist() == getattr(b, f).tolist(), (seed, slots, f)
+            acc, counts = accesses(t), c.hot_counts(t) if policy == "static" else None
+            rows = moert.dynamic.requests.prefetches(t, c)
+            fast, twin = decide(acc, c, counts, rows), decide(acc, c, counts, rows, fast=False)
+            for x, y in zip(fast, twin):                # per request and per insert, copies included
+                assert np.array_equal(x, y), (seed, slots)
+        assert a.prefetch_admissions.sum() > 0 or policy == "static"

@@ -80,7 +80,7 @@ def test_bad_caches_are_refused(model):
         moert.load(path, **KW, expert_cache=ExpertCache("sim:0", 2, "static"))
 
 
-def test_prefetch_next_router(model):
+def test_prefetch_next_router(model, tmp_path):
     from moert.cost.machines import preset
     from moert.dynamic.requests import chunks
 
@@ -92,8 +92,12 @@ def test_prefetch_next_router(model):
         assert np.abs(a - b).max() <= 1e-4 * np.abs(a).max()
     st, log, t = m.stats.cache, m.expert_cache.prefetch_log, m.trace
     r = replay(t, cache, prefetch=log)                                    # the run's predictions, replayed
+    saved = moert.Trace.load(t.save(tmp_path / "t.npz"))                  # ... and as the trace keeps them
+    assert saved.prefetch.tolist() == t.prefetch.tolist() and len(t.prefetch) == sum(len(g) for _, _, g in log)
     for f in ("hits", "misses", "admissions", "evictions", "prefetch_admissions"):
         assert getattr(st, f).tolist() == getattr(r, f).tolist(), f
+        assert getattr(st, f).tolist() == getattr(replay(saved, cache), f).tolist(), f
+    assert st.weight_bytes == replay(saved, cache, expert_bytes=expert_bytes(path)).bytes   # misses' + prefetches'
     # precision and recall, recounted from the trace: each prediction against the experts that chunk's tokens chose
     chunk = chunks(t)
     L = t.n_layer

@@ -66,6 +66,36 @@ def test_a_sliding_window_layer_attends_inside_its_window(tmp_path):
             assert min(seen) < 8, lt                                   # the global layer reaches further back
 
 
+@pytest.mark.parametrize("name", ["deepseek2", "deepseek2-lite"])
+def test_latent_attention_weights_reproduce_what_the_layer_returned(name, tmp_path, monkeypatch):
+    """MLA: the view's weights (softmax over positions, the mean over all H heads, who share one key), applied
+    to the cached latents, give the mean over heads of what layers.latent_attention itself returned."""
+    from moert.kvcache import load as read_cache
+    from moert.models import deepseek2
+
+    m = load(write_tiny(tmp_path / f"{name}.gguf", name, seed=1))
+    returned, real = {}, deepseek2.latent_attention
+
+    def keep(q_lat, q_pe, c_kv, k_pe, cache, pos0, scale, xp=np):
+        y = real(q_lat, q_pe, c_kv, k_pe, cache, pos0, scale, xp)         # (H, T, R)
+        returned[len(returned)] = (y[:, -1].mean(axis=0), cache, c_kv.shape[1])
+        return y
+
+    monkeypatch.setattr(deepseek2, "latent_attention", keep)
+    tokens = list(range(3, 13))
+    v = attention_view(m, tokens, token=-1, top=len(tokens))
+    step = list(returned.values())[-len(v["layers"]):]                  # the viewed token's own call per layer
+    for lt, (y, cache, R) in zip(v["layers"], step):
+        (g,) = lt["groups"]                                               # one shared key: one group
+        p = np.zeros(len(tokens))
+        for s, _, w in g["top"]:
+            p[s] = w
+        assert p.sum() == pytest.approx(1.0, abs=1e-6) and p.min() >= 0
+        latents = read_cache(cache, 0, len(tokens))[:, 0, :R]              # (S, R): the values MLA attends over
+        np.testing.assert_allclose(p @ latents, y, rtol=1e-4, atol=1e-5)
+    assert "layer  1 kv0" in format_view(v) and "not shown" not in format_view(v)
+
+
 def test_the_routing_view_is_what_each_token_ran(demo):
     r = routing_view(demo, PROMPT)
     assert len(r["tokens"]) == len(demo.tokenize(PROMPT)) and r["layers"] == demo.config.n_layer

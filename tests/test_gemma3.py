@@ -14,13 +14,17 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from functools import partial
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from moert.loader import load
+from moert.loader import load as moert_load
 from moert.weights import Weight
+
+# an exact (f32) KV cache, not the default f16: these tests compare with float oracles
+load = partial(moert_load, cache_type_k="f32", cache_type_v="f32")
 
 FIXTURES = Path(__file__).parent / "fixtures" / "gemma3"
 REAL = np.load(FIXTURES / "gemma3_270m.npz")

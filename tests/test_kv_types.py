@@ -181,7 +181,7 @@ def test_the_estimate_follows_the_type_and_bounds_the_sim_peak(tiny, types, flas
         warnings.simplefilter("ignore")
         p = moert.plan(str(tiny), gpu_backend="sim")
     est = moert.estimate(p, n_ctx, n_batch=8, kv_dtype=types, flash_attn=flash, all_logits=True)
-    f32 = moert.estimate(p, n_ctx, n_batch=8)
+    f32 = moert.estimate(p, n_ctx, n_batch=8, kv_dtype="f32")
     ratio = (kv_bytes(types[0], 64) + kv_bytes(types[1], 64)) / 512
     assert est.devices["sim:0"].kv == pytest.approx(f32.devices["sim:0"].kv * ratio)
     cap = est.devices["sim:0"].total
@@ -204,3 +204,28 @@ def test_cli_takes_llama_cpp_cache_and_flash_flags(tiny, capsys):
     with pytest.raises(SystemExit):
         main(["run", str(tiny), "-p", "hi", "-ctk", "q4_0"])
     assert "q4_0" in capsys.readouterr().err
+
+
+def test_f16_is_the_default_everywhere_that_sizes_a_kv_cache(tiny):
+    """moert.load allocates f16 (llama.cpp's default) and flash attention (-fa auto); estimate, fit, and the
+    gpu_layers='auto' plan that load asks fit for size the same cache; f32 stays available, everywhere."""
+    from moert.placement import fit
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        p = moert.plan(str(tiny), gpu_backend="sim")
+        m = load(tiny, gpu_backend="sim", context_size=32)
+        assert m.kv.types == ("f16", "f16") and m.flash_attn
+        assert m.kv.nbytes == moert.estimate(p, 32).devices["sim:0"].kv == moert.estimate(p, 32, kv_dtype="f32")\
+            .devices["sim:0"].kv // 2
+        f16, f32 = (fit(str(tiny), 32, gpu_backend="sim", **kw).estimate.devices["sim:0"].kv
+                    for kw in ({}, {"kv_dtype": "f32"}))
+        assert f16 == m.kv.nbytes and f32 == 2 * f16
+        # a GPU that holds every layer with an f16 cache, not with f32: gpu_layers="auto" follows the cache type
+        need = {kv: moert.estimate(p, 4096, kv_dtype=kv, flash_attn=True).devices["sim:0"].total
+                for kv in ("f16", "f32")}
+        assert need["f16"] < need["f32"]
+        kw = dict(gpu_backend="sim", gpu_memory=[need["f16"]], gpu_layers="auto", context_size=4096, flash_attn="on")
+        a, b = load(tiny, **kw), load(tiny, cache_type_k="f32", cache_type_v="f32", **kw)
+        assert a.plan.gpu_layers == a.config.n_layer + 1 and b.plan.gpu_layers < a.plan.gpu_layers
+        assert a.kv.types == ("f16", "f16") and b.kv.types == ("f32", "f32")

@@ -116,3 +116,20 @@ def test_many_channel_parts_read_a_smaller_share_of_their_dram_than_desktops():
     assert hardware.CPUS["ryzen-7950x"].bw_efficiency == 0.7
     # the mlc figure it was read from: 256 GiB/s of 12 x DDR5-6400 per socket
     assert abs(256 * 2**30 / 1e9 / hardware.ddr_gbs(12, 6400) - presets.SERVER_BW_EFFICIENCY) < 0.01
+
+
+def test_mla_attention_is_costed_in_latent_space_as_llama_cpp_runs_it():
+    # DeepSeek-V3's twin carries llama.cpp's MLA metadata: 128 query heads over one shared latent KV head of 576
+    # (kv_lora 512 + rope 64), values of 512. A decoded token at depth d then reads d x 576 cached values a layer
+    # and does 2 x d x 128 x (576 + 512) FLOPs there, on top of the depth-0 token's.
+    hw = hardware.preset("epyc-9554")
+    p = _plan(hw, "deepseek-v3")
+    depth, n_gen = 8192, 1
+
+    def attention(r):
+        parts = [x for x in r.parts if x.phase == "decode" and x.stage == "attention" and x.layer == 3]
+        return sum(x.flops for x in parts), sum(x.bytes for x in parts)
+    (f0, b0), (f1, b1) = (attention(moert.predict(p, hw, n_prompt=0, n_gen=n_gen, depth=d, kv_bytes=2))
+                          for d in (0, depth))
+    assert f1 - f0 == pytest.approx(2 * depth * 128 * (576 + 512), rel=0.01)
+    assert b1 - b0 == pytest.approx(depth * 576 * 2, rel=0.01)

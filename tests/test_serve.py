@@ -188,15 +188,19 @@ def test_full_queue_is_503_and_the_rest_complete(served, monkeypatch):
 
 
 def test_moert_serve_command_answers_as_moert_run(served):
-    """The console command, in a subprocess: the same greedy text as `moert run`."""
+    """The console command, in a subprocess: the same greedy text as `moert run`, both with one expert per token
+    by --override-kv (run's parser, shared), which changes the text; serve takes --jinja as llama-server."""
     _, _, _, path = served
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
-    run = subprocess.run([sys.executable, "-m", "moert", "run", str(path), "-p", PROMPTS[4], "-n", str(N), "--temp",
-                          "0", "-c", "256", "--no-display-prompt"], capture_output=True, text=True, timeout=300,
-                         env=env)
-    assert run.returncode == 0, run.stderr
+    one = ["--override-kv", "qwen3moe.expert_used_count=int:1,general.name=str:one, expert"]
+    run, two = (subprocess.run([sys.executable, "-m", "moert", "run", str(path), "-p", PROMPTS[4], "-n", str(N),
+                                "--temp", "0", "-c", "256", "--no-display-prompt", *flags], capture_output=True,
+                               text=True, timeout=300, env=env) for flags in (one, []))
+    assert run.returncode == two.returncode == 0, run.stderr
+    assert run.stdout != two.stdout                                       # the override changed the model
     proc = subprocess.Popen([sys.executable, "-m", "moert", "serve", str(path), "--port", "0", "-c", "256",
-                             "--temp", "0", "-n", str(N)], stderr=subprocess.PIPE, text=True, env=env)
+                             "--temp", "0", "-n", str(N), "--jinja", *one], stderr=subprocess.PIPE, text=True,
+                            env=env)
     try:
         line = ""
         for _ in range(200):                       # bounded: the banner comes once the model is loaded

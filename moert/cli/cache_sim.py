@@ -30,15 +30,27 @@ def cmd_cache_sim(args: argparse.Namespace) -> int:
         raise UsageError(f"--policy {args.policy!r}: use some of {','.join(POLICIES)}")
     t = read(args.trace, args.format, args.n_expert)
     sizes = expert_bytes(args.model, t.n_layer) if args.model else None
-    runs = sweep(t, slots, policies, per_layer=not args.pool, expert_bytes=sizes, half_life=args.half_life)
+    kw = dict(per_layer=not args.pool, expert_bytes=sizes, half_life=args.half_life)
+    if args.prefetch:                          # the guesses the trace recorded; Belady takes none
+        if getattr(t, "prefetch", None) is None:
+            raise UsageError(f"--prefetch replays the next-router guesses a trace recorded, and {args.trace} has none: "
+                             f"record one with `moert run ... --trace FILE --cache-slots N --prefetch next-router`")
+        online = [p for p in policies if p != "belady"]
+        runs = sweep(t, slots, online, prefetch="next-router", **kw) + sweep(t, slots, [p for p in policies
+                                                                                     if p == "belady"], **kw)
+        order = {p: i for i, p in enumerate(policies)}
+        runs.sort(key=lambda r: order[r.cache.policy])
+    else:
+        runs = sweep(t, slots, policies, **kw)
     rows = [r.to_dict() for r in runs]
     if args.json:
         print(json.dumps({"trace": str(args.trace), "tokens": len(t), "layers": t.n_layer, "experts": t.n_expert,
                           "experts_per_token": int(t.ids.shape[2]), "per_layer": not args.pool,
+                          "prefetch": "next-router" if args.prefetch else None,
                           "requests": int(runs[0].hits.sum() + runs[0].misses.sum()) if runs else 0,
                           "results": rows}, indent=1))
     else:
-        print(format_table(t, rows, policies, slots, args.pool))
+        print(format_table(t, rows, policies, slots, args.pool, args.prefetch))
     if args.plot:
         from moert.plots import hit_rate_plot
 
@@ -48,7 +60,8 @@ def cmd_cache_sim(args: argparse.Namespace) -> int:
     return 0
 
 
-def format_table(t, rows: list[dict], policies: list[str], slots: list[int], pool: bool) -> str:
+def format_table(t, rows: list[dict], policies: list[str], slots: list[int], pool: bool,
+                 prefetch: bool = False) -> str:
     """Hit rate per policy (rows) and size (columns); MiB copied per token where the expert size is known."""
     where = "in total" if pool else "per MoE layer"
     out = [f"{len(t)} tokens ({int(t.prefill.sum())} in prompts), {t.n_layer} layers, {t.n_expert} experts, "
@@ -58,10 +71,12 @@ def format_table(t, rows: list[dict], policies: list[str], slots: list[int], poo
     for p in policies:
         out.append(p.ljust(10) + "".join(f"{by[p, s]['hit_rate']:>9.1%}" for s in slots))
     if rows and rows[0]["bytes_per_token"] is not None:
-        out += ["", "MiB copied to the cache per token (admitted misses)"]
+        out += ["", "MiB copied to the cache per token (admitted misses" + (" and prefetches)" if prefetch else ")")]
         for p in policies:
             out.append(p.ljust(10) + "".join(f"{by[p, s]['bytes_per_token'] / 2**20:>9.2f}" for s in slots))
-    out += ["", "belady is the offline optimum: no cache of that size can hit more often"]
+    out += ["", "belady is the offline optimum: no cache of that size can hit more often"
+            + (" without prefetch (the others prefetch the trace's next-router guesses: they can beat it)"
+               if prefetch else "")]
     return "\n".join(out)
 
 
@@ -81,6 +96,9 @@ def add_commands(sub) -> None:
                    help="the trace file's format (default: by its content)")
     p.add_argument("--n-expert", type=int, default=None, help="experts per layer, for foreign traces "
                                                               "(default: the largest id seen + 1)")
+    p.add_argument("--prefetch", action="store_true", help="the caches prefetch the next-router guesses the trace "
+                                                              "recorded (moert run --trace FILE --prefetch "
+                                                              "next-router); belady stays without")
     p.add_argument("--json", action="store_true", help="print JSON")
     p.add_argument("--plot", default=None, metavar="PNG", help="hit rate against slots per policy, Belady as "
                                                                "the ceiling (needs matplotlib)")

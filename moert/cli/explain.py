@@ -61,7 +61,7 @@ def cmd_experts(args: argparse.Namespace) -> int:
 
 def add_commands(sub) -> None:
     """Register explain on the top-level subparsers."""
-    from moert.cli.common import add_hardware_arg, add_model_arg
+    from moert.cli.common import add_hardware_arg, add_model_arg, add_ray_args
     from moert.cli.placement import add_placement_args
 
     e = sub.add_parser("explain", help="follow one token through the model: router, experts, devices, bytes, time",
@@ -83,6 +83,7 @@ def add_commands(sub) -> None:
     e.set_defaults(func=cmd_explain, batch_size=512, warmup=True, act_quant="none", mmap=True)
     add_placement_args(e)
     add_hardware_arg(e)
+    add_ray_args(e)
 
     x = sub.add_parser("experts", help="which experts each kind of token (word, number, string, ...) goes to, over "
                        "any text: the demo's table for any model", allow_abbrev=False)
@@ -94,3 +95,4 @@ def add_commands(sub) -> None:
     x.add_argument("-t", "--threads", type=int, default=None, help="CPU threads for the kernels")
     x.set_defaults(func=cmd_experts, batch_size=512, warmup=False, act_quant="none", mmap=True)
     add_placement_args(x)
+    add_ray_args(x)

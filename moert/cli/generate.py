@@ -7,6 +7,7 @@ import json
 import sys
 import time
 
+from moert.cli import llama_flags
 from moert.errors import MoertError
 
 
@@ -229,12 +230,9 @@ def check_n_predict(n: int) -> None:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from moert.cli import llama_flags
-
     check_n_predict(args.n_predict)
     llama_flags.check(args)
-    if args.prompt is not None and args.escape:
-        args.prompt = llama_flags.process_escapes(args.prompt)
+    llama_flags.apply_escapes(args)
     if args.conversation:                  # llama-cli -cnv: a chat, -p its system prompt
         args.system_prompt = args.prompt
         return cmd_chat(args)
@@ -287,6 +285,7 @@ def _run_ids(model, prompt: str, args: argparse.Namespace) -> int:
 
 def cmd_chat(args: argparse.Namespace) -> int:
     check_n_predict(args.n_predict)
+    llama_flags.apply_escapes(args)
     model = load_from_args(args.model, args)
     messages = [{"role": "system", "content": args.system_prompt}] if args.system_prompt else []
     interactive = sys.stdin.isatty()
@@ -369,7 +368,7 @@ def add_commands(sub) -> None:
                    "layer selected (needs matplotlib: the `plot` extra)")
     r.add_argument("--trace", default=None, metavar="NPZ", help="record every token's routing (ids, weights) "
                    "and save it (`moert trace NPZ` summarises it)")
-    x = r.add_argument_group("expert cache (moert/dynamic; experts on the CPU: --cpu-moe)")
+    x = r.add_argument_group("expert cache (moert/dynamic; of the experts on the CPU: --cpu-moe or --n-cpu-moe N)")
     x.add_argument("--cache-slots", type=int, default=None, metavar="N", help="keep N experts per MoE layer on "
                    "GPU 0, moved as the routing asks (see m.stats.cache; --stats prints its hit rate)")
     x.add_argument("--cache-policy", choices=["lru", "lfu", "lfru"], default="lru", help="eviction policy (lru)")

@@ -93,6 +93,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     one_line_warnings()
+    earlier = set(sys.modules["moert.cluster"].started()) if "moert.cluster" in sys.modules else set()
     try:
         if args.list_devices:
             from moert.cli.common import list_devices
@@ -122,3 +123,6 @@ def main(argv: list[str] | None = None) -> int:
             sys.stderr.flush()                # (exit -2) even though it was caught; leave with 130 now
             os._exit(130)
         return 130
+    finally:
+        if "moert.cluster" in sys.modules:    # --ray: the workers this command started (and their graphs) let go
+            sys.modules["moert.cluster"].close_all(keep=earlier)

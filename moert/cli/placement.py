@@ -76,9 +76,9 @@ def _flash_attn(value: str) -> str:
 
 def kv_args(args: argparse.Namespace) -> dict:
     """estimate()'s KV cache type and flash attention from -ctk, -ctv and -fa."""
-    from moert.kvcache import flash_mode
+    from moert.kvcache import DEFAULT_KV_TYPE, flash_mode
 
-    types = (getattr(args, "cache_type_k", "f16"), getattr(args, "cache_type_v", "f16"))
+    types = (getattr(args, "cache_type_k", DEFAULT_KV_TYPE), getattr(args, "cache_type_v", DEFAULT_KV_TYPE))
     return {"kv_dtype": types, "flash_attn": flash_mode(getattr(args, "flash_attn", "auto"), types)}
 
 

@@ -1,7 +1,8 @@
 """`moert serve MODEL`: the model behind an OpenAI-compatible HTTP server (moert/server.py), as llama-server.
 
     moert serve MODEL [placement and sampling flags] [--host 127.0.0.1] [--port 8080] [--queue 16]
-                      [-np 1] [--max-body 8388608] [--metrics]
+                      [-np 1] [--max-body 8388608] [--metrics] [--chat-template T] [--jinja]
+                      [--override-kv KEY=TYPE:VALUE,...]
 """
 
 from __future__ import annotations
@@ -82,6 +83,7 @@ def add_commands(sub) -> None:
     """Register serve on the top-level subparsers."""
     from moert.cli.common import add_model_arg, add_ray_args
     from moert.cli.generate import add_sampling_args, positive
+    from moert.cli.llama_flags import add_chat_template_args, add_override_kv_arg
     from moert.cli.placement import add_placement_args
     from moert.server import MAX_BODY
 
@@ -108,9 +110,8 @@ def add_commands(sub) -> None:
                    "counters (llamacpp:prompt_tokens_total, ...)")
     g.add_argument("-a", "--alias", default=None, metavar="NAME", help="the model's name in the API "
                    "(default: the file name)")
-    g.add_argument("--chat-template", default=None, metavar="NAME|JINJA",
-                   help="chat template for /v1/chat/completions: a built-in name (chatml, gemma) or Jinja "
-                        "source (default: the model's own)")
+    add_chat_template_args(g, "/v1/chat/completions's")
+    add_override_kv_arg(g)
     add_sampling_args(s, n_predict=-1)
     add_placement_args(s)
     add_ray_args(s)

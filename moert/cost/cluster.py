@@ -11,7 +11,8 @@ runs its own share meanwhile (moert/experts.py), so a layer takes the slowest ho
   host h's experts  read time: E_h x q_B x expert bytes / the host's read rate (DRAM, or GPU if they fit there),
                     with q_B = 1 - (1 - K/E)^B the chance an expert is used by B tokens; or its FLOPs
                     2 x K x B x (E_h/E) x expert params / its rate, whichever is larger (a roofline);
-  a worker's call   the Ray call (`call_us`, plus `extra_us` per other worker called at once) + 2 x the network's
+  a worker's call   the Ray call (RAY_CALL_US, plus RAY_EXTRA_US per other worker called at once: Ray's published
+                    figures for a compiled graph, the default, or plain actor calls) + 2 x the network's
                     one-way latency + the bytes both ways through the head's one NIC / its bandwidth:
                     to each worker 12 + B x (4D + 8K) bytes, back 4 B D + 8 (cluster_worker.py's messages);
   the dense part    the head's dense bytes / its read rate (decode), or FLOPs / its rate (prefill).
@@ -28,11 +29,17 @@ from dataclasses import dataclass, field
 
 from moert.cost.hardware import Hardware, HardwareError
 
-# Ray's actor call: "1:1 actor calls sync" ~2,000/s = 0.5 ms a call (Ray's published microbenchmark rate, as issue 29
-# cites it; 3,176/s on the machine of ray-project/ray#16222), and "1:n actor calls async" 18,694/s (#16222): each
-# further worker called at once adds ~53 us of the caller's time.
-RAY_CALL_US = 500.0
-RAY_EXTRA_US = 1e6 / 18694
+# What Ray adds to one layer's call of its workers, by how moert calls them (moert/cluster_graph.py):
+#   "compiled" (the default): a Ray Compiled Graph's execute + ray.get of an actor that echoes, 86.7 us, in Ray's
+#     Compiled Graph quickstart (https://docs.ray.io/en/latest/ray-core/compiled-graph/quickstart.html; its overview
+#     page says "less than 50us system overhead"). No figure is published for more actors at once: none added.
+#   "plain" (MOERT_RAY_CALLS=plain): the same quickstart's classic actor call + ray.get, 969 us ("the classic Ray
+#     Core APIs usually have 1 ms+ system overhead"); each further worker called at once adds the caller's share of
+#     "1:n actor calls async", 18,694/s on the machine of ray-project/ray#16222 (~53 us).
+# (Round trips, not throughput: Ray's "1:1 actor calls sync" ~2,000/s microbenchmark rate, 0.5 ms, is a loop of
+# calls on a many-core machine and predicted 50-53% under what bench/bench_cluster.py measured here.)
+RAY_CALL_US = {"compiled": 86.7, "plain": 969.0}
+RAY_EXTRA_US = {"compiled": 0.0, "plain": 1e6 / 18694}
 
 
 @dataclass(frozen=True)
@@ -135,13 +142,17 @@ def _split(spec: str) -> list[str]:
     return [g for g in (*out, cur) if g.strip()]
 
 
-def network_seconds(net: Net, workers: int, D: int, K: int, B: int, call_us: float | None = None) -> float:
+def network_seconds(net: Net, workers: int, D: int, K: int, B: int, call_us: float | None = None,
+                    calls: str = "compiled") -> float:
     """The network's and Ray's time for one MoE layer with `workers` remote workers called at once, B tokens.
-    call_us: Ray's cost of calling them all on one machine, if measured (default: from Ray's published rates)."""
+    calls: "compiled" (a Ray Compiled Graph, moert's default) or "plain" (actor calls); call_us: Ray's cost of
+    calling them all on one machine, if measured (default: Ray's published figure for `calls`)."""
     if workers <= 0:
         return 0.0
+    if calls not in RAY_CALL_US:
+        raise HardwareError(f"calls={calls!r}: one of {', '.join(RAY_CALL_US)}")
     sent, back = 12 + B * (4 * D + 8 * K), 4 * B * D + 8
-    call = RAY_CALL_US + (workers - 1) * RAY_EXTRA_US if call_us is None else call_us
+    call = RAY_CALL_US[calls] + (workers - 1) * RAY_EXTRA_US[calls] if call_us is None else call_us
     return ((call + 2 * net.latency_us) * 1e-6
             + workers * (sent + back) / (net.payload_gbs * 1e9))
 

@@ -377,7 +377,7 @@ def _gpu_memory(plan, m: Shape, hw: Hardware, n_ctx: int, n_ubatch: int) -> dict
     output layer is); capacity is the card's memory less `reserved_gib` (CUDA context and workspaces)."""
     out: dict[str, dict] = {}
     F = int(md_value(plan.metadata, "expert_feed_forward_length", 0))
-    est = estimate(plan, n_ctx, kv_dtype="f16").devices
+    est = estimate(plan, n_ctx).devices   # f16: the default KV cache type
     for d in plan.devices:
         if _gpu_index(d.name) >= len(hw.gpus):
             continue                                                   # an unused device of the plan

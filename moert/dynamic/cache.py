@@ -1,4 +1,4 @@
-"""`moert.ExpertCache`: what an expert cache is (device, size, policy), for replays now and the runtime later.
+"""`moert.ExpertCache`: what an expert cache is (device, size, policy, prefetch), for replays, runs and predictions.
 
     cache = moert.ExpertCache("sim:0", slots=16, policy="lru")          # 16 experts per MoE layer
     cache = moert.ExpertCache("sim:0", slots=256, per_layer=False)      # 256 experts shared by all layers
@@ -26,7 +26,9 @@ class ExpertCache:
     """`slots` experts per MoE layer (per_layer=True) or in total (per_layer=False) kept on `device`,
     managed by `policy` (moert/dynamic/policies.py: lru, lfu, lfru, static, belady). `hot`: for "static",
     the trace (or (L, E) selection counts) whose hottest experts it keeps (default: the replayed trace
-    itself); `half_life`: lfru's, in trace steps (tokens in decode)."""
+    itself); `half_life`: lfru's, in trace steps (tokens in decode). `prefetch="next-router"`: layer l + 1's
+    router applied to layer l's MoE input picks experts copied in early (moert/dynamic/runtime.py); a replay or
+    a prediction takes the guesses a run recorded in its trace (Trace.prefetch). Not with belady."""
 
     device: Any = "sim:0"
     slots: int = 8
@@ -45,6 +47,9 @@ class ExpertCache:
             raise ArgumentError(f"ExpertCache policy={self.policy!r}: use one of {', '.join(POLICIES)}")
         if self.prefetch not in PREFETCH:
             raise ArgumentError(f"ExpertCache prefetch={self.prefetch!r}: use None or 'next-router'")
+        if self.prefetch and self.policy == "belady":
+            raise ArgumentError("ExpertCache policy='belady' with prefetch: Belady already knows every request, a "
+                                "prediction adds nothing to the optimum; give prefetch=None (or another policy)")
         if not (isinstance(self.half_life, (int, float)) and self.half_life > 0):
             raise ArgumentError(f"ExpertCache half_life={self.half_life!r}: give a positive number of tokens")
 

@@ -1,13 +1,18 @@
 """The replay's fast path: every policy of moert/dynamic/policies.py over a whole access sequence in one Numba
 call. policies.py's classes are the twins (same decisions, same ties); tests/test_dynamic.py compares them.
 
-    hit, admitted, per_layer = run(kind, keys, step, nxt, part, n_parts, slots, n_keys, keep, lam, layer, L)
+    hit, admitted, copied, per_layer = run(kind, keys, step, nxt, part, n_parts, slots, n_keys, keep, lam,
+                                           layer, L, ins, grp)
     nxt = next_use(keys, n_keys)          (twin: replay.next_use_numpy)
 
-n requests: keys (n,) (layer * E + expert), step (n,) trace chunk, nxt (n,) index of the key's next request
-(policies.NEVER: none), part (n,) the cache each request goes to (its layer with per-layer slots, else 0),
-layer (n,) its layer. Returns per request hit and admitted (n,) uint8 and per layer (3, L) int64: hits,
-admissions, evictions (the aggregation in the loop: a replay's bincounts would cost more than the policy).
+n entries: keys (n,) (layer * E + expert), step (n,) trace chunk, nxt (n,) index of the key's next request
+(policies.NEVER: none), part (n,) the cache each goes to (its layer with per-layer slots, else 0), layer (n,)
+its layer; ins (n,) 1 for a prefetch's insert (Policy.insert: bookkept as a reference, admitted without being
+a request), 0 for a request; grp (n,) an insert's prefetch (its chunk and layer), -1 for a request. Returns
+per entry hit, admitted and copied (an insert admitted and not evicted by a later insert of its prefetch)
+(n,) uint8, and per layer (4, L) int64: hits, admissions of requests, evictions, admissions of inserts (the
+aggregation in the loop: a replay's bincounts would cost more than the policy).
+(requests.decide merges the requests and inserts; requests.steps, stepping policies.py's objects, is its twin.)
 Each cache is a table of `slots` residents with a victim order (pa, pb) per slot, the smallest evicted first:
   lru (last, 0), lfu (count, last), lfru (CRF score, last), belady (-next, -key); static never evicts.
 A hit updates its slot's order in O(1) (slot_of); a miss into a full cache scans the table (O(slots),
@@ -37,11 +42,13 @@ def _order(kind, key, i, count, score, nxt):
 
 
 @njit(cache=True)
-def run(kind, keys, step, nxt, part, n_parts, slots, n_keys, keep, lam, layer, n_layer):
+def run(kind, keys, step, nxt, part, n_parts, slots, n_keys, keep, lam, layer, n_layer, ins, grp):
     n = keys.shape[0]
     hit = np.zeros(n, np.uint8)
     admitted = np.zeros(n, np.uint8)
-    per_layer = np.zeros((3, n_layer), np.int64)                # hits, admissions, evictions
+    copied = np.zeros(n, np.uint8)
+    per_layer = np.zeros((4, n_layer), np.int64)                # hits, admissions, evictions, insert admissions
+    admitted_at = np.full(n_keys, -1, np.int64)                   # the entry that admitted each resident
     width = max(slots, 1)
     table = np.full((n_parts, width), -1, np.int64)               # the residents of each cache
     pa = np.zeros((n_parts, width), np.float64)                   # their victim order, first part
@@ -63,8 +70,9 @@ def run(kind, keys, step, nxt, part, n_parts, slots, n_keys, keep, lam, layer, n
         a, b = _order(kind, key, i, count[key], score[key], nxt[i])
         s = slot_of[key]
         if s >= 0:
-            hit[i] = 1
-            per_layer[0, layer[i]] += 1
+            if ins[i] == 0:
+                hit[i] = 1
+                per_layer[0, layer[i]] += 1
             pa[p, s], pb[p, s] = a, b
             continue
         if slots == 0 or (kind == 3 and not keep[key]):
@@ -79,14 +87,23 @@ def run(kind, keys, step, nxt, part, n_parts, slots, n_keys, keep, lam, layer, n
                     s = j
             if kind == 4 and a <= pa[p, s]:                      # belady: the requested key is farthest: bypass
                 continue
-            slot_of[table[p, s]] = -1
+            v = table[p, s]
+            slot_of[v] = -1
             per_layer[2, layer[i]] += 1
+            j = admitted_at[v]
+            if ins[i] == 1 and j >= 0 and ins[j] == 1 and grp[j] == grp[i]:
+                copied[j] = 0                                     # evicted by its own prefetch: never copied
         table[p, s] = key
         pa[p, s], pb[p, s] = a, b
         slot_of[key] = s
+        admitted_at[key] = i
         admitted[i] = 1
-        per_layer[1, layer[i]] += 1
-    return hit, admitted, per_layer
+        if ins[i] == 1:
+            copied[i] = 1
+            per_layer[3, layer[i]] += 1
+        else:
+            per_layer[1, layer[i]] += 1
+    return hit, admitted, copied, per_layer
 
 
 @njit(cache=True)

@@ -82,12 +82,21 @@ class Policy:
         evicted = -1
         if len(self.resident) >= self.slots:
             evicted = self.victim()
+            if evicted == key:               # belady: the inserted key is the one to drop (bypass)
+                return False, -1
             self.resident.discard(evicted)
         self.resident.add(key)
         return True, evicted
 
     def touch(self, key: int, t: int, step: int, nxt: int) -> None:
         """Bookkeeping of a request (before the hit test)."""
+
+    def state(self) -> dict:
+        """A copy of everything the policy keeps (`restore` puts it back: a forward that fails changes nothing)."""
+        return {k: v.copy() if isinstance(v, (dict, set)) else v for k, v in vars(self).items()}
+
+    def restore(self, state: dict) -> None:
+        vars(self).update(state)
 
     def admit(self, key: int, nxt: int) -> bool:
         return self.slots > 0

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from moert.dynamic.cache import CacheError, ExpertCache
-from moert.dynamic.requests import Accesses, accesses, partitions
+from moert.dynamic.requests import Accesses, accesses, as_rows, cacheable, decide, merge, prefetches
 
 
 @dataclass
@@ -33,7 +33,8 @@ class Replay:
     cold: np.ndarray
     tokens: int
     expert_bytes: np.ndarray | None = None      # (L,) bytes of one expert of each layer (gate + up + down)
-    prefetch_admissions: np.ndarray | None = None   # (L,) experts a prefetch copied in (replay(prefetch=))
+    prefetch_admissions: np.ndarray | None = None   # (L,) experts a prefetch brought in (with prefetch)
+    prefetch_copies: np.ndarray | None = None       # (L,) of them copied (not evicted by their own prefetch)
 
     @property
     def hit_rate(self) -> float:
@@ -42,8 +43,12 @@ class Replay:
 
     @property
     def bytes(self) -> int | None:
-        """Weight bytes copied to the cache (admissions x expert bytes); None without expert_bytes."""
-        return None if self.expert_bytes is None else int((self.admissions * self.expert_bytes).sum())
+        """Weight bytes copied to the cache ((admissions + prefetch copies) x expert bytes); None without
+        expert_bytes."""
+        if self.expert_bytes is None:
+            return None
+        copies = self.admissions + (0 if self.prefetch_copies is None else self.prefetch_copies)
+        return int((copies * self.expert_bytes).sum())
 
     @property
     def bytes_per_token(self) -> float | None:
@@ -55,69 +60,46 @@ class Replay:
         return {"policy": c.policy, "slots": int(c.slots), "per_layer": c.per_layer, "tokens": self.tokens,
                 "hit_rate": round(self.hit_rate, 6), "hits": self.hits.tolist(), "misses": self.misses.tolist(),
                 "admissions": self.admissions.tolist(), "evictions": self.evictions.tolist(),
-                "cold": self.cold.tolist(), "bytes": self.bytes, "bytes_per_token": self.bytes_per_token}
+                "cold": self.cold.tolist(), "bytes": self.bytes, "bytes_per_token": self.bytes_per_token,
+                "prefetch": c.prefetch, **({} if self.prefetch_admissions is None else {
+                    "prefetch_admissions": self.prefetch_admissions.tolist(),
+                    "prefetch_copies": self.prefetch_copies.tolist()})}
 
 
 def replay(trace, cache: ExpertCache, *, fast: bool = True, n_batch: int | None = None,
-           expert_bytes=None, acc: Accesses | None = None, prefetch: list | None = None) -> Replay:
+           expert_bytes=None, acc: Accesses | None = None, prefetch: list | None = None, plan=None) -> Replay:
     """Run `cache`'s policy over `trace` (a moert.Trace); fast=False steps the plain-Python policies of
     policies.py instead of the Numba kernel (same result). expert_bytes: (L,) or one number, the bytes of
     one expert per layer, for `bytes`; acc: accesses(trace) when sweeping many caches over one trace.
-    prefetch: [(chunk, layer, experts), ...] inserted before that chunk's requests of that layer (a run's
-    `m.expert_cache.prefetch_log`, the cache attached when the trace started); the Python path runs it."""
+    plan: the run's placement when it keeps some experts on a GPU (--n-cpu-moe N): only the experts it put on
+    the CPU are requests (moert.dynamic.requests.cacheable), as at run time.
+    A cache with prefetch="next-router" inserts the predictions the trace recorded (Trace.prefetch, from a run
+    with such a cache attached from the trace's start) before each chunk's requests of their layer; prefetch:
+    [(chunk, layer, experts), ...] instead (a run's `m.expert_cache.prefetch_log`), or (M, 3) rows (chunk,
+    layer, expert)."""
     if not isinstance(cache, ExpertCache):
         raise CacheError(f"replay takes a moert.ExpertCache, not {type(cache).__name__}: "
                          f"replay(trace, moert.ExpertCache('sim:0', slots=16, policy='lru'))")
-    acc = acc if acc is not None else accesses(trace, n_batch)
+    mask = None if plan is None else cacheable(plan, trace.n_layer, int(trace.n_expert))
+    acc = acc if acc is not None else accesses(trace, n_batch, cacheable=mask)
     L, E = acc.n_layer, acc.n_expert
     counts = cache.hot_counts(trace) if cache.policy == "static" else None
     if counts is not None and counts.shape != (L, E):
         raise CacheError(f"the static cache's hot set comes from counts of shape {counts.shape}, the trace is "
                          f"{L} layers x {E} experts: give hot= a trace of the same model")
-    early = None
+    merged = None
     if prefetch is not None:
-        hits, adm, ev, early = _slow(acc, cache, counts, prefetch)
+        rows = as_rows(prefetch)
+    elif cache.prefetch:                  # the trace's guesses and their merge with the requests: once per acc
+        rows = acc._memo("_prefetch_rows", lambda: prefetches(trace, cache, n_batch, mask))
+        merged = acc._memo("_merged", lambda: merge(acc, rows)) if fast else None
     else:
-        hits, adm, ev = (_fast if fast else _slow)(acc, cache, counts)
+        rows = None
+    _, _, per, _, copied = decide(acc, cache, counts, rows, fast, merged)
     total = acc.requests_per_layer()
     eb = None if expert_bytes is None else np.broadcast_to(np.asarray(expert_bytes, dtype=np.int64), (L,)).copy()
-    return Replay(cache, hits, total - hits, adm, ev, acc.cold(), acc.n_tokens, eb, early)
-
-
-def _fast(acc: Accesses, cache: ExpertCache, counts) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    from moert.dynamic import kernels
-
-    part, n_parts = partitions(acc, cache)
-    keep = cache.keep(counts) if counts is not None else np.zeros(acc.n_layer * acc.n_expert, dtype=bool)
-    _, _, per_layer = kernels.run(kernels.KINDS[cache.policy], acc.keys, acc.step, acc.nxt, part, n_parts,
-                                  int(cache.slots), acc.n_layer * acc.n_expert, keep, 1.0 / cache.half_life,
-                                  acc.layer, acc.n_layer)
-    return per_layer[0], per_layer[1], per_layer[2]
-
-
-def _slow(acc: Accesses, cache: ExpertCache, counts, prefetch: list | None = None) -> tuple:
-    """The plain-Python twin: policies.py's objects, one request at a time (and the prefetches' inserts)."""
-    part, _ = partitions(acc, cache)
-    pols = cache.policies(acc.n_layer, acc.n_expert, counts)
-    L, E = acc.n_layer, acc.n_expert
-    hits, adm, ev, early = (np.zeros(L, np.int64) for _ in range(4))
-    inserts = {(s, il): es for s, il, es in (prefetch or ())}
-    t, group = 0, None
-    for k, s, nx, p in zip(acc.keys.tolist(), acc.step.tolist(), acc.nxt.tolist(), part.tolist()):
-        il = k // E
-        if (s, il) != group:                                   # a layer's first request of a chunk
-            group = (s, il)
-            for e in inserts.get(group, ()):
-                admitted, evicted = pols[p].insert(il * E + e, t, s)
-                t += 1
-                early[il] += admitted
-                ev[il] += evicted >= 0
-        hit, admitted, evicted = pols[p].access(k, t, s, nx)
-        t += 1
-        hits[il] += hit
-        adm[il] += admitted
-        ev[il] += evicted >= 0
-    return (hits, adm, ev, early) if prefetch is not None else (hits, adm, ev)
+    pre = (None, None) if rows is None else (per[3], np.bincount(rows[copied, 1], minlength=L).astype(np.int64))
+    return Replay(cache, per[0], total - per[0], per[1], per[2], acc.cold(), acc.n_tokens, eb, *pre)
 
 
 def sweep(trace, slots, policies, per_layer: bool = True, expert_bytes=None, n_batch: int | None = None,

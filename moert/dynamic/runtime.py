@@ -3,10 +3,12 @@
     m = moert.load(path, cpu_moe=True, gpu_backend="sim", expert_cache=moert.ExpertCache("sim:0", slots=4))
     m.generate("...", 32); m.stats.cache.hits, m.stats.cache.misses, m.stats.cache.weight_bytes
 
-The plan puts every routed expert on the CPU (cpu_moe, -ot exps=CPU); the cache holds copies of some of them
-on a GPU. In each forward chunk, layer by layer, the cache is asked for the chunk's distinct selected experts
-in ascending id (the requests `moert.replay` replays, so its counts equal these exactly). On a hit the expert
-runs on the cache device from its copy. On a miss it runs on the CPU where the plan put it (today's
+The cache holds, on a GPU, copies of some of the experts the plan put on the CPU (cpu_moe: all of them;
+n_cpu_moe=N: the first N layers'; -ot exps=CPU); the experts the plan put on a GPU stay there and never ask the
+cache (moert.dynamic.requests.cacheable; replay(..., plan=) leaves them out too). In each forward chunk, layer
+by layer, the cache is asked for the chunk's distinct selected experts in ascending id (the requests
+`moert.replay` replays, so its counts equal these exactly). On a hit the expert runs on the cache device from
+its copy. On a miss it runs on the CPU where the plan put it (today's
 behaviour: nothing waits for a copy), and then, if the policy admits it, its quantized bytes (gate, up, down
 and biases) are copied to the cache device, evicting the policy's victim: the next request hits. The copies
 are counted as weights (TransferStats.weight_bytes), apart from activations; on a virtual clock they take the
@@ -17,27 +19,33 @@ prefetch="next-router" (the approximation Pre-gated MoE, HybriMoE and llama.cpp 
 l's experts run, layer l + 1's router is applied to layer l's MoE input, and the top-K experts it picks over
 the chunk's tokens are inserted into the cache (policy.insert: bookkept as a reference, not counted as a
 request) and copied on a "copy stream": on a virtual clock those copies cost the link's time less the layer's
-expert compute they hide behind (0 if they fit). m.stats.cache.precision / .recall say, per layer, how many
-predicted experts were then requested and how many requests were predicted; `m.expert_cache.prefetch_log`
-replays them: moert.replay(trace, cache, prefetch=log) gives the run's counts exactly.
+expert compute they hide behind (the cost model's time for the hits on the GPU and the misses where they live:
+`window`, what moert.predict charges too), never below 0. m.stats.cache.precision / .recall say, per layer,
+how many predicted experts were then requested and how many requests were predicted. The guesses go into the
+trace (Trace.prefetch), so moert.replay(trace, cache) gives the run's counts exactly;
+`m.expert_cache.prefetch_log` holds them in the cache's own chunks (replay(..., prefetch=log)).
+
+A forward that fails part way leaves the cache as it was (Model.forward: snapshot before, restore on failure):
+the policies' bookkeeping, the resident copies (those made since freed, those evicted since copied again), the
+counters and m.stats.cache.
 """
 
 from __future__ import annotations
 
 import re
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 import numpy as np
 
 from moert.devices import CPU
 from moert.dynamic.cache import CacheError, ExpertCache
 from moert.dynamic.policies import NEVER, POLICIES
+from moert.dynamic.requests import cacheable
 from moert.layers import glu_ffn
 from moert.moe import dispatch
-from moert.placement.memory import EXPERT_TENSORS
 from moert.stats import Phase
-from moert.weights import Weight
+from moert.weights import SplitWeight, Weight
 
 
 @dataclass
@@ -101,13 +109,12 @@ class RuntimeCache:
         if not POLICIES[spec.policy].online:
             raise CacheError(f"policy {spec.policy!r} needs the future (the next request of each expert): it exists "
                              f"for replays, moert.replay(trace, cache); run lru, lfu, lfru or static")
-        for wname, w in m.weights.items():
-            if EXPERT_TENSORS.search(wname) and not (isinstance(w, Weight) and w.device is CPU):
-                raise CacheError(f"{wname} is not on the CPU (the plan put it on {getattr(w, 'device', w)}); an "
-                                 f"expert cache copies experts from the CPU: load with cpu_moe=True (--cpu-moe) "
-                                 f"or -ot exps=CPU")
         c = m.config
         self.spec, self.dev, self.E, self.L = spec, dev, int(c.n_expert), int(c.n_layer)
+        self.cacheable = cacheable(m.plan, self.L, self.E)       # (L, E): the experts the plan put on the CPU
+        if not self.cacheable.any():
+            raise CacheError("the plan puts no routed expert on the CPU, so an expert cache has nothing to copy: "
+                             "load with cpu_moe=True (--cpu-moe), n_cpu_moe=N or -ot exps=CPU")
         counts = spec.hot_counts(None)
         if spec.policy == "static" and counts is None:
             raise CacheError("a static cache at run time needs its hot set: ExpertCache(..., policy='static', "
@@ -120,7 +127,8 @@ class RuntimeCache:
         self._cost = None                                        # the hits' CostModel on a virtual clock
         self._guess: dict[tuple, set] = {}                       # (chunk, layer) -> experts prefetched for it
         self.prefetch_log: list[tuple] = []                      # (chunk, layer, experts): replay(prefetch=)
-        m.stats.cache = CacheStats.zeros(self.L)
+        m.stats.cache = self._stats = CacheStats.zeros(self.L)
+        self._weights = m.weights
 
     def run(self, m, il: int, ffn, x, ids_h: np.ndarray, weights, counts: np.ndarray, src, placed):
         """Layer il's experts: the chunk's requests go to the policy; hits run on the cache device from the
@@ -130,7 +138,7 @@ class RuntimeCache:
             self.step += 1
         self._last = il
         E, st = self.E, m.stats.cache
-        requested = np.flatnonzero(counts)
+        requested = np.flatnonzero((counts > 0) & self.cacheable[il])   # the GPU's own experts never ask
         guess = self._guess.pop((self.step, il), None)           # what layer il - 1 predicted for this layer
         if guess is not None:
             st.prefetch_correct[il] += len(guess.intersection(requested.tolist()))
@@ -155,6 +163,8 @@ class RuntimeCache:
             ids_m = np.where(hit[ids_h] & (ids_h >= 0), -1, ids_h).astype(np.int32)      # (T, K) -1: a hit's slot
             y = placed(ids_m, np.where(miss, counts, 0))
         busy = time.perf_counter() - t0                          # the layer's compute a prefetch copy hides behind
+        if m.clock is not None and m.clock.covers(self.dev):    # ... on a virtual clock, the cost model's
+            busy = window(m.clock.cost, il, np.where(miss & self.cacheable[il], counts, 0), int(x.shape[0]))
         if held:
             part, gpu_s = self._on_cache(m, il, ffn, x, ids_h, weights, np.where(hit, counts, 0), src, held)
             busy += gpu_s
@@ -185,7 +195,8 @@ class RuntimeCache:
         """Layer `layer`'s router applied to x (this layer's MoE input): its top-K experts over the chunk's
         tokens are inserted into the cache now (policy.insert); returns the copy events."""
         name = f"blk.{layer}.ffn_gate_inp.weight"
-        if layer >= self.L or not m.has(name):
+        if layer >= self.L or not m.has(name) or not self.cacheable[layer].any():
+            m.record_prefetch(layer, ())                         # nothing to predict (the GPU's own experts)
             return []
         dev = m.device_of(name)
         with m.phase("router", dev):
@@ -193,6 +204,8 @@ class RuntimeCache:
         lg = logits if dev is CPU else m.to(logits, CPU, "prefetch: router logits")
         k = self.spec.prefetch_k or int(m.config.n_expert_used)
         guess = sorted(set(np.argsort(-lg, axis=1, kind="stable")[:, :k].reshape(-1).tolist()))
+        m.record_prefetch(layer, guess)                          # the trace keeps it: replay and predict read it
+        guess = [e for e in guess if self.cacheable[layer, e]]
         self._guess[(self.step, layer)] = set(guess)
         self.prefetch_log.append((self.step, layer, tuple(guess)))
         m.stats.cache.prefetched[layer] += len(guess)
@@ -211,7 +224,7 @@ class RuntimeCache:
         clock = m.clock
         predicted = None
         if clock is not None and clock.covers(self.dev):
-            sizes = [m.weights[n].raw_expert(k % self.E).nbytes for k in keys for n in _tensors(ffn, k // self.E)]
+            sizes = [_raw(m.weights[n], k % self.E).nbytes for k in keys for n in _tensors(ffn, k // self.E)]
             predicted = max(0.0, sum(clock.transfer_seconds(b) for b in sizes) - busy)
         with Phase(m, "transfers", f"cpu->{self.dev.name} prefetch", predicted):
             for k in keys:
@@ -224,7 +237,7 @@ class RuntimeCache:
         out = []
         for n in _tensors(ffn, layer):
             w = m.weights[n]
-            host = np.ascontiguousarray(w.raw_expert(e)[None])             # (1, rows, row bytes)
+            host = np.ascontiguousarray(_raw(w, e)[None])                  # (1, rows, row bytes)
             what = f"expert cache: {n}[{e}]"
             data = m.copy_weights(host, self.dev, what) if timed else self.dev.put_weights(host, what)
             out.append(Weight(n, w.type, w.shape, self.dev, data, (e,)))
@@ -262,12 +275,62 @@ class RuntimeCache:
         took = timer.predicted if timer.predicted is not None else time.perf_counter() - t0
         return m.to(y, src, "expert output"), took
 
+    def snapshot(self) -> tuple:
+        """The cache's state before a forward (Model.forward restores it if the forward fails): the policies'
+        bookkeeping, which copies are resident, the counters and the stats."""
+        st = self._stats
+        return ([p.state() for p in self.policies], dict(self.resident), self.t, self.step, self._last,
+                dict(self._guess), len(self.prefetch_log),
+                {f.name: _copied(getattr(st, f.name)) for f in fields(st)})
+
+    def restore(self, snap: tuple) -> None:
+        """Back to `snapshot`'s state: the copies made since are freed, those evicted since copied again (a
+        real move: the device's counters see it, m.stats.cache does not)."""
+        pols, resident, self.t, self.step, self._last, guess, n_log, stats = snap
+        for p, state in zip(self.policies, pols):
+            p.restore(state)
+        for k, ws in self.resident.items():
+            if k not in resident:
+                for w in ws:
+                    self.dev.free(w.data)
+        self.resident = {k: self.resident[k] if k in self.resident else self._recopy(ws) for k, ws in resident.items()}
+        self._guess = guess
+        del self.prefetch_log[n_log:]
+        for name, v in stats.items():
+            setattr(self._stats, name, v)
+
+    def _recopy(self, ws: tuple) -> tuple:
+        """Copies of an expert evicted (and freed) during a forward that failed, made again from the CPU."""
+        out = []
+        for w in ws:
+            e = w.experts[0]
+            host = np.ascontiguousarray(_raw(self._weights[w.name], e)[None])
+            data = self.dev.put_weights(host, f"expert cache: {w.name}[{e}]")
+            out.append(Weight(w.name, w.type, w.shape, self.dev, data, (e,)))
+        return tuple(out)
+
     def close(self) -> None:
         """Free every copy on the cache device."""
         for ws in self.resident.values():
             for w in ws:
                 self.dev.free(w.data)
         self.resident.clear()
+
+
+def window(cost, il: int, counts: np.ndarray, B: int) -> float:
+    """Seconds the cost model gives layer il's missed cacheable experts (counts (E,) of them, where the plan put
+    them) for B tokens: with the hits' seconds, the layer's expert compute a prefetch copy hides behind."""
+    return sum(cost.stage("clock", d, il, "experts", items, len(items), B, used).seconds
+               for d, (items, used) in cost.expert_load(il, B, counts=counts).items()) if counts.any() else 0.0
+
+
+def _raw(w, e: int):
+    """Expert e's bytes of w (a tensor split over devices: of its piece holding e), a view."""
+    return (w.piece_of(e) if isinstance(w, SplitWeight) else w).raw_expert(e)
+
+
+def _copied(v):
+    return v.copy() if isinstance(v, np.ndarray) else v
 
 
 def _tensors(ffn, layer: int) -> list[str]:

@@ -13,11 +13,10 @@ import warnings
 from dataclasses import dataclass, field
 from typing import Any
 
-import numpy as np
-
 from moert.device_config import accepts_device_config
 from moert.devices import Device, format_size, parse_size
 from moert.errors import PlacementError, PlacementWarning
+from moert.kvcache import DEFAULT_KV_TYPE
 from moert.placement.build import build, gpu_layer_count, main_gpu_split, parse_split
 from moert.placement.memory import EXPERT_TENSORS, Estimate, estimate, metadata_int
 from moert.placement.plan import Plan, model_info
@@ -60,15 +59,16 @@ def fit(model: Any, context_size: int = 0, overrides: Any = None, gpu_layers: in
         cpu_moe: bool = False, n_cpu_moe: int | None = None, gpu_backend: str = "auto", gpu_memory: Any = None,
         margin: str | int | list | None = None, split: str = "layer", *, n_cpu_moe_from: str = "first",
         tensor_split: Any = None, main_gpu: int = 0,
-        expert_order: str = "last", n_batch: int = 512, kv_dtype: Any = np.float32, min_context: int = 256,
-        devices: list[Device] | None = None, flash_attn: bool = False) -> FitResult:
+        expert_order: str = "last", n_batch: int = 512, kv_dtype: Any = DEFAULT_KV_TYPE, min_context: int = 256,
+        devices: list[Device] | None = None, flash_attn: bool | None = None) -> FitResult:
     """Find rules (after the user's) and a context that fit the GPUs: experts to CPU, then less context.
 
     Strategy: keep the user's rules; dense weights, router, attention and KV default to the GPU(s);
     move whole layers' expert tensors to the CPU (`expert_order` "last" layers first, or "first") until
     the rest fits with `margin` free (one size, or a list: one per GPU; default 512MiB on CUDA, 0 on sim);
     then, if context_size was 0, take the largest context that fits (capped at the trained context, at least
-    `min_context`); with gpu_layers="auto", then fewer GPU layers.
+    `min_context`); with gpu_layers="auto", then fewer GPU layers. kv_dtype, flash_attn: as estimate's (f16, the
+    default of moert.load and llama.cpp; flash_attn None: on when the cache is not f32, -fa auto).
     """
     info = model_info(model)
     split = split if isinstance(split, tuple) else parse_split(split, tensor_split)
@@ -179,8 +179,10 @@ def fit(model: Any, context_size: int = 0, overrides: Any = None, gpu_layers: in
 
 
 
-def auto_plan(model: Any, context_size: int = 0, gpu_layers: int | str = "all", **plan_options: Any) -> Plan:
-    """moert.plan, with gpu_layers='auto' resolved by `fit` for `context_size` (0: the largest that fits)."""
+def auto_plan(model: Any, context_size: int = 0, gpu_layers: int | str = "all", *, kv_dtype: Any = DEFAULT_KV_TYPE,
+              flash_attn: bool | None = None, **plan_options: Any) -> Plan:
+    """moert.plan, with gpu_layers='auto' resolved by `fit` for `context_size` (0: the largest that fits) and the
+    KV cache type the model will allocate (kv_dtype, flash_attn: as estimate's)."""
     from moert.placement.build import plan
 
     if gpu_layers != "auto":
@@ -188,7 +190,8 @@ def auto_plan(model: Any, context_size: int = 0, gpu_layers: int | str = "all", 
     strict = plan_options.pop("strict", False)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        r = fit(model, context_size=context_size, gpu_layers="auto", **plan_options)
+        r = fit(model, context_size=context_size, gpu_layers="auto", kv_dtype=kv_dtype, flash_attn=flash_attn,
+                **plan_options)
     if not r.success:
         raise PlacementError(f"gpu_layers='auto': {r.message}")
     if strict and r.plan.messages:
@@ -198,7 +201,8 @@ def auto_plan(model: Any, context_size: int = 0, gpu_layers: int | str = "all", 
     return r.plan
 
 
-def with_fit_suggestion(err: Any, plan: Plan, context_size: int) -> Any:
+def with_fit_suggestion(err: Any, plan: Plan, context_size: int, kv_dtype: Any = DEFAULT_KV_TYPE,
+                        flash_attn: bool | None = None) -> Any:
     """A DeviceOutOfMemory from loading `plan`, with the rules `fit` finds for the same GPUs appended."""
     from moert.errors import DeviceOutOfMemory
 
@@ -206,7 +210,8 @@ def with_fit_suggestion(err: Any, plan: Plan, context_size: int) -> Any:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # the plan's own warnings were given already
             r = fit(plan.model, context_size=context_size, overrides=plan.rules, gpu_layers=plan.gpu_layers,
-                    split=plan.split, tensor_split=plan.tensor_split, devices=plan.devices, margin=0)
+                    split=plan.split, tensor_split=plan.tensor_split, devices=plan.devices, margin=0,
+                    kv_dtype=kv_dtype, flash_attn=flash_attn)
         hint = (f" A plan that fits (context {r.context_size}): -ot \"{r.overrides_string()}\" -ngl {r.gpu_layers}."
                 if r.success else f" `moert fit` finds no plan for these GPUs: {r.message}.")
     except Exception as e:  # noqa: BLE001 - the suggestion must never hide the real error

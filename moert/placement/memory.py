@@ -43,7 +43,7 @@ import numpy as np
 
 from moert.devices import format_size
 from moert.errors import PlacementError
-from moert.kvcache import KVSpec
+from moert.kvcache import DEFAULT_KV_TYPE, KVSpec
 from moert.placement.plan import EXPERT_REGEX, Plan
 
 F32 = 4
@@ -125,18 +125,20 @@ def metadata_int(md: dict, key: str, default: int = 0) -> int:
     return int(max(v) if isinstance(v, (list, tuple)) else v)
 
 
-def estimate(plan: Plan, context_size: int, n_batch: int = 512, kv_dtype: Any = np.float32,
-             flash_attn: bool = False, repack: bool = False, all_logits: bool = False) -> Estimate:
+def estimate(plan: Plan, context_size: int, n_batch: int = 512, kv_dtype: Any = DEFAULT_KV_TYPE,
+             flash_attn: bool | None = None, repack: bool = False, all_logits: bool = False) -> Estimate:
     """Bytes of weights + KV cache + compute scratch per device, for `context_size` tokens. kv_dtype: the cache
-    type of K and V ("f32", "f16", "bf16", "q8_0") or a (K, V) pair; flash_attn: attention holds the scores
-    of FLASH_CHUNK keys at a time instead of the whole context (layers.flash_attention); repack: the CPU's
-    Q4_K weights (but token_embd, a row lookup) are copied into kernels/repack.py's 148-byte blocks, as
-    moert.load(act_quant="int8", repack=True) does (Model.repacked_bytes); all_logits: forward() returns every
-    position's logits (generation, run, serve and bench ask for the last one only, the default)."""
-    from moert.kvcache import has_kv, kv_type
+    type of K and V ("f16", the default of moert.load and llama.cpp; "f32", "bf16", "q8_0") or a (K, V) pair;
+    flash_attn: attention holds the scores of FLASH_CHUNK keys at a time instead of the whole context
+    (layers.flash_attention); None (default): as moert.load's flash_attn="auto", on unless the cache is f32;
+    repack: the CPU's Q4_K weights (but token_embd, a row lookup) are copied into kernels/repack.py's 148-byte
+    blocks, as moert.load(act_quant="int8", repack=True) does (Model.repacked_bytes); all_logits: forward()
+    returns every position's logits (generation, run, serve and bench ask for the last one only, the default)."""
+    from moert.kvcache import flash_mode, has_kv, kv_type
     from moert.layers import FLASH_CHUNK
 
     types = tuple(kv_type(t) for t in (kv_dtype if isinstance(kv_dtype, tuple) else (kv_dtype, kv_dtype)))
+    flash_attn = flash_mode("auto" if flash_attn is None else bool(flash_attn), types)
     label = types[0] if types[0] == types[1] else f"K {types[0]}, V {types[1]}"
     if context_size < 0:
         raise PlacementError(f"context_size must be >= 0, got {context_size}")
@@ -190,13 +192,16 @@ def estimate(plan: Plan, context_size: int, n_batch: int = 512, kv_dtype: Any = 
         phases = [dq]                            # one at a time: each one's temporaries die before the next
         if name in attn_on:
             a = 0
-            keys = min(FLASH_CHUNK, n_ctx) if flash_attn else n_ctx
-            if flash_attn:             # a chunk's scores, exp and mask; running max, sum, output and its update
+            flash = flash_attn and Dv > 0  # MLA's latent cache (no V) has no flash path: latent_attention's scores
+            keys = min(FLASH_CHUNK, n_ctx) if flash else n_ctx
+            if flash:             # a chunk's scores, exp and mask; running max, sum, output and its update
                 a += 3 * H * T * keys * F32 + 3 * H * T * (Dv + 2) * F32
             else:                      # the scores, scaled, masked and softmaxed in place; the mask: causal,
                 a += H * T * keys * F32 + T * keys * (F32 + 3)    # window and both (bool), as float32
-            if types != ("f32", "f32"):   # K and V read back as float32 (and rounding what is written)
+            if types != ("f32", "f32") and Dv:   # K and V read back as float32 (and rounding what is written)
                 a += 2 * keys * Hkv * (Dk + Dv) * F32 + 4 * T * Hkv * (Dk + Dv) * F32
+            elif types != ("f32", "f32"):        # MLA: the latent (K and V at once) read back, this chunk rounded
+                a += (keys + T) * Hkv * Dk * F32
             # q, the attention output, new k and v; with the scores, or with a projection's dequantized weight
             phases.append(T * (2 * H * max(Dk, Dv) + 2 * Hkv * Dk) * F32 + max(a, dq))
         if name in experts_on or name in attn_on:

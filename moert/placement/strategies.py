@@ -21,6 +21,7 @@ import numpy as np
 
 from moert.devices import Device, format_size, parse_size
 from moert.errors import PlacementError
+from moert.kvcache import DEFAULT_KV_TYPE
 from moert.placement.build import plan
 from moert.placement.fit import FitResult, auto_plan, fit, with_fit_suggestion  # noqa: F401  (re-exported)
 from moert.placement.memory import EXPERT_TENSORS, estimate, metadata_int
@@ -30,11 +31,13 @@ from moert.placement.rules import EXPERT_REGEX, TensorOverride, expert_layer_reg
 
 def hot_experts(model: Any, trace: Any, gpu_memory: Any = None, context_size: int = 4096, *,
                 gpu_backend: str = "auto", n_batch: int = 512, margin: str | int | None = None,
-                devices: list[Device] | None = None) -> list[TensorOverride]:
+                devices: list[Device] | None = None, kv_dtype: Any = DEFAULT_KV_TYPE,
+                flash_attn: bool | None = None) -> list[TensorOverride]:
     """Rules that put dense weights, router, attention and KV on GPU 0, then the experts a routing trace
     selected most (most selections per byte first, over all layers) until the GPU is full; the rest of the
     experts on the CPU. `model`: a GGUF path, an open file or a Plan's model; `trace`: a moert.Trace or a
-    path. The rules print as -ot with Plan.overrides_string()."""
+    path. The rules print as -ot with Plan.overrides_string(). kv_dtype, flash_attn: the KV cache as estimate's
+    (f16 by default, as moert.load's)."""
     from moert.trace import Trace
 
     trace = trace if isinstance(trace, Trace) else Trace.load(trace)
@@ -48,7 +51,7 @@ def hot_experts(model: Any, trace: Any, gpu_memory: Any = None, context_size: in
                              "(--gpu-backend sim) and gpu_memory (--gpu-mem) to plan for one")
     gpu = base.devices[0]
     margin_b = parse_size(margin if margin is not None else (0 if gpu.kind == "sim" else "512MiB"))
-    est = estimate(base, context_size, n_batch)
+    est = estimate(base, context_size, n_batch, kv_dtype, flash_attn)
     counts = trace.counts()                                             # (L, E)
     layers = [il for il in range(info.n_layer) if f"blk.{il}.ffn_gate_exps.weight" in info.tensors]
     if counts.shape != (info.n_layer, metadata_int(info.metadata, "expert_count") or counts.shape[1]):
@@ -62,7 +65,8 @@ def hot_experts(model: Any, trace: Any, gpu_memory: Any = None, context_size: in
         one = plan(info, [TensorOverride(expert_layer_regex(layers[0]), gpu.name, experts=[0],
                                          source="hot_experts"), *all_cpu],
                    gpu_backend=gpu_backend, gpu_memory=gpu_memory, devices=base.devices) if layers else base
-    extra = estimate(one, context_size, n_batch).devices[gpu.name].scratch - est.devices[gpu.name].scratch
+    extra = estimate(one, context_size, n_batch, kv_dtype, flash_attn).devices[gpu.name].scratch - \
+        est.devices[gpu.name].scratch
     budget = gpu.capacity - margin_b - est.devices[gpu.name].total - max(extra, 0)
     if budget < 0:
         raise PlacementError(f"{gpu.name}: dense weights, KV cache and scratch at context {context_size} need "
