@@ -239,16 +239,15 @@ def _rows_batch(w, x, xs, out, r0, r1, b0, b1, f16):
 # --------------------------------------------------------------------------------------------- entries
 # One entry per GGML type: its dequantize kernel (kernels/dequant.py, kernels/mxfp4.py) and its matmul kernels.
 
-# One-token float dots: AVX2 ones (kernels/simd_f32.py, kernels/q8_0.py; ~1.35-1.75x) where the CPU has it,
-# Numba's loops elsewhere
-_AVX2 = simd.available()
 register(KernelType("F32", None, "direct"))
 register(KernelType("F16", qb.deq_f16, "chunked", dequant=dk.table16))
 register(KernelType("BF16", qb.deq_bf16, "chunked", dequant=dk.table16, table=BF16_TO_F32))
-register(KernelType("Q8_0", qb.deq_q8_0, "chunked", dequant=dk.q8_0, dot1=q8_0.dot1_f32 if _AVX2 else qb.dot1_q8_0,
+register(KernelType("Q8_0", qb.deq_q8_0, "chunked", dequant=dk.q8_0, dot1=qb.dot1_q8_0,
                     q8_32=(mxfp4.quantize_q8, q8_0.rows_q8)))           # int8: x per 32, as llama.cpp's
 register(KernelType("Q4_0", None, None, dequant=dk.q4_0))
 register(KernelType("Q5_0", None, None, dequant=dk.q5_0))
+# One-token float dots: AVX2 ones (kernels/simd_f32.py, ~1.35-1.75x) where the CPU has it, Numba's loops elsewhere
+_AVX2 = simd.available()
 register(KernelType("Q4_K", qb.deq_q4_k, "paired", dequant=dk.q4_k,
                     dot1=simd_f32.dot1_q4_k if _AVX2 else qb.dot1_q4_k, sums=True,
                     quant={mq.QMAX[1]: (mq.rows16_q4_k, mq.x_as_is), mq.QMAX[2]: (mq.rows8_q4_k, mq.x_q4_k)},

@@ -6,8 +6,6 @@ rounds it for a Q8_0 weight (ggml_vec_dot_q8_0_q8_0), each block's 32 products s
     rows_q8_ref                                  its NumPy twin (the reference dequantizer, float64 dot)
     rows_q8_avx2, rows_q8_table                  the AVX2 variant (what rows_q8 is where the CPU has AVX2) and
                                                  the portable Numba one; tests/test_kernels_q8_0.py checks both
-    dot1_f32(w, x, xs, nb, f16)                  the float (act_quant none) one-token dot on AVX2, in the kernel
-                                                 table's dot1 signature; its twin qblocks.dot1_q8_0
 
 Block layout (moert/quants/dequant.py draws it too):
 
@@ -32,14 +30,13 @@ from numba import njit, types
 from numba.extending import intrinsic
 
 from moert.kernels import simd
-from moert.kernels.blockdot import FM, I32, Z0
+from moert.kernels.blockdot import FM, I32
 from moert.kernels.mxfp4_avx2 import dot_u8s8, pair_loop, result
 from moert.kernels.qblocks import half, i8
 
-__all__ = ["dot1_f32", "rows_q8", "rows_q8_avx2", "rows_q8_ref", "rows_q8_table"]
+__all__ = ["rows_q8", "rows_q8_avx2", "rows_q8_ref", "rows_q8_table"]
 
-_I8 = ir.IntType(8)
-_V32x8 = ir.VectorType(_I8, 32)
+_V32x8 = ir.VectorType(ir.IntType(8), 32)
 _F32x8 = ir.VectorType(ir.FloatType(), 8)
 
 
@@ -77,42 +74,6 @@ def row_q8(typingctx, w, o, nb, x8, c, ld, xd, cd, ldd, n):
         return result(context, builder, sig, pair_loop(builder, nb_, N, body))
     ret = types.float32 if N == 1 else types.UniTuple(types.float32, N)
     return ret(w, o, nb, x8, c, ld, xd, cd, ldd, n), codegen
-
-
-@intrinsic
-def row_f32(typingctx, w, o, nb, x, c):
-    """sum over the nb Q8_0 blocks from w[o] of d_b sum_l q_l x[c + 32 b + l], float32 x (act_quant none): per 8
-    weights one vpmovsxbd, one vcvtdq2ps and one FMA into the block's 8 lanes, then one FMA by d a block (Numba's
-    loop, qblocks.dot1_q8_0, multiplies every weight by d: Q8_0 float matvec 12.9-14.6 -> 21.2-23.1 GB/s, 8192 x
-    8192, one thread, same runs)."""
-    if not (isinstance(w, types.Array) and w.dtype == types.uint8 and isinstance(x, types.Array)
-            and x.dtype == types.float32 and x.layout == "C"):
-        return None
-
-    def codegen(context, builder, sig, args):
-        o_, nb_, c_ = simd._intp(context, builder, sig, args, 1, 2, 4)
-        fma = simd._fn(builder, "llvm.fma.v8f32", _F32x8, [_F32x8] * 3)
-        wty, wa = sig.args[0], args[0]
-
-        def body(b):
-            ob = builder.add(o_, builder.mul(b, ir.Constant(b.type, 34)))
-            simd.prefetch(context, builder, wty, wa, ob, 1)
-            cb = builder.add(c_, builder.mul(b, ir.Constant(b.type, 32)))
-            acc = None
-            for k in range(4):
-                q = simd._vload(context, builder, wty, wa, simd._at(builder, ob, 2 + 8 * k), ir.VectorType(_I8, 8))
-                qf = builder.sitofp(builder.sext(q, ir.VectorType(ir.IntType(32), 8)), _F32x8)
-                xv = simd._vload(context, builder, sig.args[3], args[3], simd._at(builder, cb, 8 * k), _F32x8)
-                acc = builder.fmul(qf, xv) if acc is None else builder.call(fma, [qf, xv, acc])
-            return [(acc, simd._half_at(context, builder, wty, wa, ob))]
-        return pair_loop(builder, nb_, 1, body)[0]
-    return types.float32(w, o, nb, x, c), codegen
-
-
-@njit(cache=True, inline="always")
-def dot1_f32(w, x, xs, nb, f16):
-    """qblocks.dot1_q8_0 with row_f32 (AVX2): the kernel table's one-token float dot (xs, f16 unused)."""
-    return row_f32(w, Z0, nb, x, Z0)
 
 
 @njit(cache=True, fastmath=FM)

@@ -1,7 +1,6 @@
-"""Q8_0 kernels: with int8 activations per 32 (kernels/q8_0.py, act_quant="int8", llama.cpp's Q8_0 x Q8_0)
-both row kernels against the NumPy twin, the drivers (serial, parallel, the q/k/v group) against it, the
-rounding bound against the float reference, and the fused MoE layer on Q8_0 experts; the AVX2 float dot
-against the loop it replaces. Tolerances as in test_kernels_matmul.py."""
+"""Q8_0 with int8 activations per 32 (kernels/q8_0.py, act_quant="int8", llama.cpp's Q8_0 x Q8_0): both row
+kernels against the NumPy twin, the drivers (serial, parallel, the q/k/v group) against it, the rounding bound
+against the float reference, and the fused MoE layer on Q8_0 experts. Tolerances as in test_kernels_matmul.py."""
 
 from __future__ import annotations
 
@@ -15,7 +14,6 @@ from moert.kernels import matmul as mm
 from moert.kernels import moe_fused as mf
 from moert.kernels import mxfp4 as mx
 from moert.kernels import q8_0, simd
-from moert.kernels import qblocks as qb
 from moert.kernels.dequant import F16_TO_F32
 from moert.kernels.qtensor import QTensor
 from moert.quants import dequantize, quantize
@@ -49,19 +47,6 @@ def test_rows_match_the_twin(T, kind):
     assert np.isnan(got[:, :3]).all() and np.isnan(got[:, 20:]).all()
     xf = (x8.astype(np.float32) * np.repeat(xd, 32, axis=1))[:, 32:320]  # the values the kernels see
     assert_close(got[:, 3:20], want[:, 3:20], xf, QTensor(w.raw[3:20, 34:340], "Q8_0", (17, 288)))
-
-
-@pytest.mark.parametrize("nb", [1, 2, 3, 10])
-def test_float_dot_matches_numba_loop_and_reference(nb):
-    """The AVX2 float one-token dot (act_quant none) against the Numba loop it replaces (qblocks.dot1_q8_0)
-    and the NumPy reference, on 1-10 blocks (odd counts: the pair loop's single last block)."""
-    w = weight(1, 32 * nb, seed=nb)
-    x = np.random.default_rng(nb).standard_normal(32 * nb, dtype=np.float32)
-    got = q8_0.dot1_f32(w.raw[0], x, x[:1], nb, F16_TO_F32)
-    loop = qb.dot1_q8_0(w.raw[0], x, x[:1], nb, F16_TO_F32)
-    want = mm.matmul_ref(x[None], w)[0, 0]
-    scale = np.abs(x) @ np.abs(dequantize(w.raw, "Q8_0", w.shape))[0]
-    assert abs(got - want) <= 1e-5 * scale and abs(loop - want) <= 1e-5 * scale
 
 
 @pytest.mark.parametrize("T", [1, 5])
