@@ -76,8 +76,10 @@ def _reachable(address: str, timeout: float = 5.0) -> None:
 
 
 def connect(spec: str, n_workers: int, threads: int | None = None, timeout: float = DEFAULT_TIMEOUT_S,
-            fallback: str | None = None) -> list[RayDevice]:
-    """n_workers RayDevices (ray:0 .. ray:n-1), each an actor started and answering; errors before any load."""
+            fallback: str | None = None, calls: str | None = None) -> list[RayDevice]:
+    """n_workers RayDevices (ray:0 .. ray:n-1), each an actor started and answering; errors before any load.
+    calls: "compiled" or "plain" (cluster_graph.enabled)."""
+    use_graph = compiled_graphs(calls)          # a bad value fails before any worker starts
     if fallback not in (None, "cpu", "none"):
         raise ArgumentError(f"ray_fallback={fallback!r}: give 'cpu' (a lost worker's experts run on this host) or "
                             f"None (a lost worker is an error)")
@@ -115,7 +117,7 @@ def connect(spec: str, n_workers: int, threads: int | None = None, timeout: floa
         threads = 1
     devices = [RayDevice(i, _actor(ray, node, threads, kind == "local"), timeout, fallback) for i, node in
                enumerate(nodes[:n_workers])]
-    if compiled_graphs():       # one compiled graph for the cluster's layer calls (compiled at the first layer)
+    if use_graph:               # one compiled graph for the cluster's layer calls (compiled at the first layer)
         group = CompiledCalls(devices)
         for d in devices:
             d.group = group
@@ -150,7 +152,7 @@ def close_all(keep: set = frozenset()) -> None:
 
 
 def use_cluster(plan: Any, ray: str | None, threads: int | None = None, timeout: float | None = None,
-                fallback: str | None = None) -> Any:
+                fallback: str | None = None, calls: str | None = None) -> Any:
     """The plan with its ray:N placeholders (from RAY<N> rules) replaced by workers of the cluster `ray`, started
     and answering (a copy: the caller's plan keeps its placeholders); a plan without RAY rules as it is."""
     if not plan.remote:
@@ -161,7 +163,7 @@ def use_cluster(plan: Any, ray: str | None, threads: int | None = None, timeout:
                                 f"was given: pass ray='local:{n}' (--ray local:{n}) for workers on this machine, or "
                                 f"the address of a cluster started with `ray start --head`")
     plan = copy.copy(plan)
-    plan.remote = connect(ray, len(plan.remote), threads, timeout or DEFAULT_TIMEOUT_S, fallback)
+    plan.remote = connect(ray, len(plan.remote), threads, timeout or DEFAULT_TIMEOUT_S, fallback, calls)
     return plan
 
 

@@ -27,13 +27,16 @@ import os
 from typing import Any
 
 
-def enabled() -> bool:
-    """Compiled graphs unless MOERT_RAY_CALLS=plain (the environment of the process that loads the model)."""
-    calls = os.environ.get("MOERT_RAY_CALLS", "compiled").strip().lower()
+def enabled(calls: str | None = None) -> bool:
+    """Whether a cluster's layer calls go through a compiled graph: `calls` ("compiled", the default, or "plain":
+    one Ray actor call per worker and layer; load's ray_calls=, --ray-calls), else MOERT_RAY_CALLS, else compiled."""
+    given = calls is not None
+    calls = (calls if given else os.environ.get("MOERT_RAY_CALLS", "compiled")).strip().lower()
     if calls not in ("compiled", "plain"):
         from moert.errors import ArgumentError
 
-        raise ArgumentError(f"MOERT_RAY_CALLS={calls!r}: give 'compiled' (Ray Compiled Graphs, the default) or "
+        what = "ray_calls" if given else "MOERT_RAY_CALLS"
+        raise ArgumentError(f"{what}={calls!r}: give 'compiled' (Ray Compiled Graphs, the default) or "
                             f"'plain' (one Ray actor call per worker and layer)")
     return calls == "compiled"
 

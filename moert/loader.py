@@ -31,8 +31,8 @@ def load(model: Any, plan: Any = None, *, context_size: int | None = None, threa
          mmap: bool = True, trace: bool | str = False, cache_type_k: str = DEFAULT_KV_TYPE,
          cache_type_v: str = DEFAULT_KV_TYPE, flash_attn: str | bool = "auto", hardware: Any = None,
          repack: bool = False, ray: str | None = None, ray_model: str | None = None, ray_fallback: str | None = None,
-         ray_threads: int | None = None, ray_timeout: float | None = None, expert_cache: Any = None,
-         **placement: Any) -> Model:
+         ray_threads: int | None = None, ray_timeout: float | None = None, ray_calls: str | None = None,
+         expert_cache: Any = None, **placement: Any) -> Model:
     """Open a GGUF model, place its tensors (`plan`, a moert.Plan of this file; else moert.plan's keywords in
     `placement`: overrides, gpu_layers, cpu_moe, n_cpu_moe, gpu_backend, gpu_memory, ...), load them onto their
     devices, allocate the KV cache, and (warmup=True, llama.cpp's default too) run a few tokens through it and
@@ -57,7 +57,9 @@ def load(model: Any, plan: Any = None, *, context_size: int | None = None, threa
     ray= ("local:N", "HOST:PORT" or "auto"): the cluster whose workers hold the experts that RAY<N> rules place
     (moert/cluster.py); ray_model: the file's path on the workers (default: the same path; a worker without it is
     sent its experts' bytes); ray_fallback="cpu": a lost worker's experts run on this host; ray_threads: kernel
-    threads per worker; ray_timeout: seconds a layer call may take before its worker counts as hung.
+    threads per worker; ray_timeout: seconds a layer call may take before its worker counts as hung; ray_calls:
+    "compiled" (default: one Ray Compiled Graph execute a layer, moert/cluster_graph.py) or "plain" (one actor call
+    per worker and layer: better where other jobs hold the cores, as the graph's channels spin; MOERT_RAY_CALLS).
     expert_cache= (a moert.ExpertCache): copies of some CPU experts on a GPU, moved as the routing asks
     (moert/dynamic/runtime.py; it caches the experts the plan put on the CPU: cpu_moe=True, or n_cpu_moe=N)."""
     from moert import gguf
@@ -108,7 +110,8 @@ def load(model: Any, plan: Any = None, *, context_size: int | None = None, threa
                                          f"trained for: possible training context overflow (quality may drop "
                                          f"past {config.n_ctx_train})"), stacklevel=3)
         plan = auto_plan(g, n_ctx, kv_dtype=kv_types, flash_attn=flash, **placement) if plan is None else plan
-        plan = use_cluster(plan, ray, ray_threads, ray_timeout, ray_fallback)   # RAY<N>: workers started, answering
+        # RAY<N> devices: the cluster's workers started and answering
+        plan = use_cluster(plan, ray, ray_threads, ray_timeout, ray_fallback, ray_calls)
         try:
             weights = load_weights(g, plan, progress=progress)
             attach(weights, plan.remote, ray_model or g.path, act_quant, repack)

@@ -118,9 +118,9 @@ def test_logits_and_routing_equal_all_cpu_on_any_mix(ray_cluster, paths, arch, m
     mixes = [("compiled", dict(gpu_layers="all", gpu_backend="sim"))]    # ray + sim (attention, the other experts)
     if arch == "qwen3moe":
         mixes.append(("plain", dict(gpu_layers=0)))                      # ray + cpu, plain actor calls
+    monkeypatch.setenv("MOERT_RAY_CALLS", "compiled")                    # ray_calls= wins over the environment
     for calls, kw in mixes:
-        monkeypatch.setenv("MOERT_RAY_CALLS", calls)
-        m = load(path, overrides=rules_for(path), ray="local:2", **kw)
+        m = load(path, overrides=rules_for(path), ray="local:2", ray_calls=calls, **kw)
         try:
             got = run(m)
             assert {d.name for d in m.plan.remote} == {"ray:0", "ray:1"}
@@ -167,6 +167,9 @@ def test_ray_calls_setting_is_checked(monkeypatch):
     monkeypatch.setenv("MOERT_RAY_CALLS", "fast")
     with pytest.raises(ArgumentError, match="MOERT_RAY_CALLS='fast'.*compiled.*plain"):
         enabled()
+    assert not enabled("plain") and enabled("compiled")                  # load's ray_calls= / --ray-calls first
+    with pytest.raises(ArgumentError, match="ray_calls='fast'"):
+        enabled("fast")
 
 
 def test_counters_per_remote_device_and_a_worker_without_the_file(ray_cluster, paths, tmp_path):
@@ -265,7 +268,7 @@ def test_run_and_serve_with_a_remote_device_and_a_lost_worker_is_503(ray_cluster
     rules = r"blk\.0\.ffn_.*_exps=RAY0"
     want = generate_ids(load(path, gpu_layers=0), [1, 2, 3], 4, GREEDY)
     assert main(["run", str(path), "-p", "1 2 3", "-n", "4", "--temp", "0", "-ngl", "0", "-ot", rules,
-                 "--ray", "local:1", "--json", "--no-warmup"]) == 0
+                 "--ray", "local:1", "--ray-calls", "plain", "--json", "--no-warmup"]) == 0
     out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert out["tokens"] == want and out["stats"]["total"]["remote"]["ray:0"]["calls"] >= 4
 
