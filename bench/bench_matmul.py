@@ -7,7 +7,8 @@
 Rows "int16" and "int8" are the opt-in quantized-activation kernels (kernels/matmul_q.py, act_quant="int16"
 (one token) / "int8" (any batch; needs AVX2)) for the types that have them, "int8r" the int8 kernels over
 Q4_K repacked at load (kernels/repack.py; GB/s still counts the file's bytes), measured in the same run as
-the float rows. MXFP4 (gpt-oss's experts, kernels/mxfp4.py) has float and int8 rows (x per 32, as llama.cpp).
+the float rows. MXFP4 (gpt-oss's experts, kernels/mxfp4.py) and Q8_0 (kernels/q8_0.py) have int8 rows with x
+rounded per 32, as llama.cpp's.
 
 GB/s counts the weight bytes the kernel streams (quantized, as stored); a matrix of 16384 x 8192 is larger
 than any last-level cache here (Q4_K: 75 MB), so matvec figures are from memory, as in decode. The

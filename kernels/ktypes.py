@@ -40,7 +40,7 @@ import numpy as np
 
 from moert.kernels import dequant as dk
 from moert.kernels import matmul_q as mq
-from moert.kernels import mxfp4, repack, simd, simd_f32
+from moert.kernels import mxfp4, q8_0, repack, simd, simd_f32
 from moert.kernels import qblocks as qb
 from moert.kernels.blockdot import FM, PRANGE_ONLY, block_dot, block_dot2, no_sums, stack_f32, sums32
 from moert.kernels.dequant import BF16_TO_F32, F16_TO_F32
@@ -245,7 +245,8 @@ register(KernelType("BF16", qb.deq_bf16, "chunked", dequant=dk.table16, table=BF
 # One-token float dots: AVX2 ones (kernels/simd_f32.py, ~1.35-2x) where the CPU has it, Numba's loops elsewhere
 _AVX2 = simd.available()
 register(KernelType("Q8_0", qb.deq_q8_0, "chunked", dequant=dk.q8_0,
-                    dot1=simd_f32.dot1_q8_0 if _AVX2 else qb.dot1_q8_0))
+                    dot1=simd_f32.dot1_q8_0 if _AVX2 else qb.dot1_q8_0,
+                    q8_32=(mxfp4.quantize_q8, q8_0.rows_q8)))           # int8: x per 32, as llama.cpp's
 register(KernelType("Q4_0", None, None, dequant=dk.q4_0))
 register(KernelType("Q5_0", None, None, dequant=dk.q5_0))
 register(KernelType("Q4_K", qb.deq_q4_k, "paired", dequant=dk.q4_k,

@@ -29,7 +29,7 @@ import math
 import numpy as np
 from numba import prange
 
-from moert.kernels import matmul_q
+from moert.kernels import matmul_q, matmul_q32
 from moert.kernels.blockdot import PRANGE_ONLY, Z0
 from moert.kernels.jit import threads, variant
 from moert.kernels.ktypes import MATMUL_TYPES, TYPES, KernelType
@@ -158,6 +158,13 @@ def group_kernel(type_names: tuple[str, str, str], aq: int = 0, packed: tuple[bo
     kts = [TYPES[t] for t in type_names]
     qmax = matmul_q.QMAX[aq] if aq else 0
     has = [qmax in kt.quant for kt in kts]
+    q32 = [kt.q8_32 is not None and qmax == 127 and not h for kt, h in zip(kts, has)]
+    if aq and any(q32):                                                 # x rounded per 32 (Q8_0): all or none
+        key = (tuple(type_names), aq, (False,) * 3)
+        if key not in _GROUPS:
+            _GROUPS[key] = matmul_q32.group(type_names, tuple(kt.q8_32[0] for kt in kts),
+                                            tuple(kt.q8_32[1] for kt in kts)) if all(q32) else None
+        return _GROUPS[key]
     if aq and any(has) and not all(has):
         return None
     aq = aq if all(has) else 0
@@ -188,6 +195,8 @@ def kernels_for(type_name: str, aq: int = 0, packed: bool = False) -> tuple:
     key = (type_name, aq, packed)
     if key not in _DRIVERS and kt.drivers is not None:                  # a type with its own (MXFP4)
         _DRIVERS[key] = kt.drivers(aq)
+    if key not in _DRIVERS and aq == 2 and qmax not in kt.quant:        # int8 per 32 (Q8_0)
+        _DRIVERS[key] = matmul_q32.drivers(type_name, *kt.q8_32)
     if key not in _DRIVERS:
         n, bound = type_name.lower() + ("r" if packed else ""), dict(rows=kt.rows, sums=kt.sums_of)
         if aq:

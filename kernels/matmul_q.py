@@ -16,7 +16,8 @@ an exact int32 sum, and only then are the float scales applied (llama.cpp's Q8_K
 
 Why: the float kernels spend ~0.75 instructions per weight (nibble, int->float, FMA) and reach 15-30% of one
 thread's read bandwidth. vpmaddwd takes 16 weights per instruction, vpmaddubsw 32, with no conversion per
-weight. Types: Q4_K, Q6_K (a Q4_K_M file's); other types keep the float kernels, and so do batches
+weight. Types: Q4_K, Q6_K (a Q4_K_M file's); Q8_0 and MXFP4 round x per 32 in int8 mode instead (their
+table entries' q8_32: kernels/q8_0.py, kernels/mxfp4.py); other types keep the float kernels, and so do batches
 (T > 1) in int16 mode. Error: x_j moves by at most step/2 of its block (step = max|x| / qmax), so
 |y - y_float| <= sum_j |w_j| * step_b(j) / 2 (tests/test_kernels_matmul_q.py asserts it).
 

@@ -93,6 +93,24 @@ def test_int8_activations(T, kind):
     assert np.all(np.abs(got - mm.matmul_ref(x, w)) <= bound * 1.001 + 1e-6 * (np.abs(x) @ W.T))
 
 
+@pytest.mark.parametrize("kind", VARIANTS)
+@pytest.mark.parametrize("T", [1, 2, 3, 5])
+def test_int8_rows_over_a_block_range(T, kind):
+    """The int8 rows on rows [3, 20), blocks [1, 10) of 12 (the MoE down split's partial products; an odd count,
+    so the AVX2 loop's block pairs end in a single one): the AVX2 kernel's x block sums (its unsigned-weight
+    offset) must be those of the blocks it reads."""
+    w = weight(23, 384, seed=5)
+    x = np.random.default_rng(6).standard_normal((T, 384), dtype=np.float32)
+    x8, xd = mx.quantize_q8(x)
+    got = np.full((T, 23), np.nan, np.float32)
+    want = got.copy()
+    variant(kind, "_q8")(w.raw, x8, xd, got, 3, 20, 1, 10, mx.E8M0_HALF)
+    mx.rows_q8_ref(w.raw, x8, xd, want, 3, 20, 1, 10)
+    assert np.isnan(got[:, :3]).all() and np.isnan(got[:, 20:]).all()
+    xf = (x8.astype(np.float32) * np.repeat(xd, 32, axis=1))[:, 32:320]
+    assert_close(got[:, 3:20], want[:, 3:20], xf, QTensor(w.raw[3:20, 17:170], "MXFP4", (17, 288)))
+
+
 @pytest.mark.parametrize("act_quant", [None, "int8"] if simd.available() else [None])
 def test_parallel_equals_serial(act_quant):
     """matmul.Prepared on an MXFP4 weight (float, and int8 x per 32), one thread and two: the same bits."""
