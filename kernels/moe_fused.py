@@ -31,9 +31,10 @@ from __future__ import annotations
 import numpy as np
 from numba import njit, prange
 
-from moert.activations import ACTS, OAI_ALPHA, OAI_LIMIT, glu
+from moert.activations import ACTS, glu
 from moert.kernels import matmul_q
 from moert.kernels.blockdot import Z0
+from moert.kernels.glu import act_mul
 from moert.kernels.jit import variant
 from moert.kernels.ktypes import MATMUL_TYPES, PRANGE_ONLY, TYPES
 from moert.kernels.matmul import matmul_ref, packs, table, threads_for
@@ -45,29 +46,6 @@ from moert.quants.dequant import lookup, slice_expert
 __all__ = ["PreparedExperts", "layer_kernel", "moe_ffn_fused", "moe_ffn_fused_ref", "parts_for", "supports"]
 
 ACT_CODES = {a: i for i, a in enumerate(ACTS)}     # swiglu 0, geglu 1, swiglu_oai 2 (moert.activations.ACTS)
-
-
-@njit(cache=True, fastmath={"reassoc", "contract"}, inline="always")
-def _act_mul(g, u, f0, f1, act, gb, ub, e):
-    """g[:, f0:f1] = act(g + gb[e], u + ub[e]) there (no bias when gb is (0, 0)); moert.activations.glu's math,
-    sigmoids through tanh as moert.activations.silu."""
-    half, one = np.float32(0.5), np.float32(1.0)
-    for i in range(g.shape[0]):
-        for j in range(f0, f1):
-            v, w = g[i, j], u[i, j]
-            if gb.shape[1] > 0:
-                v += gb[e, j]
-                w += ub[e, j]
-            if act == 0:                                                # swiglu
-                g[i, j] = v * (half * (one + np.tanh(half * v))) * w
-            elif act == 1:                                              # geglu (gelu, tanh approximation)
-                c = np.float32(0.7978845608028654)
-                g[i, j] = half * v * (one + np.tanh(c * (v + np.float32(0.044715) * v * v * v))) * w
-            else:                                                       # swiglu_oai (gpt-oss)
-                v = min(v, np.float32(OAI_LIMIT))
-                w = min(max(w, np.float32(-OAI_LIMIT)), np.float32(OAI_LIMIT))
-                a = np.float32(OAI_ALPHA) * v
-                g[i, j] = v * (half * (one + np.tanh(half * a))) * (w + one)
 
 
 @njit(cache=True)
@@ -247,7 +225,7 @@ def _moe_items(mine, offsets, slots, x, K, T, g_raw, g_f16, u_raw, u_f16, d_raw,
             xs = g_sums(xe)
             g_rows(g_raw[e], xe, xs, g, f0, f1, Z0, nb_in, g_f16)
             g_rows(u_raw[e], xe, xs, u, f0, f1, Z0, nb_in, u_f16)
-        _act_mul(g, u, f0, f1, act, gb, ub, e)                          # h = act(g + bg, u + bu)
+        act_mul(g, u, f0, f1, act, gb, ub, e)                           # h = act(g + bg, u + bu)
         b0, b1 = f0 // block_down, f1 // block_down
         if DM:
             h8, hd = d_quant32(g)                                       # columns outside [f0, f1) are 0
