@@ -140,8 +140,10 @@ def attention(q, k, v, k_cache, v_cache, pos0: int, xp=np, *, scale: float | Non
     p sees keys at p - window < s <= p (llama.cpp's LLAMA_SWA_TYPE_STANDARD, HF's sliding_window).
     sinks: (H,) float32 logits, one per head, that join each softmax's denominator and add no value
     (gpt-oss's attention sinks: llama.cpp's soft_max_ext sinks, HF's GptOssAttention).
-    flash: never hold the (T, S) scores: on the CPU with f32 caches kernels/flash.py (a row at a time),
-    elsewhere `flash_attention` below (its twin: (T, chunk) scores at a time). One token on the CPU (fast):
+    flash: never hold the (T, S) scores: on the CPU kernels/flash.py (a row at a time) with f32 caches, or
+    typed ones up to `chunk` positions (read as float32: an int8 pp64 of a Qwen3-30B-A3B-shaped layer with
+    an f16 cache, 1.6 -> 0.8 ms), elsewhere `flash_attention` below (its twin: (T, chunk) scores at a time).
+    One token on the CPU (fast):
     kernels/layers.attention_decode, over f32 caches or an f16 TypedKV's storage (a uint16 view).
     Returns (T, H * Dv). Caches that are kvcache.Rows (a batch of sequences, moert/batch.py): attention per
     sequence over its own cache, its rows of q, k, v; pos0 is not used."""
@@ -162,10 +164,13 @@ def attention(q, k, v, k_cache, v_cache, pos0: int, xp=np, *, scale: float | Non
     store(v_cache, pos0, v)
     s0 = 0 if window is None else max(0, pos0 - window + 1)            # no query here sees keys before s0
     # head h uses KV head h // G (HF's repeat_kv, llama.cpp's broadcast)
-    if flash and fast and not typed and cpu_arrays(xp, q, k_cache, v_cache):    # a prompt on the CPU: Numba
+    if flash and fast and cpu_arrays(xp, q) and (not typed or S <= chunk):      # a prompt on the CPU: Numba
         from moert.kernels.flash import flash_attention as flash_cpu
 
-        return flash_cpu(q, k_cache, v_cache, pos0, scale, window, sinks)   # (T, H*Dv)
+        if typed:           # f16/bf16/q8_0 caches read as float32, as the twin reads them; at most `chunk`
+            k_cache, v_cache = load(k_cache, 0, S), load(v_cache, 0, S)   # rows, as the twin's step loads
+        if cpu_arrays(xp, k_cache, v_cache):
+            return flash_cpu(q, k_cache, v_cache, pos0, scale, window, sinks)   # (T, H*Dv)
     qg = q.reshape(T, Hk, G, Dh).transpose(1, 2, 0, 3).reshape(Hk, G * T, Dh)
     if flash:
         out = flash_attention(qg, k_cache, v_cache, pos0, T, s0, scale, window, chunk, xp, sinks)   # (Hk, G*T, Dv)

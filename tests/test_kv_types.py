@@ -71,6 +71,31 @@ def test_flash_attention_equals_the_standard_one(pos0, T, window, sinks):
                                rtol=1e-5)
 
 
+@pytest.mark.parametrize("kind", ["f16", "bf16", "q8_0"])
+@pytest.mark.parametrize("pos0,T,chunk", [(0, 7, 256), (13, 4, 256), (9, 8, 16)])   # last: past `chunk`, the twin
+def test_a_prompt_over_a_typed_cache_takes_the_cpu_flash_kernel_and_equals_the_twin(kind, pos0, T, chunk, monkeypatch):
+    """Typed caches up to `chunk` positions go to kernels/flash.py read as float32 (fast=True); the xp twin
+    (fast=False) over the same typed caches gives the same attention. Past `chunk` the twin runs."""
+    import moert.kernels.flash as kflash
+
+    H, Hk, Dh, n = 4, 2, 32, 32
+    q, k, v = (RNG.standard_normal((T, h, Dh)).astype(np.float32) for h in (H, Hk, Hk))
+    past = RNG.standard_normal((pos0, Hk, Dh)).astype(np.float32)
+
+    def caches():
+        kc, vc = TypedKV(CPU, kind, (n, Hk, Dh), "k"), TypedKV(CPU, kind, (n, Hk, Dh), "v")
+        if pos0:
+            kc.write(0, past)
+            vc.write(0, past[::-1].copy())
+        return kc, vc
+    calls = []
+    monkeypatch.setattr(kflash, "flash_attention", lambda *a: calls.append(1) or flash_cpu(*a))
+    want = layers.attention(q, k, v, *caches(), pos0, fast=False, flash=True, chunk=chunk)
+    got = layers.attention(q, k, v, *caches(), pos0, fast=True, flash=True, chunk=chunk)
+    assert len(calls) == (pos0 + T <= chunk)
+    np.testing.assert_allclose(got, want, atol=1e-5, rtol=1e-5)
+
+
 def test_as_f32_reads_every_half_as_numpy_does():
     """The decode kernel's f16 read (kernels/layers.as_f32 on a uint16 view): every one of the 65536 bit patterns,
     subnormals, infinities and NaNs included, as NumPy's float16 -> float32."""
