@@ -8,7 +8,7 @@ row (the structure of ggml's AVX2 `ggml_vec_dot_q4_K_q8_K`).
 
     q4k_row(w, o, nb, xq, c, ld, xd, cd, ldd, xb, cb, ldb, n)
         sum over the nb Q4_K blocks from w[o] of xd_b (d_b sum_j sc_j isum_j - dmin_b sum_j m_j xs_j), for
-        n tokens (a literal 1 to 4): token t's int8 x at xq[c + t ld], its steps at xd[cd + t ldd] (one
+        n tokens (a literal 1 to 7): token t's int8 x at xq[c + t ld], its steps at xd[cd + t ldd] (one
         per block), its per-32 sums xs_j NEGATED, as int16, at xb[cb + t ldb] (matmul_q.x_q4_k), so the
         min term is one vpmaddwd and shares the scale term's conversion and multiply-add. The block's
         6-bit scales and mins are decoded here. A float32 for n = 1, an n-tuple otherwise: the block's
@@ -304,10 +304,10 @@ def _row_check(w, xq, xd):
 
 
 def _tokens(w, xq, xd, sums, n) -> int | None:
-    """The literal token count n (1 to 4) of a Q4_K/Q6_K row kernel's call whose arrays have the types it
+    """The literal token count n (1 to 7) of a Q4_K/Q6_K row kernel's call whose arrays have the types it
     reads (uint8 w, int8 x, float32 steps, int16 sums), else None (no such kernel)."""
     if (_row_check(w, xq, xd) and isinstance(sums, types.Array) and sums.dtype == types.int16
-            and isinstance(n, types.IntegerLiteral) and 1 <= n.literal_value <= 4):
+            and isinstance(n, types.IntegerLiteral) and 1 <= n.literal_value <= 7):
         return n.literal_value
     return None
 
@@ -345,7 +345,7 @@ def _q4k_row_intrinsic(packed: bool):
 
 q4k_row = _q4k_row_intrinsic(False)
 q4k_row.__doc__ = """sum over nb Q4_K blocks from w[o] of d_b xd_b isum_b - dmin_b xd_b msum_b, for n (a literal 1
-to 4) tokens t at xq[c + t ld], xd[cd + t ldd], xb[cb + t ldb] (negated int16 per-32 sums): a float32 for
+to 7) tokens t at xq[c + t ld], xd[cd + t ldd], xb[cb + t ldb] (negated int16 per-32 sums): a float32 for
 n = 1, else an n-tuple."""
 q4kr_row = _q4k_row_intrinsic(True)
 q4kr_row.__doc__ = """q4k_row over kernels/repack.py's Q4_K blocks (148 bytes, scales and mins unpacked, nibbles in
@@ -354,7 +354,7 @@ PAIR order) and x in PAIR order: the same int32 sums per block, a pair of sub-bl
 
 @intrinsic
 def q6k_row(typingctx, w, o, nb, xq, c, ld, xd, cd, ldd, xs, cs, lds, n):
-    """sum over nb Q6_K blocks from w[o] of d_b xd_b isum_b, for n (a literal 1 to 4) tokens as q4k_row;
+    """sum over nb Q6_K blocks from w[o] of d_b xd_b isum_b, for n (a literal 1 to 7) tokens as q4k_row;
     token t's per-16 sums of its int8 x (int16, 16 a block) at xs[cs + t lds]."""
     N = _tokens(w, xq, xd, xs, n)
     if N is None:

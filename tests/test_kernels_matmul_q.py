@@ -46,9 +46,9 @@ def test_kernel_matches_twin_and_float_bound(name, rows, cols, mode, qmax, tol):
     err = np.abs(got - mm.matvec_ref(x, w))
     assert np.all(err <= bound), f"max err / bound {np.max(err / bound):.3g}"
     assert np.max(err / mag) < tol                                      # and the bound is small: ~1/qmax
-    if mode == "int8":                  # batches: 4 tokens per simd call, then the last 1-3 in one call
-        X = np.stack([x, -0.5 * x, np.roll(x, 3), x * 1e-3, x, np.roll(x, -7), 2 * x])   # (7, C)
-        for T in (2, 3, 5, 7):
+    if mode == "int8":                  # batches: up to 7 tokens in one simd call, else 4 a call, then 1-3
+        X = np.stack([x, -0.5 * x, np.roll(x, 3), x * 1e-3, x, np.roll(x, -7), 2 * x, -x, np.roll(x, 1)])
+        for T in (2, 3, 4, 5, 6, 7, 9):
             got = mm.matvec_q(X[:T], w, mode)
             for t in range(T):                                          # the same int32 sums; float order
                 one = mm.matvec_q(X[t], w, mode)                        # may differ (fastmath)
