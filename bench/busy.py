@@ -137,28 +137,37 @@ def run_round(e, steps: int) -> list[float]:
     return out
 
 
+def alternate(engines: list, rounds: int, steps: int, warm: int = 4, pause: float = 0.0,
+              digits: int = 2) -> tuple[dict, list[float]]:
+    """Each engine warmed (`warm` steps), then `rounds` rounds of `steps` decode steps, the engines taking turns
+    going first (a `pause` before each); closes them. ({name: {rounds: per-round medians, steps: every step's
+    seconds}}, the load average at each round's start)."""
+    res = {e.name: dict(rounds=[], steps=[]) for e in engines}
+    loads: list[float] = []
+    try:
+        for e in engines:                                 # compile and touch everything before timing
+            run_round(e, warm)
+        for r in range(rounds):
+            loads.append(round(os.getloadavg()[0], 2))
+            k = r % len(engines)
+            for e in engines[k:] + engines[:k]:
+                time.sleep(pause)
+                s = run_round(e, steps)
+                res[e.name]["rounds"].append(statistics.median(s))
+                res[e.name]["steps"] += s
+            print(f"  round {r + 1}: load {loads[-1]}; " + ", ".join(
+                f"{n} {d['rounds'][-1] * 1e3:.{digits}f}" for n, d in res.items()) + " ms/token", flush=True)
+    finally:
+        for e in engines:
+            e.close()
+    return res, loads
+
+
 # ------------------------------------------------------------------------------------------------- main
 
 def measure(path: Path, args) -> dict:
     engines = engines_for(path, args.threads, args.act_quant, not args.no_llama)
-    try:
-        for e in engines:                                 # compile and touch everything before timing
-            run_round(e, 4)
-        res = {e.name: dict(rounds=[], steps=[]) for e in engines}
-        loads = []
-        for r in range(args.rounds):
-            loads.append(round(os.getloadavg()[0], 2))
-            k = r % len(engines)
-            for e in engines[k:] + engines[:k]:
-                time.sleep(0.1)
-                s = run_round(e, args.steps)
-                res[e.name]["rounds"].append(statistics.median(s))
-                res[e.name]["steps"] += s
-            print(f"  round {r + 1}: load {loads[-1]}; " + ", ".join(
-                f"{n} {d['rounds'][-1] * 1e3:.2f}" for n, d in res.items()) + " ms/token", flush=True)
-    finally:
-        for e in engines:
-            e.close()
+    res, loads = alternate(engines, args.rounds, args.steps, warm=4, pause=0.1)
     for d in res.values():
         fast = min(d["steps"])
         d.update(median_ms=statistics.median(d["steps"]) * 1e3, best_ms=min(d["rounds"]) * 1e3,

@@ -134,23 +134,7 @@ def demo(args) -> dict:
     path = demo_model_path()
     mach = common.machine(1, with_bandwidth=False)
     engines = [busy.Moert(path, 1, None), busy.LlamaCpp(path, 1)] + ([] if args.no_unfused else [Unfused(path)])
-    res = {e.name: dict(rounds=[], steps=[]) for e in engines}
-    loads = []
-    try:
-        for e in engines:                                 # compile and touch everything before timing
-            busy.run_round(e, 8)
-        for r in range(args.rounds):
-            loads.append(round(os.getloadavg()[0], 2))
-            k = r % len(engines)
-            for e in engines[k:] + engines[:k]:
-                s = busy.run_round(e, args.steps)
-                res[e.name]["rounds"].append(statistics.median(s))
-                res[e.name]["steps"] += s
-            print(f"  round {r + 1}: load {loads[-1]}; " + ", ".join(
-                f"{n} {d['rounds'][-1] * 1e3:.3f}" for n, d in res.items()) + " ms/token", flush=True)
-    finally:
-        for e in engines:
-            e.close()
+    res, loads = busy.alternate(engines, args.rounds, args.steps, warm=8, digits=3)
     llama = res["llama.cpp -t 1"]
     for d in res.values():
         d.update(median_ms=statistics.median(d["steps"]) * 1e3, best_round_ms=min(d["rounds"]) * 1e3,
