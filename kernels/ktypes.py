@@ -40,7 +40,7 @@ import numpy as np
 
 from moert.kernels import dequant as dk
 from moert.kernels import matmul_q as mq
-from moert.kernels import mxfp4, q8_0, repack, simd, simd_f32
+from moert.kernels import mxfp4, q8_0, repack, simd, simd_f32, simd_f32z
 from moert.kernels import qblocks as qb
 from moert.kernels.blockdot import FM, PRANGE_ONLY, block_dot, block_dot2, no_sums, stack_f32, sums32
 from moert.kernels.dequant import BF16_TO_F32, F16_TO_F32
@@ -242,22 +242,24 @@ def _rows_batch(w, x, xs, out, r0, r1, b0, b1, f16):
 register(KernelType("F32", None, "direct"))
 register(KernelType("F16", qb.deq_f16, "chunked", dequant=dk.table16))
 register(KernelType("BF16", qb.deq_bf16, "chunked", dequant=dk.table16, table=BF16_TO_F32))
-# One-token float dots: AVX2 ones (kernels/simd_f32.py, ~1.35-2x) where the CPU has it, Numba's loops elsewhere
-_AVX2 = simd.available()
+# One-token float dots: AVX2 ones (kernels/simd_f32.py, ~1.35-2x) where the CPU has it, Numba's loops elsewhere;
+# Q4_K and Q6_K with 16 lanes (kernels/simd_f32z.py) where it has AVX-512F
+_AVX2, _Z = simd.available(), simd_f32z.available()
+_F32_DOTS = simd_f32z if _Z else simd_f32
 register(KernelType("Q8_0", qb.deq_q8_0, "chunked", dequant=dk.q8_0,
                     dot1=simd_f32.dot1_q8_0 if _AVX2 else qb.dot1_q8_0,
                     q8_32=(mxfp4.quantize_q8, q8_0.rows_q8)))           # int8: x per 32, as llama.cpp's
 register(KernelType("Q4_0", None, None, dequant=dk.q4_0))
 register(KernelType("Q5_0", None, None, dequant=dk.q5_0))
 register(KernelType("Q4_K", qb.deq_q4_k, "paired", dequant=dk.q4_k,
-                    dot1=simd_f32.dot1_q4_k if _AVX2 else qb.dot1_q4_k, sums=True,
+                    dot1=_F32_DOTS.dot1_q4_k if _AVX2 else qb.dot1_q4_k, sums=True,
                     quant={mq.QMAX[1]: (mq.rows16_q4_k, mq.x_as_is), mq.QMAX[2]: (mq.rows8_q4_k, mq.x_q4_k)},
                     packed=(repack.repacked, variant(mq.rows8_q4_k.py_func, "rows8_q4_kr", inline=True, fastmath=FM,
                                                      Q4K_ROW=simd.q4kr_row, Q4K_BYTES=repack.PACKED_BYTES),
                             repack.x_q4_kr)))
 register(KernelType("Q5_K", qb.deq_q5_k, "paired", dequant=dk.q5_k, dot1=qb.dot1_q5_k, sums=True))
 register(KernelType("Q6_K", qb.deq_q6_k, "paired", dequant=dk.q6_k,
-                    dot1=simd_f32.dot1_q6_k if _AVX2 else qb.dot1_q6_k,
+                    dot1=_F32_DOTS.dot1_q6_k if _AVX2 else qb.dot1_q6_k,
                     quant={mq.QMAX[1]: (mq.rows16_q6_k, mq.x_as_is), mq.QMAX[2]: (mq.rows8_q6_k, mq.x_q6_k)}))
 # MXFP4 (gpt-oss): hand-written AVX2 rows and drivers (kernels/mxfp4.py), int8 per 32 (llama.cpp's Q8_0);
 # its table is E8M0 -> float32

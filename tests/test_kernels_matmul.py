@@ -137,25 +137,29 @@ def test_errors_name_the_problem():
 
 
 @pytest.mark.parametrize("name", ["Q4_K", "Q6_K"])
-def test_one_token_dots_avx2_and_numba_fallback(name):
-    """The table's one-token dot is kernels/simd_f32.py's on a CPU with AVX2 and the Numba loop
-    (kernels/qblocks.py) elsewhere: both against the twin, on random block bytes (any quants, any scales)."""
-    from moert.kernels import simd_f32
+def test_one_token_dots_avx512_avx2_and_numba_fallback(name):
+    """The table's one-token dot is kernels/simd_f32z.py's (16 lanes) on a CPU with AVX-512F, simd_f32.py's
+    on one with AVX2 only, and the Numba loop (kernels/qblocks.py) elsewhere: each the CPU can run, against the
+    twin, on random block bytes (any quants, any scales), over 1 to 5 blocks a row."""
+    from moert.kernels import simd_f32, simd_f32z
     from moert.kernels.blockdot import sums32
     from moert.kernels.dequant import F16_TO_F32
 
-    w = weight(name, 29, 1024, seed=9)
-    x = (np.random.default_rng(9).standard_normal(1024) * 3).astype(np.float32)
-    xs = sums32(x[None])[0]
-    raw, nb = mm.raw_rows(w), 1024 // 256
-    dense = dequantize(w.raw, w.type, w.shape).astype(np.float64)
-    want, bound = dense @ x, np.abs(dense) @ np.abs(x.astype(np.float64))
-    fast = getattr(simd_f32, f"dot1_{name.lower()}")
-    fallback = getattr(qblocks, f"dot1_{name.lower()}")
-    assert mm.TYPES[name].dot1 is (fast if simd.available() else fallback)
-    for fn in [fallback] + ([fast] if simd.available() else []):
-        got = np.array([fn(raw[r], x, xs, nb, F16_TO_F32) for r in range(29)])
-        assert np.all(np.abs(got - want) <= 1e-5 * bound), fn
+    n = name.lower()
+    fallback, avx2, avx512 = (getattr(mod, f"dot1_{n}") for mod in (qblocks, simd_f32, simd_f32z))
+    want_entry = avx512 if simd_f32z.available() and simd.available() else avx2 if simd.available() else fallback
+    assert mm.TYPES[name].dot1 is want_entry
+    runs = [fallback] + ([avx2] if simd.available() else []) + ([avx512] if simd_f32z.available() else [])
+    for cols in (256, 1024, 1280):
+        w = weight(name, 29, cols, seed=9 + cols)
+        x = (np.random.default_rng(cols).standard_normal(cols) * 3).astype(np.float32)
+        xs = sums32(x[None])[0]
+        raw, nb = mm.raw_rows(w), cols // 256
+        dense = dequantize(w.raw, w.type, w.shape).astype(np.float64)
+        want, bound = dense @ x, np.abs(dense) @ np.abs(x.astype(np.float64))
+        for fn in runs:
+            got = np.array([fn(raw[r], x, xs, nb, F16_TO_F32) for r in range(29)])
+            assert np.all(np.abs(got - want) <= 1e-5 * bound), (fn, cols)
 
 
 def test_one_table_entry_per_type_says_which_kernels_it_has():
