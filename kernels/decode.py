@@ -1,6 +1,7 @@
 """One decoder layer for ONE token in two Numba calls: the per-token glue of a small model, gone.
 
     layer_kernels(mm, moe, f16_cache) -> (attention half, experts half)   made on first use per types
+    layer_kernels_n(group, mm_o, moe, f16_cache)                           the same on several threads
 
 A small model's decode step is mostly Python around microsecond kernels (bench/RESULTS.md, "The demo model's
 per-token glue"): ~10 kernel calls a layer, each with its wrapper, checks and phase timer. These run the same
@@ -18,7 +19,10 @@ kernels, in the same order, from two calls, with the router's one matmul between
 Its twin is the architecture's Python block (moert/models/qwen3moe.py `block`, through moert/fused.py), which
 calls the same kernels one by one, so the logits are the same (bit for bit where it was written);
 tests/test_fused.py compares logits, tokens, routing and KV cache. Serial only: a caller uses it where every one
-of these calls would run on one thread anyway (small weights, short context).
+of these calls would run on one thread anyway (small weights, short context). layer_kernels_n makes the same
+halves for several threads where every matmul and the experts would each run as a parallel region (big weights,
+short context): the same regions as the block's (q/k/v in one: kernels/matmul.py group_kernel; the output; the
+expert layer), without the Python between them.
 
 Dimension legend: D hidden, H query heads, Hk KV heads, Dh head dim, Dv value head dim, E experts, K used.
 """
@@ -36,13 +40,16 @@ from moert.kernels.blockdot import FM, Z0
 from moert.kernels.jit import variant
 from moert.kernels.layers import _attention1, _no_sinks, _qk_attention1, _rms_norm, _rope, _softmax_topk
 
-__all__ = ["DIMS", "f16_bits", "layer_kernels"]
+__all__ = ["DIMS", "f16_bits", "layer_kernels", "layer_kernels_n"]
 
 # Bound per layer kernel by layer_kernel: mm_q, mm_k, mm_v, mm_o (the weights' serial matmul drivers, signature
 # (w, x, out, r0, r1, b0, b1, f16): kernels/matmul.py kernels_for) and moe (the serial expert layer kernel,
 # kernels/moe_fused.py serial_kernel), attend (kernels/layers.py _qk_attention1 over float32 caches,
 # _qk_attention1_f16 below over f16 ones: uint16 bits). The placeholders only name them.
 mm_q = mm_k = mm_v = mm_o = moe = attend = None
+# layer_kernels_n binds group (kernels/matmul.py group_kernel: q, k, v in one parallel region) and par_o (the
+# output's parallel driver, signature (w, x, out, nb, f16, chunk)), moe to the parallel expert layer kernel.
+group = par_o = None
 
 
 @intrinsic
@@ -112,15 +119,48 @@ def _attention_half(x, pos0, cos, sin, k_cache, v_cache, h, wq, wk, wv, wo, f16,
     return x1
 
 
-def _experts_half(x, h, logits, ids, wts, counts, il, g_raw, u_raw, d_raw, f16, dims):
+@njit(cache=True, inline="always")
+def _chunk(rows, n):
+    """Rows per task of a parallel matmul of `rows` rows on n threads, as kernels/matmul.py's Prepared and
+    PreparedGroup pick it: >= 4 tasks a thread, at most 64 rows a task."""
+    return max(1, min(64, -(-rows // (4 * n))))
+
+
+def _attention_half_n(x, pos0, cos, sin, k_cache, v_cache, h, wq, wk, wv, wo, f16, norms, dims, eps, scale, n):
+    """_attention_half on n threads: q, k, v in one parallel region (the q/k/v group kernel), the output in another,
+    as the block runs them (the same kernels; the rest is _attention_half's)."""
+    D = x.shape[1]
+    Hk, Dh, Dv = k_cache.shape[1], k_cache.shape[2], v_cache.shape[2]
+    H = dims[0]
+    attn_norm, q_norm, k_norm = norms[:D], norms[D:D + Dh], norms[D + Dh:D + 2 * Dh]
+    ffn_norm = norms[D + 2 * Dh:2 * D + 2 * Dh]
+    _rms_norm(x, attn_norm, eps, h)                                     # (1, D)
+    q = np.empty((1, H * Dh), dtype=np.float32)
+    k = np.empty((1, Hk * Dh), dtype=np.float32)
+    v = np.empty((1, Hk * Dv), dtype=np.float32)
+    group(h, wq, q, dims[1], f16, wk, k, dims[2], f16, wv, v, dims[3], f16, _chunk(H * Dh + Hk * (Dh + Dv), n))
+    a = np.empty((H, Dv), dtype=np.float32)
+    attend(q.reshape(H, Dh), k.reshape(Hk, Dh), v.reshape(Hk, Dv), q_norm, k_norm, eps, cos[0], sin[0], dims[10] != 0,
+           k_cache, v_cache, pos0, Z0, scale, a)                        # (H, Dv)
+    o = np.empty((1, D), dtype=np.float32)
+    par_o(wo, a.reshape(1, H * Dv), o, dims[4], f16, _chunk(D, n))      # (1, D)
+    x1 = np.empty((1, D), dtype=np.float32)
+    for i in range(D):
+        x1[0, i] = x[0, i] + o[0, i]
+    _rms_norm(x1, ffn_norm, eps, h)                                     # (1, D)
+    return x1
+
+
+def _experts_half(x, h, logits, ids, wts, counts, il, g_raw, u_raw, d_raw, f16, dims, n):
     """x (1, D) + the experts of h (1, D) that the router's logits (1, E) choose: softmax, top-k into ids, wts (1, K),
-    added to counts[il] (counts (n_layer, E): the forward call's stats); gate, up, down (E, R, row_bytes) raw."""
+    added to counts[il] (counts (n_layer, E): the forward call's stats); gate, up, down (E, R, row_bytes) raw; n the
+    expert kernel's threads (1 for the serial one)."""
     _softmax_topk(logits, ids.shape[1], dims[11] != 0, ids, wts)        # (1, K) each
     for j in range(ids.shape[1]):
         counts[il, ids[0, j]] += 1
     none = np.zeros((0, 0), dtype=np.float32)                           # no expert biases
     y = moe(h, ids, wts, g_raw, f16, u_raw, f16, d_raw, f16, dims[5], dims[6], dims[7], dims[8], dims[9], none, none,
-            none, 1)                                                    # (1, D)
+            none, n)                                                    # (1, D)
     out = np.empty_like(x)
     for i in range(x.shape[1]):
         out[0, i] = x[0, i] + y[0, i]
@@ -147,3 +187,12 @@ def layer_kernels(mm: tuple, moe_kernel, f16_cache: bool = False) -> tuple:
     attend = _qk_attention1_f16 if f16_cache else _qk_attention1
     return (_made(_attention_half, "decode_attention", mm_q=mm[0], mm_k=mm[1], mm_v=mm[2], mm_o=mm[3], attend=attend),
             _made(_experts_half, "decode_experts", moe=moe_kernel))
+
+
+def layer_kernels_n(group_kernel, mm_o, moe_kernel, f16_cache: bool = False) -> tuple:
+    """layer_kernels for several threads: attention over q/k/v's group kernel (kernels/matmul.py group_kernel) and
+    the output's parallel driver, experts over the parallel expert layer kernel (kernels/moe_fused.py layer_kernel);
+    the halves take the thread count as their last argument."""
+    attend = _qk_attention1_f16 if f16_cache else _qk_attention1
+    return (_made(_attention_half_n, "decode_attention_n", group=group_kernel, par_o=mm_o, attend=attend),
+            _made(_experts_half, "decode_experts_n", moe=moe_kernel))

@@ -9,8 +9,10 @@ the same order, so the logits are the same (bit for bit on the machine it was wr
 asks 1e-5). It applies to one token (decode), with no full trace, expert cache, virtual clock or batch of
 sequences (those go through `block`), when the layer's attention, KV cache, weights and experts are all on the
 CPU, q/k/v/output have CPU kernels (not F32), the caches are float32 or f16 (the default; bf16 and q8_0 go through
-`block`), and every kernel would run on one thread anyway. Model.fused_decode = False turns it off, e.g. to see
-per-phase times (a fused layer's time is counted as the phase "layer").
+`block`), and either every kernel would run on one thread anyway, or (several threads) each of q/k/v (one group
+region), the output and the experts would be a parallel region and attention would not (big weights, short context):
+then the two calls run those same regions, less the Python between them. Model.fused_decode = False turns it off,
+e.g. to see per-phase times (a fused layer's time is counted as the phase "layer").
 """
 
 from __future__ import annotations
@@ -65,8 +67,12 @@ class QKNormMoE:
                     nb_down=nb_down, block_down=block_down, parts=parts, act=act, neox=self.neox, renorm=self.renorm)
         step = LayerStep(m, il, caches, max(*(mm.raw.nbytes for mm in mms),
                                             min(c.n_expert_used, c.n_expert) * experts.expert_bytes))
-        step.attention, step.experts = layer_kernels(tuple(mm.serial for mm in mms), experts.serial,
-                                                     caches[0].dtype == np.uint16)
+        f16_cache = caches[0].dtype == np.uint16
+        step.attention, step.experts = layer_kernels(tuple(mm.serial for mm in mms), experts.serial, f16_cache)
+        group = m.weights.prepared.get((names["attn_q"], names["attn_k"], names["attn_v"]))
+        if group and group.kernel is not None:                          # as the block's m.linears runs q, k, v
+            step.parallel = (group.kernel, mo.parallel, experts.kernel, f16_cache)
+            step.least = min(group.bytes, mo.raw.nbytes, min(c.n_expert_used, c.n_expert) * experts.expert_bytes)
         dims = np.array([int(dims[k]) for k in DIMS], dtype=np.int64)
         step.head = (*caches, step.h, *(mm.raw for mm in mms), f16, np.concatenate(norms).astype(np.float32),
                      dims, float(c.rms_eps), np.float32(1.0 / np.sqrt(c.head_dim)))   # norms (2 D + 2 Dh,)
@@ -88,11 +94,15 @@ class LayerStep:
     """Layer il of one model made ready for fused decode steps: its two kernels (kernels/decode.py) and their
     arguments but the token's (prepare makes them), the router between them."""
 
-    __slots__ = ("attention", "experts", "head", "tail", "router_t", "bytes", "rope", "heads", "h", "ids", "wts")
+    __slots__ = ("attention", "experts", "head", "tail", "router_t", "bytes", "rope", "heads", "h", "ids", "wts",
+                 "parallel", "least", "halves_n")
 
     def __init__(self, m, il: int, caches: list, nbytes: int):
         c = m.config
         self.bytes = nbytes                                             # the most weight bytes one of its calls reads
+        self.parallel = None            # (q/k/v group kernel, output's parallel driver, parallel experts kernel, f16)
+        self.least = 0                  # the fewest weight bytes one of its calls reads (with `parallel`)
+        self.halves_n = None            # the halves on several threads (kernels/decode.py layer_kernels_n), made once
         self.h = np.empty((1, c.n_embd), dtype=np.float32)             # (1, D) the FFN's input, ffn_norm(x)
         self.ids = np.empty((1, c.n_expert_used), dtype=np.int32)      # (1, K) the chosen experts
         self.wts = np.empty((1, c.n_expert_used), dtype=np.float32)    # (1, K) their weights
@@ -100,13 +110,35 @@ class LayerStep:
         self.heads = (c.n_head_kv, c.head_dim, c.head_dim_v)
 
     def runs(self, pos: int) -> bool:
-        """Whether every kernel of the step would run on one thread at position pos, as the block would run them
-        (else `block` runs: its parallel regions)."""
-        return threads() == 1 or threads_for(self.bytes) == 1 and not attention_parallel(pos + 1, *self.heads)
+        """Whether the step runs at position pos (else `block` runs): see `threads`."""
+        return self.threads(pos) > 0
+
+    def threads(self, pos: int) -> int:
+        """The step's threads at position pos, as the block would run its kernels: 1 where every one would run on
+        one thread; n > 1 where q/k/v (one group), the output and the experts would each be a parallel region on
+        n threads and attention would not; 0 otherwise (mixed: the block runs)."""
+        n = threads()
+        if n == 1:
+            return 1
+        if attention_parallel(pos + 1, *self.heads):
+            return 0
+        if threads_for(self.bytes) == 1:
+            return 1
+        return n if self.parallel is not None and threads_for(self.least) == n else 0
 
     def __call__(self, x: np.ndarray, pos: int, cos: np.ndarray, sin: np.ndarray, counts: np.ndarray, il: int):
         """x (1, D) float32 -> after the layer (1, D); ids, wts then hold its routing, added to counts[il]
         (counts (n_layer, E) int64: Stats.expert_counts); cos, sin (1, Dh/2) the position's RoPE angles."""
+        n = self.threads(pos)
+        if n > 1:
+            if self.halves_n is None:
+                from moert.kernels.decode import layer_kernels_n
+
+                self.halves_n = layer_kernels_n(*self.parallel)
+            attention, experts = self.halves_n
+            x = attention(x, pos, cos, sin, *self.head, n)              # (1, D); self.h = ffn_norm(x)
+            logits = self.h @ self.router_t                             # (1, E) the block's router matmul
+            return experts(x, self.h, logits, self.ids, self.wts, counts, il, *self.tail, n)
         x = self.attention(x, pos, cos, sin, *self.head)              # (1, D); self.h = ffn_norm(x)
         logits = self.h @ self.router_t                                 # (1, E) the block's router matmul
-        return self.experts(x, self.h, logits, self.ids, self.wts, counts, il, *self.tail)
+        return self.experts(x, self.h, logits, self.ids, self.wts, counts, il, *self.tail, 1)

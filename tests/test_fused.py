@@ -92,3 +92,24 @@ def test_not_fused_where_the_block_must_run(mixed):
         traces.append(m.trace_stop())
     np.testing.assert_array_equal(traces[0].ids, traces[1].ids)
     np.testing.assert_allclose(traces[0].weights, traces[1].weights, rtol=0, atol=1e-6)
+
+
+@pytest.mark.parametrize("act_quant, kv", [(None, "f16"), ("int8", "f32")])
+def test_fused_on_two_threads_equals_block(monkeypatch, act_quant, kv):
+    """Where q/k/v, the output and the experts would each be a parallel region (matmul's threshold set to 0 here, as
+    big weights are), the fused step runs those regions on 2 threads (kernels/decode.py layer_kernels_n): the same
+    logits, tokens, routing and cache as the block on 2 threads."""
+    import numba
+
+    from moert.kernels import matmul
+    from moert.models.qwen3moe import FUSED
+
+    if numba.config.NUMBA_NUM_THREADS < 2:
+        pytest.skip("needs 2 Numba threads")
+    monkeypatch.setattr(matmul, "_PARALLEL_MIN_BYTES", 0)
+    m = moert.load(demo_model_path(), gpu_layers=0, threads=2, context_size=64, progress=False, act_quant=act_quant,
+                   cache_type_k=kv, cache_type_v=kv, stall_guard=False)
+    check_twins(m, steps=12)
+    steps = m._fused[FUSED]
+    assert all(s.threads(m.position) == 2 and s.halves_n is not None for s in steps if s is not None)
+    assert any(s is not None for s in steps)
