@@ -40,7 +40,7 @@ import numpy as np
 
 from moert.kernels import dequant as dk
 from moert.kernels import matmul_q as mq
-from moert.kernels import mxfp4, q8_0, repack, simd, simd_f32, simd_f32z
+from moert.kernels import mxfp4, q8_0, repack, simd, simd_f32, simd_f32z, simd_z
 from moert.kernels import qblocks as qb
 from moert.kernels.blockdot import FM, PRANGE_ONLY, block_dot, block_dot2, no_sums, stack_f32, sums32
 from moert.kernels.dequant import BF16_TO_F32, F16_TO_F32
@@ -253,7 +253,9 @@ register(KernelType("Q4_0", None, None, dequant=dk.q4_0))
 register(KernelType("Q5_0", None, None, dequant=dk.q5_0))
 register(KernelType("Q4_K", qb.deq_q4_k, "paired", dequant=dk.q4_k,
                     dot1=_F32_DOTS.dot1_q4_k if _AVX2 else qb.dot1_q4_k, sums=True,
-                    quant={mq.QMAX[1]: (mq.rows16_q4_k, mq.x_as_is), mq.QMAX[2]: (mq.rows8_q4_k, mq.x_q4_k)},
+                    quant={mq.QMAX[1]: (mq.rows16_q4_k, mq.x_as_is),
+                           mq.QMAX[2]: (simd_z.rows8_q4_kz, simd_z.x_q4_kz) if simd_z.available() and _AVX2
+                           else (mq.rows8_q4_k, mq.x_q4_k)},    # int8: 512-bit where the CPU has AVX-512BW
                     packed=(repack.repacked, variant(mq.rows8_q4_k.py_func, "rows8_q4_kr", inline=True, fastmath=FM,
                                                      Q4K_ROW=simd.q4kr_row, Q4K_BYTES=repack.PACKED_BYTES),
                             repack.x_q4_kr)))
