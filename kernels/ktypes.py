@@ -262,7 +262,9 @@ register(KernelType("Q4_K", qb.deq_q4_k, "paired", dequant=dk.q4_k,
 register(KernelType("Q5_K", qb.deq_q5_k, "paired", dequant=dk.q5_k, dot1=qb.dot1_q5_k, sums=True))
 register(KernelType("Q6_K", qb.deq_q6_k, "paired", dequant=dk.q6_k,
                     dot1=_F32_DOTS.dot1_q6_k if _AVX2 else qb.dot1_q6_k,
-                    quant={mq.QMAX[1]: (mq.rows16_q6_k, mq.x_as_is), mq.QMAX[2]: (mq.rows8_q6_k, mq.x_q6_k)}))
+                    quant={mq.QMAX[1]: (mq.rows16_q6_k, mq.x_as_is),
+                           mq.QMAX[2]: (simd_z.rows8_q6_kz if simd_z.available() and _AVX2 else mq.rows8_q6_k,
+                                        mq.x_q6_k)}))
 # MXFP4 (gpt-oss): hand-written AVX2 rows and drivers (kernels/mxfp4.py), int8 per 32 (llama.cpp's Q8_0);
 # its table is E8M0 -> float32
 register(KernelType("MXFP4", None, "chunked", dequant=mxfp4.dequant, table=mxfp4.E8M0_HALF,

@@ -193,7 +193,7 @@ def _rows1q_q6_k(w, xq, xd, xb, out, r0, r1, b0, b1, f16):
 
 # rows8_q4_k reads GGUF's blocks through these two names; kernels/ktypes.py binds simd.q4kr_row and 148 in a
 # copy of it (rows8_q4_kr) for kernels/repack.py's blocks.
-Q4K_ROW, Q4K_BYTES = simd.q4k_row, 144
+Q4K_ROW, Q4K_BYTES, Q6K_ROW = simd.q4k_row, 144, simd.q6k_row
 BIG = 4                 # tokens a call past 7 (AVX2: 8 spill registers); the 512-bit kernel binds 7 (kernels/simd_z.py)
 
 
@@ -300,34 +300,35 @@ def rows8_q6_k(w, xq, x8, xd, xb, out, r0, r1, b0, b1, f16):
     weights' -32 offset)."""
     T, C, B = x8.shape[0], x8.shape[1], xd.shape[1]
     xs, S = xb, xb.shape[1]
-    T4 = T - T % 4 if T > 7 else 0
+    T4 = T - T % BIG if T > 7 else 0
+    for t in range(0, T4, BIG):
+        for r in range(r0, r1):
+            _put(out, t, r, Q6K_ROW(w[r], 210 * b0, b1 - b0, x8, t * C + 256 * b0, C, xd, t * B + b0, B,
+                                    xs, t * S + 16 * b0, S, BIG))
     for r in range(r0, r1):
         wr = w[r]
-        for t in range(0, T4, 4):
-            _put(out, t, r, simd.q6k_row(wr, 210 * b0, b1 - b0, x8, t * C + 256 * b0, C, xd, t * B + b0, B,
-                                         xs, t * S + 16 * b0, S, 4))
         t, n = T4, T - T4
         if n == 1:
-            out[t, r] = simd.q6k_row(wr, 210 * b0, b1 - b0, x8, t * C + 256 * b0, C, xd, t * B + b0, B,
-                                     xs, t * S + 16 * b0, S, 1)
+            out[t, r] = Q6K_ROW(wr, 210 * b0, b1 - b0, x8, t * C + 256 * b0, C, xd, t * B + b0, B,
+                                xs, t * S + 16 * b0, S, 1)
         elif n == 2:
-            _put(out, t, r, simd.q6k_row(wr, 210 * b0, b1 - b0, x8, t * C + 256 * b0, C, xd, t * B + b0, B,
-                                         xs, t * S + 16 * b0, S, 2))
+            _put(out, t, r, Q6K_ROW(wr, 210 * b0, b1 - b0, x8, t * C + 256 * b0, C, xd, t * B + b0, B,
+                                    xs, t * S + 16 * b0, S, 2))
         elif n == 3:
-            _put(out, t, r, simd.q6k_row(wr, 210 * b0, b1 - b0, x8, t * C + 256 * b0, C, xd, t * B + b0, B,
-                                         xs, t * S + 16 * b0, S, 3))
+            _put(out, t, r, Q6K_ROW(wr, 210 * b0, b1 - b0, x8, t * C + 256 * b0, C, xd, t * B + b0, B,
+                                    xs, t * S + 16 * b0, S, 3))
         elif n == 4:
-            _put(out, t, r, simd.q6k_row(wr, 210 * b0, b1 - b0, x8, t * C + 256 * b0, C, xd, t * B + b0, B,
-                                         xs, t * S + 16 * b0, S, 4))
+            _put(out, t, r, Q6K_ROW(wr, 210 * b0, b1 - b0, x8, t * C + 256 * b0, C, xd, t * B + b0, B,
+                                    xs, t * S + 16 * b0, S, 4))
         elif n == 5:
-            _put(out, t, r, simd.q6k_row(wr, 210 * b0, b1 - b0, x8, t * C + 256 * b0, C, xd, t * B + b0, B,
-                                         xs, t * S + 16 * b0, S, 5))
+            _put(out, t, r, Q6K_ROW(wr, 210 * b0, b1 - b0, x8, t * C + 256 * b0, C, xd, t * B + b0, B,
+                                    xs, t * S + 16 * b0, S, 5))
         elif n == 6:
-            _put(out, t, r, simd.q6k_row(wr, 210 * b0, b1 - b0, x8, t * C + 256 * b0, C, xd, t * B + b0, B,
-                                         xs, t * S + 16 * b0, S, 6))
+            _put(out, t, r, Q6K_ROW(wr, 210 * b0, b1 - b0, x8, t * C + 256 * b0, C, xd, t * B + b0, B,
+                                    xs, t * S + 16 * b0, S, 6))
         elif n == 7:
-            _put(out, t, r, simd.q6k_row(wr, 210 * b0, b1 - b0, x8, t * C + 256 * b0, C, xd, t * B + b0, B,
-                                         xs, t * S + 16 * b0, S, 7))
+            _put(out, t, r, Q6K_ROW(wr, 210 * b0, b1 - b0, x8, t * C + 256 * b0, C, xd, t * B + b0, B,
+                                    xs, t * S + 16 * b0, S, 7))
 
 
 @njit(cache=True, inline="always")

@@ -14,6 +14,7 @@ tests/test_kernels_simd_z.py against q4k_row and the twin).
 
     q4kz_row(w, o, nb, xq, c, ld, xd, cd, ldd, xb, cb, ldb, n)   q4k_row's signature, x in x_q4_kz's order
     rows8_q4_kz, x_q4_kz                                         the kernel table's (rows, x) pair for it
+    q6kz_row, rows8_q6_kz                                        the same for Q6_K (x in GGUF's order: x_q6_k)
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ from moert.kernels.simd import (
     _f32_at,
     _fn,
     _fsplat,
+    _half_at,
     _intp,
     _lanes,
     _offsets,
@@ -46,9 +48,10 @@ from moert.kernels.simd import (
     _V32x8,
     _vload,
     prefetch,
+    q6k_values,
 )
 
-__all__ = ["ORDER", "available", "q4kz_row", "rows8_q4_kz", "x_q4_kz", "z_x8", "z_x8_ref"]
+__all__ = ["ORDER", "available", "q4kz_row", "q6kz_row", "rows8_q4_kz", "rows8_q6_kz", "x_q4_kz", "z_x8", "z_x8_ref"]
 
 _V64x8, _V32x16, _V16x32 = ir.VectorType(_I8, 64), ir.VectorType(_I16, 32), ir.VectorType(_I32, 16)
 ORDER = (0, 2, 1, 3, 4, 6, 5, 7)        # x's sub-block at position k of each 256-block, in x_q4_kz's order
@@ -120,6 +123,57 @@ def q4kz_row(typingctx, w, o, nb, xq, c, ld, xd, cd, ldd, xb, cb, ldb, n):
     return ret(w, o, nb, xq, c, ld, xd, cd, ldd, xb, cb, ldb, n), codegen
 
 
+def _q6k(context, builder, aty, wa, o, xty, xa, cs, sty, sa, ss):
+    """IR for one Q6_K block at w[o:] against len(cs) int8 token vectors at xq[c] (GGUF's order: two 32-weight
+    runs are 64 contiguous x), per-16 sums at xs[s]: one <8 x i32> a token whose lanes add up to the block's
+    sum, as simd._q6k's (the -32 offset out once per block; 64 weights, four 16-groups, per vpmaddubsw)."""
+    sc16 = builder.sext(_vload(context, builder, aty, wa, _at(builder, o, 192), ir.VectorType(_I8, 16)),
+                        ir.VectorType(_I16, 16))
+    prefetch(context, builder, aty, wa, o, 210)
+    madd8 = _fn(builder, "llvm.x86.avx2.pmadd.wd", _V32x8, [ir.VectorType(_I16, 16)] * 2)
+    offs = [builder.sub(ir.Constant(_V32x8, [0] * 8), builder.shl(builder.call(madd8, [sc16, _vload(
+        context, builder, sty, sa, s_, ir.VectorType(_I16, 16))]), ir.Constant(_V32x8, [5] * 8))) for s_ in ss]
+    maddubs = _fn(builder, "llvm.x86.avx512.pmaddubs.w.512", _V32x16, [_V64x8, _V64x8])
+    madd = _fn(builder, "llvm.x86.avx512.pmaddw.d.512", _V16x32, [_V32x16, _V32x16])
+    accs = [ir.Constant(_V16x32, [0] * 16)] * len(cs)
+    for h in range(2):
+        qs = q6k_values(context, builder, aty, wa, o, h)                # four <32 x i8>: weights 128h + 32t + l
+        for p in range(2):                                              # t = 2p, 2p + 1: groups 8h + 4p .. + 3
+            q = builder.shuffle_vector(qs[2 * p], qs[2 * p + 1], ir.Constant(ir.VectorType(_I32, 64), list(range(64))))
+            g = 8 * h + 4 * p
+            sc = _lanes(builder, sc16, [g] * 8 + [g + 1] * 8 + [g + 2] * 8 + [g + 3] * 8)
+            for i, c in enumerate(cs):
+                x = _vload(context, builder, xty, xa, _at(builder, c, 128 * h + 64 * p), _V64x8)
+                accs[i] = builder.add(accs[i], builder.call(madd, [builder.call(maddubs, [q, x]), sc]))
+    lo, hi = list(range(8)), list(range(8, 16))
+    return [builder.add(off, builder.add(_lanes(builder, acc, lo), _lanes(builder, acc, hi)))
+            for acc, off in zip(accs, offs)]
+
+
+@intrinsic
+def q6kz_row(typingctx, w, o, nb, xq, c, ld, xd, cd, ldd, xs, cs, lds, n):
+    """simd.q6k_row with 512-bit vectors (same arguments, same x)."""
+    N = _tokens(w, xq, xd, xs, n)
+    if N is None:
+        return None
+
+    def codegen(context, builder, sig, args):
+        o_, nb_, c_, ld_, cd_, ldd_, cs_, lds_ = _intp(context, builder, sig, args, 1, 2, 4, 5, 7, 8, 10, 11)
+
+        def body(b):
+            ob = builder.add(o_, builder.mul(b, ir.Constant(b.type, 210)))
+            cx = [builder.add(c, builder.mul(b, ir.Constant(b.type, 256))) for c in _offsets(builder, c_, ld_, N)]
+            ss = [builder.add(s_, builder.mul(b, ir.Constant(b.type, 16))) for s_ in _offsets(builder, cs_, lds_, N)]
+            vals = _q6k(context, builder, sig.args[0], args[0], ob, sig.args[3], args[3], cx, sig.args[9], args[9], ss)
+            d = _half_at(context, builder, sig.args[0], args[0], _at(builder, ob, 208))
+            return [[(vals[i], builder.fmul(d, _f32_at(context, builder, sig.args[6], args[6], builder.add(cd, b))))]
+                    for i, cd in enumerate(_offsets(builder, cd_, ldd_, N))]
+        tot = _row_loop(context, builder, nb_, N, body)
+        return tot[0] if N == 1 else context.make_tuple(builder, sig.return_type, tot)
+    ret = types.float32 if N == 1 else types.UniTuple(types.float32, N)
+    return ret(w, o, nb, xq, c, ld, xd, cd, ldd, xs, cs, lds, n), codegen
+
+
 @njit(cache=True, inline="always")
 def z_x8(x8):
     """int8 x (T, C) -> each 256-block's 32-column sub-blocks in ORDER (0 2 1 3 4 6 5 7)."""
@@ -150,3 +204,4 @@ def x_q4_kz(xq, x8, xd, xb):
 
 rows8_q4_kz = variant(matmul_q.rows8_q4_k.py_func, "rows8_q4_kz", inline=True, fastmath=FM, Q4K_ROW=q4kz_row,
                       Q4K_BYTES=144, BIG=7)         # past 7 tokens, 7 a call (4 for AVX2; 32 vector registers here)
+rows8_q6_kz = variant(matmul_q.rows8_q6_k.py_func, "rows8_q6_kz", inline=True, fastmath=FM, Q6K_ROW=q6kz_row, BIG=7)

@@ -1,6 +1,7 @@
-"""The 512-bit int8 Q4_K rows (kernels/simd_z.py) against the AVX2 rows and the NumPy twin: the same int32 sums per
-block (float lanes added in another order), x put in its sub-block order by z_x8 as its twin does, and the kernel
-table taking them exactly where the CPU has AVX-512BW. Skipped on a CPU without it (nothing there can run them)."""
+"""The 512-bit int8 Q4_K and Q6_K rows (kernels/simd_z.py) against the AVX2 rows and the NumPy twin: the same int32
+sums per block (float lanes added in another order), x put in its sub-block order by z_x8 as its twin does, and the
+kernel table taking them exactly where the CPU has AVX-512BW.
+Skipped on a CPU without it (nothing there can run them)."""
 
 from __future__ import annotations
 
@@ -17,11 +18,11 @@ needs = pytest.mark.skipif(not (simd_z.available() and simd.available()), reason
 
 
 def test_table_takes_the_512_bit_rows_where_the_cpu_has_them():
-    rows, x = mm.TYPES["Q4_K"].quant[mq.QMAX[2]]
+    q4, q6 = (mm.TYPES[t].quant[mq.QMAX[2]] for t in ("Q4_K", "Q6_K"))
     if simd_z.available() and simd.available():
-        assert (rows, x) == (simd_z.rows8_q4_kz, simd_z.x_q4_kz)
+        assert (q4, q6) == ((simd_z.rows8_q4_kz, simd_z.x_q4_kz), (simd_z.rows8_q6_kz, mq.x_q6_k))
     else:
-        assert (rows, x) == (mq.rows8_q4_k, mq.x_q4_k)
+        assert (q4, q6) == ((mq.rows8_q4_k, mq.x_q4_k), (mq.rows8_q6_k, mq.x_q6_k))
 
 
 def test_order_swaps_the_middle_sub_blocks_of_each_half():
@@ -55,6 +56,26 @@ def test_rows_match_avx2_rows_and_twin(T, cols, b0, b1):
     W = dequantize(w.raw, w.type, w.shape).astype(np.float64)[:, 256 * b0:256 * b1]
     steps = np.repeat(xd.astype(np.float64), 256, axis=1)[:, 256 * b0:256 * b1]
     xs = xq.astype(np.float64)[:, 256 * b0:256 * b1] * steps                # the values the kernels see
+    want, mag = xs @ W.T, np.abs(xs) @ np.abs(W).T
+    assert np.all(np.abs(got - want) <= 1e-5 * mag)
+    assert np.all(np.abs(got - avx2) <= 1e-6 * mag)
+
+
+@needs
+@pytest.mark.parametrize("T", [1, 3, 7, 8, 16, 64])
+@pytest.mark.parametrize("cols, b0, b1", [(768, 0, 3), (1280, 1, 4)])
+def test_q6_k_rows_match_avx2_rows_and_twin(T, cols, b0, b1):
+    w = weight("Q6_K", 19, cols, seed=T + 1)
+    rng = np.random.default_rng(cols - T)
+    x = (rng.standard_normal((T, cols)) * rng.uniform(0.01, 10, cols)).astype(np.float32)
+    raw = mm.raw_rows(w)
+    xq, x8, xd, xb = mq.quantize_rows(x, 127)
+    got, avx2 = (np.full((T, 19), np.nan, np.float32) for _ in range(2))
+    simd_z.rows8_q6_kz(raw, *mq.x_q6_k(xq, x8, xd, xb), got, 0, 19, b0, b1, mm.table("Q6_K"))
+    mq.rows8_q6_k(raw, *mq.x_q6_k(xq, x8, xd, xb), avx2, 0, 19, b0, b1, mm.table("Q6_K"))
+    W = dequantize(w.raw, w.type, w.shape).astype(np.float64)[:, 256 * b0:256 * b1]
+    steps = np.repeat(xd.astype(np.float64), 256, axis=1)[:, 256 * b0:256 * b1]
+    xs = xq.astype(np.float64)[:, 256 * b0:256 * b1] * steps
     want, mag = xs @ W.T, np.abs(xs) @ np.abs(W).T
     assert np.all(np.abs(got - want) <= 1e-5 * mag)
     assert np.all(np.abs(got - avx2) <= 1e-6 * mag)
