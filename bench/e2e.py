@@ -211,7 +211,8 @@ def run_round(engine, prompt, n_decode: int) -> tuple[float, list[float], np.nda
 
 def profile_decode(m, token: int = 7, steps: int = 8) -> dict:
     """moert's decode step: ms per phase (moert's own stats) of the fastest of `steps`, and the top
-    Python functions (cProfile) over the same steps."""
+    Python functions (cProfile) over the same steps. A fused layer's time is the phase "layer" (moert/fused.py;
+    Model.fused_decode = False splits it into attention, router, experts)."""
     import cProfile
     import io
     import pstats
@@ -231,7 +232,7 @@ def profile_decode(m, token: int = 7, steps: int = 8) -> dict:
         m.forward(np.asarray([token]))
     pr.disable()
     phases = {p: round(best.phase_seconds(p) * 1e3, 2) for p in ("embed", "attention", "router", "experts",
-                                                                  "transfers", "output")}
+                                                                  "layer", "transfers", "output")}
     phases["total"] = round(best.seconds * 1e3, 2)
     s = io.StringIO()
     pstats.Stats(pr, stream=s).sort_stats("tottime").print_stats(12)
