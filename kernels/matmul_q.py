@@ -233,36 +233,36 @@ def rows8_q4_k(w, xq, x8, xd, xb, out, r0, r1, b0, b1, f16):
     read every token's x from L2 again (64 tokens: 128 KB). T = 64, 2048 x 2048, one thread, GMAC/s: AVX2 101.6
     -> 102.7, 512-bit (kernels/simd_z.py, BIG = 7) 106.9 -> 142.3."""
     T, C, Cb, B = x8.shape[0], x8.shape[1], xb.shape[1], xd.shape[1]
+    RS = w.strides[0]                                                   # bytes a row: w read from its flat offsets
     T4 = T - T % BIG if T > 7 else 0                                    # up to 7 tokens: one call
     for t in range(0, T4, BIG):
         for r in range(r0, r1):
-            s4 = Q4K_ROW(w[r], Q4K_BYTES * b0, b1 - b0, x8, t * C + 256 * b0, C, xd, t * B + b0, B,
+            s4 = Q4K_ROW(w, r * RS + Q4K_BYTES * b0, b1 - b0, x8, t * C + 256 * b0, C, xd, t * B + b0, B,
                          xb, t * Cb + 8 * b0, Cb, BIG)
             for i in range(BIG):
                 out[t + i, r] = s4[i]
     for r in range(r0, r1):
-        wr = w[r]
         t, n = T4, T - T4                                               # the rest (1-7 tokens) in one call
         if n == 1:
-            out[t, r] = Q4K_ROW(wr, Q4K_BYTES * b0, b1 - b0, x8, t * C + 256 * b0, C, xd, t * B + b0, B,
+            out[t, r] = Q4K_ROW(w, r * RS + Q4K_BYTES * b0, b1 - b0, x8, t * C + 256 * b0, C, xd, t * B + b0, B,
                                 xb, t * Cb + 8 * b0, Cb, 1)
         elif n == 2:
-            _put(out, t, r, Q4K_ROW(wr, Q4K_BYTES * b0, b1 - b0, x8, t * C + 256 * b0, C, xd, t * B + b0, B,
+            _put(out, t, r, Q4K_ROW(w, r * RS + Q4K_BYTES * b0, b1 - b0, x8, t * C + 256 * b0, C, xd, t * B + b0, B,
                                     xb, t * Cb + 8 * b0, Cb, 2))
         elif n == 3:
-            _put(out, t, r, Q4K_ROW(wr, Q4K_BYTES * b0, b1 - b0, x8, t * C + 256 * b0, C, xd, t * B + b0, B,
+            _put(out, t, r, Q4K_ROW(w, r * RS + Q4K_BYTES * b0, b1 - b0, x8, t * C + 256 * b0, C, xd, t * B + b0, B,
                                     xb, t * Cb + 8 * b0, Cb, 3))
         elif n == 4:
-            _put(out, t, r, Q4K_ROW(wr, Q4K_BYTES * b0, b1 - b0, x8, t * C + 256 * b0, C, xd, t * B + b0, B,
+            _put(out, t, r, Q4K_ROW(w, r * RS + Q4K_BYTES * b0, b1 - b0, x8, t * C + 256 * b0, C, xd, t * B + b0, B,
                                     xb, t * Cb + 8 * b0, Cb, 4))
         elif n == 5:
-            _put(out, t, r, Q4K_ROW(wr, Q4K_BYTES * b0, b1 - b0, x8, t * C + 256 * b0, C, xd, t * B + b0, B,
+            _put(out, t, r, Q4K_ROW(w, r * RS + Q4K_BYTES * b0, b1 - b0, x8, t * C + 256 * b0, C, xd, t * B + b0, B,
                                     xb, t * Cb + 8 * b0, Cb, 5))
         elif n == 6:
-            _put(out, t, r, Q4K_ROW(wr, Q4K_BYTES * b0, b1 - b0, x8, t * C + 256 * b0, C, xd, t * B + b0, B,
+            _put(out, t, r, Q4K_ROW(w, r * RS + Q4K_BYTES * b0, b1 - b0, x8, t * C + 256 * b0, C, xd, t * B + b0, B,
                                     xb, t * Cb + 8 * b0, Cb, 6))
         elif n == 7:
-            _put(out, t, r, Q4K_ROW(wr, Q4K_BYTES * b0, b1 - b0, x8, t * C + 256 * b0, C, xd, t * B + b0, B,
+            _put(out, t, r, Q4K_ROW(w, r * RS + Q4K_BYTES * b0, b1 - b0, x8, t * C + 256 * b0, C, xd, t * B + b0, B,
                                     xb, t * Cb + 8 * b0, Cb, 7))
 
 
@@ -300,34 +300,34 @@ def rows8_q6_k(w, xq, x8, xd, xb, out, r0, r1, b0, b1, f16):
     weights' -32 offset)."""
     T, C, B = x8.shape[0], x8.shape[1], xd.shape[1]
     xs, S = xb, xb.shape[1]
+    RS = w.strides[0]
     T4 = T - T % BIG if T > 7 else 0
     for t in range(0, T4, BIG):
         for r in range(r0, r1):
-            _put(out, t, r, Q6K_ROW(w[r], 210 * b0, b1 - b0, x8, t * C + 256 * b0, C, xd, t * B + b0, B,
+            _put(out, t, r, Q6K_ROW(w, r * RS + 210 * b0, b1 - b0, x8, t * C + 256 * b0, C, xd, t * B + b0, B,
                                     xs, t * S + 16 * b0, S, BIG))
     for r in range(r0, r1):
-        wr = w[r]
         t, n = T4, T - T4
         if n == 1:
-            out[t, r] = Q6K_ROW(wr, 210 * b0, b1 - b0, x8, t * C + 256 * b0, C, xd, t * B + b0, B,
+            out[t, r] = Q6K_ROW(w, r * RS + 210 * b0, b1 - b0, x8, t * C + 256 * b0, C, xd, t * B + b0, B,
                                 xs, t * S + 16 * b0, S, 1)
         elif n == 2:
-            _put(out, t, r, Q6K_ROW(wr, 210 * b0, b1 - b0, x8, t * C + 256 * b0, C, xd, t * B + b0, B,
+            _put(out, t, r, Q6K_ROW(w, r * RS + 210 * b0, b1 - b0, x8, t * C + 256 * b0, C, xd, t * B + b0, B,
                                     xs, t * S + 16 * b0, S, 2))
         elif n == 3:
-            _put(out, t, r, Q6K_ROW(wr, 210 * b0, b1 - b0, x8, t * C + 256 * b0, C, xd, t * B + b0, B,
+            _put(out, t, r, Q6K_ROW(w, r * RS + 210 * b0, b1 - b0, x8, t * C + 256 * b0, C, xd, t * B + b0, B,
                                     xs, t * S + 16 * b0, S, 3))
         elif n == 4:
-            _put(out, t, r, Q6K_ROW(wr, 210 * b0, b1 - b0, x8, t * C + 256 * b0, C, xd, t * B + b0, B,
+            _put(out, t, r, Q6K_ROW(w, r * RS + 210 * b0, b1 - b0, x8, t * C + 256 * b0, C, xd, t * B + b0, B,
                                     xs, t * S + 16 * b0, S, 4))
         elif n == 5:
-            _put(out, t, r, Q6K_ROW(wr, 210 * b0, b1 - b0, x8, t * C + 256 * b0, C, xd, t * B + b0, B,
+            _put(out, t, r, Q6K_ROW(w, r * RS + 210 * b0, b1 - b0, x8, t * C + 256 * b0, C, xd, t * B + b0, B,
                                     xs, t * S + 16 * b0, S, 5))
         elif n == 6:
-            _put(out, t, r, Q6K_ROW(wr, 210 * b0, b1 - b0, x8, t * C + 256 * b0, C, xd, t * B + b0, B,
+            _put(out, t, r, Q6K_ROW(w, r * RS + 210 * b0, b1 - b0, x8, t * C + 256 * b0, C, xd, t * B + b0, B,
                                     xs, t * S + 16 * b0, S, 6))
         elif n == 7:
-            _put(out, t, r, Q6K_ROW(wr, 210 * b0, b1 - b0, x8, t * C + 256 * b0, C, xd, t * B + b0, B,
+            _put(out, t, r, Q6K_ROW(w, r * RS + 210 * b0, b1 - b0, x8, t * C + 256 * b0, C, xd, t * B + b0, B,
                                     xs, t * S + 16 * b0, S, 7))
 
 
