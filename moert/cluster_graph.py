@@ -2,8 +2,9 @@
 
     g = CompiledCalls(devices)          all RayDevices of one cluster; compiled at its first layer call
     b = g.submit(dev, key, payload)     a worker's part of this layer (one message each way, as the plain call)
-    g.flush()                           one `execute` for the layer: every worker's part at once, None for a worker
-                                        the layer gives nothing
+    g.flush()                           one `execute` for the layer: every worker's part at once (one bytes object
+                                        each, its layer key inside: cluster_worker.keyed), b"" for a worker the
+                                        layer gives nothing
     g.reply(dev, b, timeout)            its reply; None when the graph failed (the caller resends it as a plain call)
 
 Why: a plain actor call goes through Ray's scheduler and object store, ~1 ms per call ("System overhead of ~1 ms
@@ -25,6 +26,8 @@ from __future__ import annotations
 import logging
 import os
 from typing import Any
+
+from moert.cluster_worker import keyed
 
 
 def enabled(calls: str | None = None) -> bool:
@@ -91,7 +94,8 @@ class CompiledCalls:
                 self._build()
             if self.off is not None:
                 raise RuntimeError(self.off)
-            b.refs = self.dag.execute(*(b.calls.get(d.index) for d in self.members))
+            b.refs = self.dag.execute(*(keyed(*b.calls[d.index]) if d.index in b.calls else b""
+                                        for d in self.members))
             self.executions += 1
         except Exception as e:        # compiling or writing the input failed: this layer goes by plain calls
             self._fail(b, e)

@@ -14,7 +14,7 @@ import pytest
 import moert
 from moert import gguf
 from moert.cluster import connect, parse_address
-from moert.cluster_worker import pack, unpack
+from moert.cluster_worker import ExpertWorker, keyed, pack, unpack, unreply
 from moert.errors import ArgumentError, PlacementError
 from moert.generate import SamplingParams, generate_ids
 from moert.placement.rules import parse_overrides
@@ -107,6 +107,18 @@ def test_the_message_layout_round_trips():
     np.testing.assert_array_equal(x2, x)
     np.testing.assert_array_equal(ids2, ids)
     np.testing.assert_array_equal(w2, w.astype(np.float32))
+
+
+def test_a_compiled_step_takes_its_layer_key_inside_one_bytes_object():
+    # keyed: the key as little-endian int32, then the request as it is (a channel writes bytes raw)
+    assert keyed(7, b"abc") == b"\x07\x00\x00\x00abc"
+    w = ExpertWorker()
+    w.layers[7], w.remap[7] = (lambda x, ids, wts: x * wts.sum(1, keepdims=True)), None     # a stand-in layer
+    x, ids, wts = np.array([[1.0, -2.0, 3.0]], np.float32), np.array([[0, 1]]), np.array([[0.25, 0.5]])
+    y, seconds = unreply(w.step(keyed(7, pack(x, ids, wts))), 1, 3)
+    np.testing.assert_array_equal(y, [[0.75, -1.5, 2.25]])          # x x (0.25 + 0.5), by hand
+    assert seconds >= 0.0
+    assert w.step(b"") == b""                                       # a layer with nothing for this worker
 
 
 # ------------------------------------------------------------------------------------------ on a local cluster
