@@ -11,10 +11,13 @@ One model file (qwen3moe-shaped, Q8_0, written by moert.testing), loaded four ti
   plain       each MoE layer's experts split in halves over RAY0 and RAY1 (a local cluster, worker processes on
               this machine), one Ray actor call per worker and layer (MOERT_RAY_CALLS=plain);
   compiled    the same through one Ray Compiled Graph (moert/cluster_graph.py, the default).
-and Ray's own floor for each way: two actors that echo a message of a layer call's size, called together (plain:
-`.remote` + one `ray.get`; compiled: a compiled graph's `execute` + `ray.get`). Each round runs them all, one after
-the other (the machine is shared: min and median of the rounds). A compiled graph's idle workers poll their
-channels, so each graph is torn down outside its own measurement (`release`), so as not to load the others.
+and Ray's own floor for each way: n actors that echo a message of a layer call's size, called together (plain:
+`.remote` + one `ray.get`; compiled: a compiled graph's `execute` + `ray.get`), and for the compiled graph two more
+that take the round trip apart: the host busy between calls as long as its own part of a layer takes (is a
+woken worker slower?), and actors that spin as long as a worker's kernels took (what does work in the workers
+add?). Each round runs them all, one after the other (the machine is shared: min and median of the rounds). A
+compiled graph's idle workers poll their channels, so each graph is torn down outside its own measurement
+(`release`), so as not to load the others.
 It ends in one table: ms per token, the added ms per MoE layer ((ray - single) / layers of the same round), the
 workers' counters, the floors, and moert.cost.cluster.local_added's prediction for each way, term by term: Ray's
 published figure for two workers (out of sample), and moert's own work measured apart from the added cost (the
@@ -33,6 +36,7 @@ import sys
 import tempfile
 import time
 import warnings
+from functools import partial
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -86,8 +90,11 @@ def glue_seconds(D: int, E: int, K: int, n: int, reps: int = 2000) -> float:
     return best
 
 
-def floors(ray, msg: bytes, reps: int, n: int) -> tuple[float, float]:
-    """Seconds per round trip to n echo actors: plain calls, then a compiled graph (torn down after)."""
+def floors(ray, msg: bytes, reps: int, n: int, gap: float, work: float) -> dict[str, float]:
+    """Seconds per round trip to n echo actors: plain calls; a compiled graph's execute + ray.get back to back
+    ("compiled"); the same with the host busy `gap` s before each call, untimed, as it is between two layers'
+    calls in decode ("compiled_gap"); and actors that spin `work` s before echoing, as a worker's kernels take
+    ("compiled_work"). Each graph torn down after."""
     from ray.dag import InputNode, MultiOutputNode
 
     @ray.remote(num_cpus=0)
@@ -95,24 +102,39 @@ def floors(ray, msg: bytes, reps: int, n: int) -> tuple[float, float]:
         def echo(self, payload):
             return payload
 
+        def work(self, payload):
+            t0 = time.perf_counter()
+            while time.perf_counter() - t0 < work:
+                pass
+            return payload
+
+    def timed(call, gap: float = 0.0) -> float:
+        call()
+        total = 0.0
+        for _ in range(reps):
+            t0 = time.perf_counter()
+            while time.perf_counter() - t0 < gap:
+                pass
+            t0 = time.perf_counter()
+            call()
+            total += time.perf_counter() - t0
+        return total / reps
+
     actors = [Echo.remote() for _ in range(n)]
-    ray.get([a.echo.remote(msg) for a in actors])
-    t0 = time.perf_counter()
-    for _ in range(reps):
-        ray.get([a.echo.remote(msg) for a in actors])
-    plain = (time.perf_counter() - t0) / reps
-    with InputNode() as inp:
-        dag = MultiOutputNode([a.echo.bind(inp[i]) for i, a in enumerate(actors)])
-    dag = dag.experimental_compile()
-    ray.get(dag.execute(*[msg] * n))
-    t0 = time.perf_counter()
-    for _ in range(reps):
-        ray.get(dag.execute(*[msg] * n))
-    compiled = (time.perf_counter() - t0) / reps
-    dag.teardown()
+    out = dict(plain=timed(lambda: ray.get([a.echo.remote(msg) for a in actors])))
+    for method in ("echo", "work"):
+        with InputNode() as inp:
+            dag = MultiOutputNode([getattr(a, method).bind(inp[i]) for i, a in enumerate(actors)])
+        dag = dag.experimental_compile()
+        call = partial(lambda g: ray.get(g.execute(*[msg] * n)), dag)
+        if method == "echo":
+            out["compiled"], out["compiled_gap"] = timed(call), timed(call, gap)
+        else:
+            out["compiled_work"] = timed(call)
+        dag.teardown()
     for a in actors:
         ray.kill(a)
-    return plain, compiled
+    return out
 
 
 def main() -> int:
@@ -157,7 +179,8 @@ def main() -> int:
     group.release()                                  # its workers poll while compiled: only during its rounds
     msg = b"\0" * (12 + 4 * D + 8 * K)
 
-    t = {k: [] for k in ("single", "unfused", "plain", "compiled", "floor_plain", "floor_compiled")}
+    t = {k: [] for k in ("single", "unfused", "plain", "compiled", "floor_plain", "floor_compiled",
+                         "floor_compiled_gap", "floor_compiled_work")}
     calls = {k: [] for k in ("plain", "compiled")}
     experts = []                                     # the unfused single process's "experts" phase, s per token
     for _ in range(args.rounds):
@@ -169,9 +192,9 @@ def main() -> int:
             if name == "unfused":
                 experts.append(phase)
         group.release()
-        fp, fc = floors(ray, msg, 300, n)
-        t["floor_plain"].append(fp)
-        t["floor_compiled"].append(fc)
+        gap = (t["unfused"][-1] - experts[-1]) / args.layers      # the host's own part of a layer (fused off)
+        for k, v in floors(ray, msg, 300, n, gap, calls["compiled"][-1][1]).items():
+            t[f"floor_{k}"].append(v)
 
     def stats(xs, scale=1e3):
         return dict(min=min(xs) * scale, median=statistics.median(xs) * scale)
@@ -189,7 +212,8 @@ def main() -> int:
     expert_s = statistics.median(experts) / args.layers / K
     glue_s = glue_seconds(D, E, K, n)
     res["parts"] = dict(fused_saves_ms_per_layer=fused_s * 1e3, expert_kernel_ms=expert_s * 1e3,
-                        glue_ms_per_layer=glue_s * 1e3)
+                        glue_ms_per_layer=glue_s * 1e3, floor_compiled_gap_ms=stats(t["floor_compiled_gap"]),
+                        floor_compiled_work_ms=stats(t["floor_compiled_work"]))
     for name in ("plain", "compiled"):
         added = [(b - a) / args.layers for a, b in zip(t["single"], t[name])]      # per MoE layer, same round
         terms = local_added(n, D, K, E, expert_s, fused_s, glue_s, calls=name)
@@ -235,6 +259,9 @@ def main() -> int:
     print(f"parts (measured apart from the added cost): the fused layer saves {q['fused_saves_ms_per_layer']:.3f} ms "
           f"per layer (single {cell(res['single_ms_per_token'])}, fused off {cell(res['unfused_ms_per_token'])} ms "
           f"per token); one expert's kernels {q['expert_kernel_ms']:.3f} ms; glue {q['glue_ms_per_layer']:.3f} ms")
+    print(f"Ray's compiled floor with the host busy between calls as in decode: "
+          f"{cell(q['floor_compiled_gap_ms'])} ms; with actors busy as long as a worker's kernels: "
+          f"{cell(q['floor_compiled_work_ms'])} ms")
     print(f"(graphs compiled for the compiled model: {res['compiles']}, one per round and one at load)")
     print(f"command: {res['command']}")
     for m in models.values():
