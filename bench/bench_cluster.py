@@ -262,6 +262,9 @@ def main() -> int:
     print(f"Ray's compiled floor with the host busy between calls as in decode: "
           f"{cell(q['floor_compiled_gap_ms'])} ms; with actors busy as long as a worker's kernels: "
           f"{cell(q['floor_compiled_work_ms'])} ms")
+    if n + 1 > (os.cpu_count() or 1):
+        print(f"note: the host and its {n} workers are {n + 1} processes on {os.cpu_count()} cores; Ray's published "
+              f"figures come from machines with a core for each")
     print(f"(graphs compiled for the compiled model: {res['compiles']}, one per round and one at load)")
     print(f"command: {res['command']}")
     for m in models.values():
