@@ -133,3 +133,25 @@ def test_mla_attention_is_costed_in_latent_space_as_llama_cpp_runs_it():
                           for d in (0, depth))
     assert f1 - f0 == pytest.approx(2 * depth * 128 * (576 + 512), rel=0.01)
     assert b1 - b0 == pytest.approx(depth * 576 * 2, rel=0.01)
+
+
+def test_op_offload_from_mmapped_weights_runs_at_most_at_half_the_achieved_dram_rate():
+    """Link.staged: pageable (mmap'd) weights cross the host's DRAM twice on their way to the staging array, so a
+    dual-channel DDR5-2000 box (32 GB/s peak, 0.7 of it achieved: 22.4 GB/s, / 2 = 11.2 GB/s) copies below its PCIe
+    4.0 x16 link's 25.2 GB/s, and a 12-channel server (460.8 GB/s peak) does not."""
+    link = moert.Link(31.5, 10.0)                                        # 0.8 efficiency: 25.2 GB/s
+    slow = moert.CPU("ddr5-2000 desktop", 6, hardware.ddr_gbs(2, 2000), 2, 2000)
+    staged = link.staged(slow)
+    assert staged.bw_gbs * staged.efficiency == pytest.approx(11.2)
+    assert staged.seconds(11.2e9, 0) == pytest.approx(1.0)
+    server = moert.CPU("12-channel server", 32, hardware.ddr_gbs(12, 4800), 12, 4800)
+    assert link.staged(server) is link
+    # in predict: prefill's offload copies take 25.2 / 11.2 = 2.25x as long with mmap as from pinned memory
+    hw = moert.Hardware(cpu=slow, gpus=hardware.preset("rtx4090+ryzen-7950x").gpus, link=link)
+    p = _plan(hw=hw, cpu_moe=True)
+    off = {m: sum(x.seconds for x in moert.predict(p, hw, n_prompt=512, mmap=m).parts
+                  if x.phase == "prefill" and x.stage == "offload") for m in (True, False)}
+    copies = sum(x.ops for x in moert.predict(p, hw, n_prompt=512).parts
+                 if x.phase == "prefill" and x.stage == "offload")
+    lat = copies * 10e-6
+    assert (off[True] - lat) / (off[False] - lat) == pytest.approx(25.2 / 11.2, rel=1e-6)

@@ -17,7 +17,7 @@ A calibrated CPU carries measured rates instead (`kernel_gbs`, `kernel_gflops`, 
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 from moert.errors import MoertError
@@ -193,6 +193,15 @@ class GPU:
         return peak * self.compute_efficiency
 
 
+# DRAM passes of a copy from pageable memory through the driver's pinned staging array (Link.staged): the read of
+# the weights and the write of the staging array, as STREAM's Copy counts a copy's bytes (read + written); the DMA's
+# read of the array just written is served from the CPU's last-level cache (Intel DDIO; the lines are still there)
+# and is not counted. A count from the mechanism, not a fit, but chosen knowing the figures: it was written after
+# seeing the carteakey figure in bench/published.json (op offload from DDR5 at 2000 MT/s, in sample for it), and
+# 3 passes (the DMA read from DRAM too) made the training figures on Ryzen 7950X boxes 15-20% slower, against them.
+STAGED_PASSES = 2
+
+
 @dataclass(frozen=True)
 class Link:
     """The host <-> GPU link: bandwidth per direction and the fixed cost of one copy."""
@@ -211,6 +220,22 @@ class Link:
     def seconds(self, nbytes: float, copies: int = 1) -> float:
         """Time of `copies` copies moving `nbytes` in total."""
         return copies * self.latency_us * 1e-6 + nbytes / (self.bw_gbs * self.efficiency * 1e9)
+
+    def staged(self, cpu: CPU) -> Link:
+        """This link copying from pageable host memory: what op offload does with llama.cpp's and ik_llama.cpp's
+        mmap'd weights (their default). llama.cpp's loader puts CPU weights in the GPU backend's pinned host buffer
+        only without mmap (src/llama-model.cpp: "avoid using a host buffer when using mmap"); ik_llama.cpp pins the
+        mapping only with GGML_CUDA_REGISTER_HOST set (ggml-cuda.cu, ggml_backend_cuda_register_host_buffer). From
+        pageable memory "the CUDA driver must first allocate a temporary page-locked, or pinned, host array, copy
+        the host data to the pinned array, and then transfer the data from the pinned array to device memory"
+        (NVIDIA, "How to Optimize Data Transfers in CUDA C/C++"): each byte crosses the host's DRAM STAGED_PASSES
+        times (the read of the weights, the write of the staging array), so the copy runs at most at
+        the CPU's achieved DRAM rate / STAGED_PASSES: slower than the PCIe link on a desktop with slow or
+        dual-channel DRAM, no change on a many-channel server."""
+        dram = cpu.mem_bw_gbs * cpu.bw_efficiency / STAGED_PASSES
+        if dram >= self.bw_gbs * self.efficiency:
+            return self
+        return replace(self, efficiency=dram / self.bw_gbs, name=f"{self.name}, pageable")
 
     @staticmethod
     def pcie(gen: int, lanes: int = 16) -> Link:
