@@ -155,3 +155,46 @@ def test_op_offload_from_mmapped_weights_runs_at_most_at_half_the_achieved_dram_
                  if x.phase == "prefill" and x.stage == "offload")
     lat = copies * 10e-6
     assert (off[True] - lat) / (off[False] - lat) == pytest.approx(25.2 / 11.2, rel=1e-6)
+
+
+def test_numa_nodes_a_two_socket_cpu_and_what_each_numa_mode_reads():
+    """hardware.sockets and numa_view on hand numbers: two sockets of 16 cores and 8 x DDR5-6250 (400 GB/s each)."""
+    one = moert.CPU("s", 16, 400.0, 8, 6250, call_us=0.0, source="hand")   # no per-op cost: bytes alone
+    two = hardware.sockets(one, 2)
+    assert (two.cores, two.mem_bw_gbs, two.mem_channels, two.numa_nodes) == (32, 800.0, 16, 2)
+    none, dist, iso = (hardware.numa_view(two, m) for m in ("none", "distribute", "isolate"))
+    assert (none.cores, none.mem_bw_gbs) == (32, 400.0)          # every core, one node's memory
+    assert dist == two                                           # node-local pages: all of it
+    assert (iso.cores, iso.mem_bw_gbs, iso.mem_channels) == (16, 400.0, 8) == (one.cores, one.mem_bw_gbs, 8)
+    assert hardware.numa_view(one, "isolate") is one             # one node: nothing to choose
+    assert hardware.preset("2x epyc-9374f").cpu.numa_nodes == 2
+    assert hardware.preset("rtx4090+2x epyc-9374f").cpu.cores == 64
+    with pytest.raises(hardware.HardwareError, match="from 1 to 8"):
+        hardware.preset("9x epyc-9374f")
+    with pytest.raises(hardware.HardwareError, match="numa='spread'"):
+        hardware.numa_view(two, "spread")
+    # in predict: CPU-only decode of a big MoE reads one node's memory without --numa (as one socket does),
+    # twice that with distribute; the prompt (compute-bound) uses every core unless isolated
+    hw2, hw1 = moert.Hardware(cpu=two), moert.Hardware(cpu=one)
+    p = _plan(hw1, "qwen3-235b-a22b")
+    r = {m: moert.predict(p, hw2, n_prompt=512, numa=m) for m in ("none", "distribute", "isolate")}
+    solo = moert.predict(p, hw1, n_prompt=512)
+    mem = lambda x: sum(q.seconds for q in x.parts if q.phase == "decode" and q.bound == "memory")  # noqa: E731
+    assert mem(r["none"]) == pytest.approx(mem(solo)) and mem(r["distribute"]) == pytest.approx(mem(solo) / 2)
+    assert r["isolate"].decode_s == pytest.approx(solo.decode_s)
+    assert r["none"].prefill_s < 0.6 * r["isolate"].prefill_s and r["none"].settings["numa"] == "none"
+
+
+def test_compare_takes_numa_and_puts_it_on_the_llama_server_line(capsys):
+    import json
+
+    from moert.cli.main import main
+
+    tg = {}
+    for extra in ([], ["--numa", "distribute"]):
+        assert main(["compare", "zoo:qwen3-30b-a3b", "--hardware", "2x epyc-9374f", "--json", *extra]) == 0
+        out = json.loads(capsys.readouterr().out)
+        tg[out["numa"]] = max(r["tg"] for r in out["rows"] if r["tg"])
+        assert out["numa_nodes"] == 2
+    assert tg["distribute"] > 1.5 * tg["none"]
+    assert "--numa distribute" in out["commands"]["llama-server"]
