@@ -136,6 +136,10 @@ class CPU:
         return n * rate if rate else self.peak_gflops * self.compute_efficiency * n / self.cores
 
     def _threads(self, threads: int | None) -> int:
+        """Threads that add work: at most the physical cores. An SMT sibling shares its core's FMA units and load
+        ports, so threads beyond the cores add nothing here; llama.cpp's own default is the physical cores
+        (common.cpp cpu_get_num_math), and users find more threads no faster (llama.cpp issue 6434: a 96-core
+        EPYC 9654 peaks at about 60 threads, memory-bound)."""
         n = self.cores if threads is None else int(threads)
         if n < 1:
             raise HardwareError(f"{self.name}: threads must be >= 1, got {threads}")
