@@ -35,12 +35,15 @@ from moert.cost.hardware import Hardware, HardwareError
 #     `execute` of an echo actor + `ray.get`, bytes in and out) as ray-project/ray#41769 published it, one machine:
 #     "compiled single-actor DAG calls per second 20931.29" (47.8 us a call) and "compiled scatter-gather DAG calls,
 #     n=4 actors per second 8896.79" (112.4 us), so (112.4 - 47.8) / 3 = 21.5 us for each further actor the driver
-#     writes to and reads from (serially, on its one thread): 69.3 us for two. Read before any of moert's
-#     measurements of it; the figure used before, Ray's quickstart's one echo actor (86.7 us, one timed call,
-#     https://docs.ray.io/en/latest/ray-core/compiled-graph/quickstart.html), publishes nothing per further actor.
+#     writes to and reads from (serially, on its one thread): 69.3 us for two. Not read from any of moert's
+#     measurements (bench/bench_cluster.py's runs neither set nor scale it); chosen after they were known, as the one
+#     published figure with several actors, in place of Ray's quickstart's one echo actor (86.7 us, one timed call,
+#     https://docs.ray.io/en/latest/ray-core/compiled-graph/quickstart.html), which is higher: the change moved the
+#     prediction away from those runs, not toward them.
 #   "plain" (MOERT_RAY_CALLS=plain): the same quickstart's classic actor call + ray.get, 969 us ("the classic Ray
 #     Core APIs usually have 1 ms+ system overhead"); each further worker called at once adds the caller's share of
-#     "1:n actor calls async", 18,694/s on the machine of ray-project/ray#16222 (~53 us).
+#     "1:n actor calls async", 18,694/s on the machine of ray-project/ray#16222 (~53 us). Neither read from
+#     bench/bench_cluster.py's runs; 969 us replaced the 500 us below after its first runs were known.
 # (Round trips, not throughput: Ray's "1:1 actor calls sync" ~2,000/s microbenchmark rate, 0.5 ms, is a loop of
 # calls on a many-core machine and predicted 50-53% under what bench/bench_cluster.py measured here.)
 RAY_CALL_US = {"compiled": 1e6 / 20931.29, "plain": 969.0}
