@@ -39,7 +39,7 @@ from moert.cost.hardware import Hardware, HardwareError
 #     measurements (bench/bench_cluster.py's runs neither set nor scale it); chosen after they were known, as the one
 #     published figure with several actors, in place of Ray's quickstart's one echo actor (86.7 us, one timed call,
 #     https://docs.ray.io/en/latest/ray-core/compiled-graph/quickstart.html), which is higher: the change moved the
-#     prediction away from those runs, not toward them.
+#     2-worker prediction away from those runs, not toward them.
 #   "plain" (MOERT_RAY_CALLS=plain): the same quickstart's classic actor call + ray.get, 969 us ("the classic Ray
 #     Core APIs usually have 1 ms+ system overhead"); each further worker called at once adds the caller's share of
 #     "1:n actor calls async", 18,694/s on the machine of ray-project/ray#16222 (~53 us). Neither read from
