@@ -7,7 +7,8 @@
 A Ray Compiled Graph's workers wait for the next layer by polling their shared-memory channel: an idle loaded
 model's workers each use about a third of a core (bench/RESULTS.md, "Experts on Ray workers"). So once no request
 has run for `seconds`, the graph is torn down (cluster_graph.CompiledCalls.release) and the workers sleep; the next
-request's first MoE layer compiles it again (~0.2 s on that request's first token).
+request's first MoE layer compiles it again (0.1-0.2 s on that request's first token here, 0.5-1 s
+with other jobs on the cores: bench/bench_cluster_idle.py).
 
 Safe with concurrent requests and -np slots: every forward runs inside a request (between busy(+1) and busy(-1)),
 and the release happens holding the server's lock with no request running, so a request that starts meanwhile

@@ -128,10 +128,10 @@ def add_commands(sub) -> None:
                    "(default: the file name)")
     g.add_argument("--ray-idle-seconds", type=_idle_seconds, default=IDLE_S, metavar="SECONDS",
                    help="with experts on Ray workers (--ray): release their compiled graph after SECONDS without "
-                   "a request, so that idle workers stop polling their channels (about a third of a core each); "
-                   "the next request compiles it again (~0.2 s on its first token). 0: after every request; -1: "
-                   f"never (named after llama-server's --sleep-idle-seconds, which unloads the model) "
-                   f"(default: {IDLE_S:g})")
+                   "a request, so that idle workers stop polling their channels (a third of a core or more each); "
+                   "the next request compiles it again (0.1-0.2 s more on its first token, more on a busy "
+                   "machine). 0: after every request; -1: never (named after llama-server's "
+                   f"--sleep-idle-seconds, which unloads the model) (default: {IDLE_S:g})")
     add_chat_template_args(g, "/v1/chat/completions's")
     add_override_kv_arg(g)
     add_sampling_args(s, n_predict=-1)
