@@ -26,6 +26,7 @@ import argparse
 import json
 import math
 import os
+import re
 import sys
 import warnings
 from collections import defaultdict
@@ -103,7 +104,8 @@ def _predict(entry: str, factors: tuple, _graphs: str) -> dict:
     plan = _plan(e["model"], tuple(hw.gpu_memory()), tuple(placement(e).items()), e.get("twin_quant"))
     r = moert.predict(plan, hw, n_prompt=t.get("n_prompt") or 0, n_gen=t.get("n_gen") or 1, depth=t.get("depth", 0),
                       n_ubatch=t.get("n_ubatch", 512), threads=t.get("threads"), kv_bytes=t.get("kv_bytes", 2),
-                      policy="ik_llama.cpp" if e["engine"] == "ik_llama.cpp" else "llama.cpp", graphs=graphs(e))
+                      policy="ik_llama.cpp" if e["engine"] == "ik_llama.cpp" else "llama.cpp", graphs=graphs(e),
+                      mmap=mmap(e))
     wanted = e.get("predict", ["prompt", "gen"])
     return {"prompt": r.prefill_tok_s if e.get("prompt_tok_s") and "prompt" in wanted else None,
             "gen": r.decode_tok_s if e.get("gen_tok_s") and "gen" in wanted else None,
@@ -122,6 +124,12 @@ def term(r, phase: str) -> str:
         return ""
     k = max(out, key=out.get)
     return f"{k} {100 * out[k] / total:.0f}%"
+
+
+def mmap(e: dict) -> bool:
+    """Whether the entry's engine mapped the GGUF (both engines' default; `--no-mmap` / `-mmp 0` in its flags: not),
+    which makes op offload copy from pageable memory (moert.cost.hardware.Link.staged)."""
+    return not re.search(r"--no-mmap|-mmp 0|--mmap 0", e.get("flags") or "")
 
 
 def graphs(e: dict) -> str:

@@ -210,8 +210,9 @@ class RayDevice(RemoteDevice):
         """ray.get(ref) within `timeout` seconds (of `limit`, the whole allowance, for the message), errors typed."""
         ray = _ray()
         at = f" at layer {layer}" if layer is not None else ""
-        fix = ("run `ray status` and check the worker's node; restart the model to reconnect, or pass "
-               "ray_fallback='cpu' (--ray-fallback cpu) to run a lost worker's experts on this host")
+        fix = "run `ray status` and check the worker's node; restart the model to reconnect" + (
+            "" if self.fallback else ", or pass ray_fallback='cpu' (--ray-fallback cpu) to run a lost worker's "
+                                     "experts on this host")
         try:
             if ref is HUNG:
                 raise ray.exceptions.GetTimeoutError()

@@ -2,8 +2,9 @@
 
     g = CompiledCalls(devices)          all RayDevices of one cluster; compiled at its first layer call
     b = g.submit(dev, key, payload)     a worker's part of this layer (one message each way, as the plain call)
-    g.flush()                           one `execute` for the layer: every worker's part at once, None for a worker
-                                        the layer gives nothing
+    g.flush()                           one `execute` for the layer: every worker's part at once (one bytes object
+                                        each, its layer key inside: cluster_worker.keyed), b"" for a worker the
+                                        layer gives nothing
     g.reply(dev, b, timeout)            its reply; None when the graph failed (the caller resends it as a plain call)
 
 Why: a plain actor call goes through Ray's scheduler and object store, ~1 ms per call ("System overhead of ~1 ms
@@ -25,6 +26,8 @@ from __future__ import annotations
 import logging
 import os
 from typing import Any
+
+from moert.cluster_worker import keyed
 
 
 def enabled(calls: str | None = None) -> bool:
@@ -71,6 +74,8 @@ class CompiledCalls:
         self.off: str | None = None      # why compiled calls are off for good (plain actor calls from then on)
         self.compiles = 0                # graphs compiled (1 when nothing failed)
         self.executions = 0              # layers run through a graph
+        self.releases = 0                # graphs torn down by release() (an idle server's: moert/server_idle.py)
+        _quiet.log.addFilter(_LOSS_REPORTED)   # once per process (the same filter is not added twice)
 
     def submit(self, dev: Any, key: int, payload: bytes) -> Batch | None:
         """Queue dev's part of this layer; None when compiled calls are off (then the caller makes a plain call)."""
@@ -91,7 +96,8 @@ class CompiledCalls:
                 self._build()
             if self.off is not None:
                 raise RuntimeError(self.off)
-            b.refs = self.dag.execute(*(b.calls.get(d.index) for d in self.members))
+            b.refs = self.dag.execute(*(keyed(*b.calls[d.index]) if d.index in b.calls else b""
+                                        for d in self.members))
             self.executions += 1
         except Exception as e:        # compiling or writing the input failed: this layer goes by plain calls
             self._fail(b, e)
@@ -108,7 +114,13 @@ class CompiledCalls:
 
     def release(self) -> None:
         """Tear the graph down until the next layer compiles it again (~0.2 s): a compiled graph's workers poll
-        their channels while they wait, so an idle model's workers use CPU until released."""
+        their channels while they wait, so an idle model's workers use CPU until released. Call it only when no
+        layer is being submitted or awaited (the server calls it idle, holding the lock a request takes to start)."""
+        if self.dag is not None:
+            self.releases += 1
+        for d in self.devices:      # a worker given up (dead, or hung in its step) first: teardown would wait on it
+            if d.lost is not None:
+                d.kill()
         self._teardown()
 
     def close(self) -> None:
@@ -165,13 +177,33 @@ class CompiledCalls:
 class _quiet:
     """Ray logs every compile and teardown at INFO, and a dead actor's teardown at ERROR: moert reports faults."""
 
+    log = logging.getLogger("ray.dag.compiled_dag_node")
+
     def __enter__(self):
-        self.log = logging.getLogger("ray.dag.compiled_dag_node")
         self.level = self.log.level
         self.log.setLevel(logging.CRITICAL)
 
     def __exit__(self, *exc):
         self.log.setLevel(self.level)
+
+
+class _LossReported(logging.Filter):
+    """Drops what Ray's own thread logs when a graph's worker dies: each compiled graph has a monitor thread
+    (CompiledGraphMonitorThread, ray/dag/compiled_dag_node.py) that waits on the workers' loops and, when one
+    ends, tears the graph down itself, logging each step at INFO and the dead actor's cancel as
+    `logger.exception("Error cancelling worker task")`: a traceback of ActorDiedError on stderr, from a thread
+    moert does not run, before moert's own RemoteDeviceError (or fallback warning) names the lost worker. Dropped:
+    this logger's INFO records and the ERROR records whose exception is a dead actor (RayActorError); any other
+    error or warning of Ray's is still printed."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.levelno < logging.WARNING:
+            return False
+        exc = record.exc_info[1] if record.exc_info else None
+        return not isinstance(exc, _ray().exceptions.RayActorError)
+
+
+_LOSS_REPORTED = _LossReported()
 
 
 def _answers(dev: Any, timeout: float = 5.0) -> bool:

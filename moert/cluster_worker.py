@@ -5,14 +5,18 @@
     w.receive(arrays)                       or: its experts' quantized bytes, sent once (no file there)
     w.prepare(key, names, act, biases)      one MoE layer made ready (the host's own kernels, kernels/moe_fused.py)
     w.run(key, payload) -> bytes            all (token, expert, weight) pairs of that layer, one message each way
-    w.step(call) -> bytes | None            the same as one step of a Ray Compiled Graph (moert/cluster_graph.py):
-                                            call (key, payload), or None when the layer gives this worker nothing
+    w.step(call) -> bytes                   the same as one step of a Ray Compiled Graph (moert/cluster_graph.py):
+                                            call = keyed(key, payload), or b"" when the layer gives this worker
+                                            nothing (then b"" back)
 
 The message layout (little-endian, see `pack` / `unpack`):
     request   int32 [T, K, D] | float32 x (T, D) | int32 ids (T, K), -1 = not this worker's | float32 weights (T, K)
     reply     float32 y (T, D) | float64 seconds the kernels took here
 One bytes object each way: Ray moves bytes with the least work (measured: 2 workers, one decoded token, 0.9-1.1
-ms per round trip against 1.2-1.4 ms for three NumPy arrays; bench/bench_cluster.py).
+ms per round trip against 1.2-1.4 ms for three NumPy arrays; bench/bench_cluster.py). A compiled graph's step gets
+its layer key inside the bytes too (`keyed`): a channel writes bytes raw, where a (key, payload) tuple goes through
+msgpack and pickle on both sides (measured here, a compiled graph of 2 echo actors: 62-127 us at best with
+bytes, 119 us with a tuple; bench/RESULTS.md, issue 29's third pass).
 
 Dimension legend: T tokens, K experts per token, D hidden, E experts, F expert hidden.
 """
@@ -27,6 +31,7 @@ import time
 import numpy as np
 
 HEADER = np.dtype("<i4")
+KEY = 4                                 # bytes of a compiled step's layer key, before its request (`keyed`)
 
 
 def pack(x: np.ndarray, ids: np.ndarray, weights: np.ndarray) -> bytes:
@@ -47,6 +52,11 @@ def unpack(payload: bytes) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     ids = np.frombuffer(payload, np.int32, T * K, o).reshape(T, K)
     w = np.frombuffer(payload, np.float32, T * K, o + 4 * T * K).reshape(T, K)
     return x, ids, w
+
+
+def keyed(key: int, payload: bytes) -> bytes:
+    """A compiled graph step's input: the layer key (int32) then the request, one bytes object."""
+    return np.array([key], HEADER).tobytes() + payload
 
 
 def reply(y: np.ndarray, seconds: float) -> bytes:
@@ -146,16 +156,16 @@ class ExpertWorker:
             y = self.layers[key](x, ids, w)
             return reply(y, time.perf_counter() - t0)
 
-    def step(self, call: tuple | None) -> bytes | None:
-        """One execution of the compiled graph: `run(*call)`, or None when this layer has nothing for this worker."""
-        if call is None:
-            return None
+    def step(self, call: bytes) -> bytes:
+        """One execution of the compiled graph: `run` of a `keyed` call, or b"" when this layer has nothing here."""
+        if not call:
+            return b""
         if self.threads and getattr(self.stepping, "threads", None) != self.threads:
             import numba
 
             numba.set_num_threads(min(self.threads, numba.config.NUMBA_NUM_THREADS))
             self.stepping.threads = self.threads
-        return self.run(*call)
+        return self.run(int(np.frombuffer(call, HEADER, 1)[0]), memoryview(call)[KEY:])
 
     def busy(self) -> bool:
         """Whether a layer call is running (the host asks when a compiled graph's step timed out)."""

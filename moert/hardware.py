@@ -3,9 +3,23 @@ model's wing, moert/cost/ (hardware.py the parts, presets.py the preset parts, m
 name or a JSON file, calibrate.py this machine measured)."""
 
 from moert.cost.calibrate import calibrate
-from moert.cost.hardware import CPU, GPU, MAX_GPUS, Hardware, HardwareError, Link, ddr_gbs, pcie_gbs
+from moert.cost.hardware import (
+    CPU,
+    GPU,
+    MAX_GPUS,
+    MAX_SOCKETS,
+    NUMA_MODES,
+    Hardware,
+    HardwareError,
+    Link,
+    ddr_gbs,
+    numa_view,
+    pcie_gbs,
+    sockets,
+)
 from moert.cost.machines import preset, with_cpu
 from moert.cost.presets import CPUS, GPUS, LINKS, examples, preset_link, table, to_dict
 
-__all__ = ["CPU", "CPUS", "GPU", "GPUS", "Hardware", "HardwareError", "LINKS", "Link", "MAX_GPUS", "calibrate",
-           "ddr_gbs", "examples", "pcie_gbs", "preset", "preset_link", "table", "to_dict", "with_cpu"]
+__all__ = ["CPU", "CPUS", "GPU", "GPUS", "Hardware", "HardwareError", "LINKS", "Link", "MAX_GPUS", "MAX_SOCKETS",
+           "NUMA_MODES", "calibrate", "ddr_gbs", "examples", "numa_view", "pcie_gbs", "preset", "preset_link",
+           "sockets", "table", "to_dict", "with_cpu"]

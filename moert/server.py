@@ -10,7 +10,8 @@ n_parallel=N: a worker per slot, each generating against its own part of the cac
 running every forward over all the slots' tokens together (moert/server_slots.py, moert/batch.py). Each
 request starts with the longest prefix of its prompt that is still in its cache (with slots, it takes the free
 one holding the longest), so a chat that resends its history only runs the new turn. The HTTP routes live in
-moert/server_app.py, the reading of requests in moert/server_openai.py.
+moert/server_app.py, the reading of requests in moert/server_openai.py. With experts on Ray workers, their compiled
+graph is released after `ray_idle_s` without a request (moert/server_idle.py): idle workers stop polling.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from moert.sampling import SamplingParams
 
 MAX_BODY = 8 << 20   # --max-body's default: 8 MiB, a 128K-token conversation's JSON with room to spare
 MIN_SLOT_CONTEXT = 16   # tokens a slot must hold at least (-np divides -c among the slots)
+IDLE_S = 5.0            # --ray-idle-seconds' default: Ray workers' compiled graph released after this idle
 
 
 class QueueFull(MoertError):
@@ -128,8 +130,11 @@ class Server:
     """The model behind a FIFO queue of `queue_size` waiting requests and one worker thread."""
 
     def __init__(self, model, name: str, queue_size: int = 16, defaults: dict | None = None,
-                 chat_template: str | None = None, max_body: int = MAX_BODY, n_parallel: int = 1):
+                 chat_template: str | None = None, max_body: int = MAX_BODY, n_parallel: int = 1,
+                 ray_idle_s: float = IDLE_S):
         import numba
+
+        from moert.server_idle import IdleRelease
 
         if queue_size < 1:
             raise MoertError(f"queue size (--queue) must be >= 1, got {queue_size}")
@@ -137,6 +142,8 @@ class Server:
             raise MoertError(f"the body limit (--max-body) must be >= 1 byte, got {max_body}")
         if n_parallel < 1:
             raise MoertError(f"slots (-np) must be >= 1, got {n_parallel}")
+        if not (ray_idle_s >= 0 or ray_idle_s == -1):
+            raise MoertError(f"--ray-idle-seconds must be >= 0 seconds, or -1 (never release), got {ray_idle_s}")
         if model.context_size // n_parallel < MIN_SLOT_CONTEXT:
             raise MoertError(f"-np {n_parallel} divides the context of {model.context_size} into slots of "
                              f"{model.context_size // n_parallel} tokens; give each at least {MIN_SLOT_CONTEXT}: "
@@ -152,6 +159,7 @@ class Server:
         self.metrics = Metrics()
         self.processing = 0                       # requests being generated now
         self._lock = threading.Lock()             # for `processing`, which every worker changes
+        self.idle = IdleRelease(model, ray_idle_s, self._lock)   # Ray workers' compiled graph released when idle
         self._jobs: queue.Queue = queue.Queue(maxsize=queue_size)
         self._threads = numba.get_num_threads()   # numba's setting is per thread: the worker takes the loader's
         self.batcher, slots = None, [None]
@@ -205,6 +213,7 @@ class Server:
             w.join(timeout=30)
         if self.batcher is not None:
             self.batcher.close()
+        self.idle.close()
 
     def _run(self, slot) -> None:
         """A worker: takes the next job and generates it, on the model itself (-np 1) or on its slot."""
@@ -221,6 +230,7 @@ class Server:
                 continue
             with self._lock:
                 self.processing += 1
+                self.idle.busy(+1)
             if self.batcher is not None:
                 self.batcher.enter()
             try:
@@ -241,6 +251,7 @@ class Server:
                     self.batcher.leave()
                 with self._lock:
                     self.processing -= 1
+                    self.idle.busy(-1)
                 job.emit(None)
 
     def _take_context(self, ids: list[int]):

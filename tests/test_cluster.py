@@ -5,6 +5,7 @@ ray_cluster): RAY<N> rules and expert sets, logits and routing equal to the all-
 
 from __future__ import annotations
 
+import logging
 import time
 import warnings
 
@@ -14,7 +15,7 @@ import pytest
 import moert
 from moert import gguf
 from moert.cluster import connect, parse_address
-from moert.cluster_worker import pack, unpack
+from moert.cluster_worker import ExpertWorker, keyed, pack, unpack, unreply
 from moert.errors import ArgumentError, PlacementError
 from moert.generate import SamplingParams, generate_ids
 from moert.placement.rules import parse_overrides
@@ -75,6 +76,22 @@ def kill(ray, dev) -> None:
     raise AssertionError(f"{dev.name} still answers 20 s after ray.kill")
 
 
+class Logged(logging.Handler):
+    """The records a logger passes to its handlers (after its filters) from now until stop()."""
+
+    def __init__(self, name: str):
+        super().__init__()
+        self.records: list[logging.LogRecord] = []
+        self.log = logging.getLogger(name)
+        self.log.addHandler(self)
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.records.append(record)
+
+    def stop(self) -> None:
+        self.log.removeHandler(self)
+
+
 # ------------------------------------------------------------------------------------------ no cluster needed
 
 def test_ray_device_names_in_rules_and_plans(paths):
@@ -107,6 +124,18 @@ def test_the_message_layout_round_trips():
     np.testing.assert_array_equal(x2, x)
     np.testing.assert_array_equal(ids2, ids)
     np.testing.assert_array_equal(w2, w.astype(np.float32))
+
+
+def test_a_compiled_step_takes_its_layer_key_inside_one_bytes_object():
+    # keyed: the key as little-endian int32, then the request as it is (a channel writes bytes raw)
+    assert keyed(7, b"abc") == b"\x07\x00\x00\x00abc"
+    w = ExpertWorker()
+    w.layers[7], w.remap[7] = (lambda x, ids, wts: x * wts.sum(1, keepdims=True)), None     # a stand-in layer
+    x, ids, wts = np.array([[1.0, -2.0, 3.0]], np.float32), np.array([[0, 1]]), np.array([[0.25, 0.5]])
+    y, seconds = unreply(w.step(keyed(7, pack(x, ids, wts))), 1, 3)
+    np.testing.assert_array_equal(y, [[0.75, -1.5, 2.25]])          # x x (0.25 + 0.5), by hand
+    assert seconds >= 0.0
+    assert w.step(b"") == b""                                       # a layer with nothing for this worker
 
 
 # ------------------------------------------------------------------------------------------ on a local cluster
@@ -218,6 +247,7 @@ def test_killed_worker_is_a_typed_error_and_the_fallback_finishes_with_the_same_
     rules = r"blk\.1\.ffn_.*_exps=RAY0"
     want = generate_ids(load(path, gpu_layers=0), PROMPT, 6, GREEDY)
     m = load(path, overrides=rules, gpu_layers=0, ray="local:1")
+    logged = Logged("ray.dag.compiled_dag_node")       # what Ray's graph monitor thread prints, past moert's filter
     try:
         m.forward(PROMPT)
         assert m.plan.remote[0].group.executions > 0        # the compiled graph was running when the worker died
@@ -230,7 +260,9 @@ def test_killed_worker_is_a_typed_error_and_the_fallback_finishes_with_the_same_
         with pytest.raises(RemoteDeviceError):           # and the lost worker stays an error, at once
             m.forward([4])
     finally:
-        m.close()
+        m.close()                           # (waits for the monitor thread's own teardown)
+        logged.stop()
+    assert not [r for r in logged.records if r.exc_info], "Ray's traceback of the dead actor was printed"
     # two workers: ray:0 dies, the graph is compiled again over ray:1, which goes on; ray:0's experts on the host
     m = load(path, overrides=rules + r",blk\.0\.ffn_.*_exps=RAY1", gpu_layers=0, ray="local:2", ray_fallback="cpu")
     try:

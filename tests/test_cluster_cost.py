@@ -7,7 +7,7 @@ import json
 import pytest
 
 from moert import gguf
-from moert.cost.cluster import NETS, cluster, network_seconds, predict_cluster
+from moert.cost.cluster import NETS, busiest_share, cluster, local_added, network_seconds, predict_cluster
 from moert.cost.hardware import HardwareError
 from moert.placement.rules import parse_overrides
 from moert.testing import write_qwen3moe
@@ -42,8 +42,10 @@ def test_network_seconds_by_hand():
     wire = 300e-6 + 3 * (sent + back) / 1.125e9
     want = (969 + 2 * 1e6 / 18694) * 1e-6 + wire
     assert network_seconds(net, 3, D, K, B, calls="plain") == pytest.approx(want, rel=1e-12)
-    # a compiled graph (the default): the quickstart's 86.7 us, none added per further worker
-    assert network_seconds(net, 3, D, K, B) == pytest.approx(86.7e-6 + wire, rel=1e-12)
+    # a compiled graph (the default): ray-project/ray#41769's 20,931.29 calls/s of one actor, and 8,896.79/s of 4
+    # at once, so (112.40 - 47.78) / 3 = 21.54 us for each further actor: 47.78 + 2 x 21.54 = 90.85 us for 3
+    assert network_seconds(net, 3, D, K, B) == pytest.approx(90.85e-6 + wire, rel=1e-4)
+    assert network_seconds(NETS["local"], 1, D, K, B) == pytest.approx(47.78e-6 + (sent + back) / 9e9, rel=1e-4)
     assert network_seconds(net, 0, D, K, B) == 0.0
     with pytest.raises(HardwareError, match="calls='rpc'"):
         network_seconds(net, 1, D, K, B, calls="rpc")
@@ -102,3 +104,28 @@ def test_predict_of_one_machine_refuses_a_plan_with_ray_workers(path):
     p = moert.plan(str(path), r"blk\.0\.ffn_.*_exps=RAY0", gpu_layers=0)
     with pytest.raises(PlacementError, match="Ray workers.*--cluster"):
         moert.predict(p, preset("ryzen-7950x"))
+
+
+def test_busiest_share_by_hand():
+    # E 16 in halves, K 4: P(a half holds 0, 1, 2, 3, 4 of them) = (70, 448, 784, 448, 70) / 1820 (C(8,c) C(8,4-c)
+    # over C(16,4)), so the busier half expects (2 x 70 x 4 + 2 x 448 x 3 + 784 x 2) / 1820 = 4816 / 1820
+    assert busiest_share(16, 4, 2) == pytest.approx(4816 / 1820, rel=1e-12)
+    # E 5 as shares 3 and 2, K 2: (2, 0) in 3 ways, (1, 1) in 6, (0, 2) in 1 of 10: (3 x 2 + 6 x 1 + 1 x 2) / 10
+    assert busiest_share(5, 2, 2) == pytest.approx(1.4, rel=1e-12)
+    assert busiest_share(16, 4, 1) == 4.0 and busiest_share(16, 1, 4) == 1.0
+    assert busiest_share(8, 8, 8) == 1.0                 # every expert, one on each worker
+    with pytest.raises(HardwareError, match="K <= E"):
+        busiest_share(4, 5, 2)
+
+
+def test_local_added_sums_its_terms_by_hand():
+    D, K, E = 256, 4, 16
+    t = local_added(2, D, K, E, expert_s=40e-6, fused_s=50e-6, glue_s=10e-6)
+    # Ray: 47.78 + 21.54 us for two workers, and the messages (2 x (1068 + 1032) bytes at 9 GB/s); kernels: the busier
+    # half's 4816 / 1820 experts instead of 4, at 40 us each; the fused layer's 50 us and the glue's 10 us as given
+    assert t["ray"] == pytest.approx(69.32e-6 + 2 * 2100 / 9e9, rel=1e-4)
+    assert t["kernels"] == pytest.approx((4816 / 1820 - 4) * 40e-6, rel=1e-12)
+    assert (t["fused"], t["glue"]) == (50e-6, 10e-6)
+    assert t["total"] == pytest.approx(t["ray"] + t["kernels"] + 60e-6, rel=1e-12)
+    plain = local_added(2, D, K, E, 40e-6, calls="plain")
+    assert plain["ray"] == pytest.approx((969 + 1e6 / 18694) * 1e-6 + 2 * 2100 / 9e9, rel=1e-9)

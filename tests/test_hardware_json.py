@@ -140,12 +140,16 @@ def test_hostile_files_and_figures_end_in_hardware_errors(tmp_path):
         hardware_json.read(_write(tmp_path, "many.json", {"cpu": "ryzen-7950x", "gpus": ["rtx3090"] * 65}))
 
 
-def test_a_count_goes_before_a_gpu_and_is_bounded(tmp_path):
+def test_a_count_goes_before_a_gpu_or_a_cpu_and_is_bounded(tmp_path):
     cpu = _write(tmp_path, "cpu.json", {"name": "c", "cores": 8, "mem_bw_gbs": 80})
-    for name in ("2x ryzen-7950x", "0x rtx3090+ryzen-7950x", "100000000x rtx3090+ryzen-7950x", "rtx3090+2x " + cpu,
+    for name in ("0x rtx3090+ryzen-7950x", "100000000x rtx3090+ryzen-7950x", "rtx3090+9x " + cpu,
                  "rtx3090+2x pcie4x16"):
-        with pytest.raises(HardwareError, match="a count .* goes before a GPU, from 1 to 64"):
+        with pytest.raises(HardwareError, match="a count .* goes before a GPU, from 1 to 64, or before a CPU, its "
+                                                "sockets, from 1 to 8"):
             hardware.preset(name)
+    two = hardware.preset("rtx3090+2x " + cpu).cpu                  # before a CPU: its sockets, one NUMA node each
+    assert (two.cores, two.mem_bw_gbs, two.numa_nodes) == (16, 160.0, 2)
+    assert hardware.preset("2x ryzen-7950x").cpu.numa_nodes == 2
     with pytest.raises(HardwareError, match="unknown part '2.5x rtx3090'"):
         hardware.preset("2.5x rtx3090+ryzen-7950x")
     assert len(hardware.preset("3x rtx3090+ryzen-7950x").gpus) == 3

@@ -133,3 +133,68 @@ def test_mla_attention_is_costed_in_latent_space_as_llama_cpp_runs_it():
                           for d in (0, depth))
     assert f1 - f0 == pytest.approx(2 * depth * 128 * (576 + 512), rel=0.01)
     assert b1 - b0 == pytest.approx(depth * 576 * 2, rel=0.01)
+
+
+def test_op_offload_from_mmapped_weights_runs_at_most_at_half_the_achieved_dram_rate():
+    """Link.staged: pageable (mmap'd) weights cross the host's DRAM twice on their way to the staging array, so a
+    dual-channel DDR5-2000 box (32 GB/s peak, 0.7 of it achieved: 22.4 GB/s, / 2 = 11.2 GB/s) copies below its PCIe
+    4.0 x16 link's 25.2 GB/s, and a 12-channel server (460.8 GB/s peak) does not."""
+    link = moert.Link(31.5, 10.0)                                        # 0.8 efficiency: 25.2 GB/s
+    slow = moert.CPU("ddr5-2000 desktop", 6, hardware.ddr_gbs(2, 2000), 2, 2000)
+    staged = link.staged(slow)
+    assert staged.bw_gbs * staged.efficiency == pytest.approx(11.2)
+    assert staged.seconds(11.2e9, 0) == pytest.approx(1.0)
+    server = moert.CPU("12-channel server", 32, hardware.ddr_gbs(12, 4800), 12, 4800)
+    assert link.staged(server) is link
+    # in predict: prefill's offload copies take 25.2 / 11.2 = 2.25x as long with mmap as from pinned memory
+    hw = moert.Hardware(cpu=slow, gpus=hardware.preset("rtx4090+ryzen-7950x").gpus, link=link)
+    p = _plan(hw=hw, cpu_moe=True)
+    off = {m: sum(x.seconds for x in moert.predict(p, hw, n_prompt=512, mmap=m).parts
+                  if x.phase == "prefill" and x.stage == "offload") for m in (True, False)}
+    copies = sum(x.ops for x in moert.predict(p, hw, n_prompt=512).parts
+                 if x.phase == "prefill" and x.stage == "offload")
+    lat = copies * 10e-6
+    assert (off[True] - lat) / (off[False] - lat) == pytest.approx(25.2 / 11.2, rel=1e-6)
+
+
+def test_numa_nodes_a_two_socket_cpu_and_what_each_numa_mode_reads():
+    """hardware.sockets and numa_view on hand numbers: two sockets of 16 cores and 8 x DDR5-6250 (400 GB/s each)."""
+    one = moert.CPU("s", 16, 400.0, 8, 6250, call_us=0.0, source="hand")   # no per-op cost: bytes alone
+    two = hardware.sockets(one, 2)
+    assert (two.cores, two.mem_bw_gbs, two.mem_channels, two.numa_nodes) == (32, 800.0, 16, 2)
+    none, dist, iso = (hardware.numa_view(two, m) for m in ("none", "distribute", "isolate"))
+    assert (none.cores, none.mem_bw_gbs) == (32, 400.0)          # every core, one node's memory
+    assert dist == two                                           # node-local pages: all of it
+    assert (iso.cores, iso.mem_bw_gbs, iso.mem_channels) == (16, 400.0, 8) == (one.cores, one.mem_bw_gbs, 8)
+    assert hardware.numa_view(one, "isolate") is one             # one node: nothing to choose
+    assert hardware.preset("2x epyc-9374f").cpu.numa_nodes == 2
+    assert hardware.preset("rtx4090+2x epyc-9374f").cpu.cores == 64
+    with pytest.raises(hardware.HardwareError, match="from 1 to 8"):
+        hardware.preset("9x epyc-9374f")
+    with pytest.raises(hardware.HardwareError, match="numa='spread'"):
+        hardware.numa_view(two, "spread")
+    # in predict: CPU-only decode of a big MoE reads one node's memory without --numa (as one socket does),
+    # twice that with distribute; the prompt (compute-bound) uses every core unless isolated
+    hw2, hw1 = moert.Hardware(cpu=two), moert.Hardware(cpu=one)
+    p = _plan(hw1, "qwen3-235b-a22b")
+    r = {m: moert.predict(p, hw2, n_prompt=512, numa=m) for m in ("none", "distribute", "isolate")}
+    solo = moert.predict(p, hw1, n_prompt=512)
+    mem = lambda x: sum(q.seconds for q in x.parts if q.phase == "decode" and q.bound == "memory")  # noqa: E731
+    assert mem(r["none"]) == pytest.approx(mem(solo)) and mem(r["distribute"]) == pytest.approx(mem(solo) / 2)
+    assert r["isolate"].decode_s == pytest.approx(solo.decode_s)
+    assert r["none"].prefill_s < 0.6 * r["isolate"].prefill_s and r["none"].settings["numa"] == "none"
+
+
+def test_compare_takes_numa_and_puts_it_on_the_llama_server_line(capsys):
+    import json
+
+    from moert.cli.main import main
+
+    tg = {}
+    for extra in ([], ["--numa", "distribute"]):
+        assert main(["compare", "zoo:qwen3-30b-a3b", "--hardware", "2x epyc-9374f", "--json", *extra]) == 0
+        out = json.loads(capsys.readouterr().out)
+        tg[out["numa"]] = max(r["tg"] for r in out["rows"] if r["tg"])
+        assert out["numa_nodes"] == 2
+    assert tg["distribute"] > 1.5 * tg["none"]
+    assert "--numa distribute" in out["commands"]["llama-server"]

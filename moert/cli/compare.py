@@ -58,15 +58,17 @@ def entries(model: str, hw, context: int, trace=None, yours: dict | None = None)
 def compare(model: str, hw, context: int, policy: str = "llama.cpp", trace=None, opts: dict | None = None,
             yours: dict | None = None, progress: bool = False) -> list[dict]:
     """Rows of the comparison (plain data); `best` marks the best fitting one. opts: n_prompt, n_gen, depth,
-    threads, threads_batch, n_ubatch, ctk, fa, ram_gib, reserve_gib, disk, mmap (moert/cost/capacity.py)."""
+    threads, threads_batch, n_ubatch, ctk, fa, ram_gib, reserve_gib, disk, mmap (moert/cost/capacity.py), numa."""
     from moert.cost import capacity, commandline, strategies
     from moert.cost.predict import predict
     from moert.cost.range import choose, likely
 
     o = {"n_prompt": 512, "n_gen": 128, "depth": 0, "threads": None, "threads_batch": None, "n_ubatch": 512,
          "ctk": "f16", "fa": "on", "ram_gib": None, "reserve_gib": capacity.OS_RESERVE_GIB,
-         "disk": capacity.DEFAULT_DISK, "mmap": True, **(opts or {})}
+         "disk": capacity.DEFAULT_DISK, "mmap": True, "numa": "none", **(opts or {})}
     ram_gib = o["ram_gib"] or capacity.typical_ram_gib(hw)
+    if o["numa"] in ("isolate", "numactl"):                     # pinned to one node: its share of the RAM
+        ram_gib /= hw.cpu.numa_nodes
     kvb = KV_BYTES[o["ctk"]]
     todo = entries(model, hw, context, trace, yours)
     if progress:
@@ -81,7 +83,7 @@ def compare(model: str, hw, context: int, policy: str = "llama.cpp", trace=None,
             continue
         p = strategies.hardware_plan(model, rules, hw) if rules is not None else commandline.plan_on(model, hw, **kw)
         args = dict(n_prompt=o["n_prompt"], n_gen=o["n_gen"], depth=o["depth"], n_ctx=context, policy=policy,
-                    trace=trace, threads=o["threads"], n_ubatch=o["n_ubatch"], kv_bytes=kvb)
+                    trace=trace, threads=o["threads"], n_ubatch=o["n_ubatch"], kv_bytes=kvb, numa=o["numa"])
         r = predict(p, hw, **args)
         if o["threads_batch"] and o["threads_batch"] != o["threads"]:        # -tb: the prompt's threads
             r.prefill_tok_s = predict(p, hw, **{**args, "threads": o["threads_batch"]}).prefill_tok_s
@@ -127,7 +129,7 @@ def _opts(args: argparse.Namespace) -> tuple[dict, dict | None]:
     opts = dict(n_prompt=args.n_prompt, n_gen=args.n_predict, depth=args.depth, threads=args.threads,
                 threads_batch=args.threads_batch, n_ubatch=args.ubatch_size, ctk=args.cache_type_k,
                 fa=args.flash_attn, ram_gib=parse_size(args.ram) / 2**30 if args.ram else None,
-                reserve_gib=args.os_reserve, disk=args.disk, mmap=not args.no_mmap)
+                reserve_gib=args.os_reserve, disk=args.disk, mmap=not args.no_mmap, numa=args.numa or "none")
     given = any(v is not None for v in (args.gpu_layers, args.n_cpu_moe, args.threads, args.ubatch_size)) or \
         args.override_tensor or args.cpu_moe
     yours = None
@@ -228,13 +230,20 @@ def cmd_compare(args: argparse.Namespace) -> int:
     run = commandline.run_flags(best["flags"], ctx, opts["ctk"], opts["fa"], opts["threads"],
                                 args.ubatch_size) if best else []
     extra = (["-tb", str(args.threads_batch)] if args.threads_batch else []) + (["--no-mmap"] if args.no_mmap else [])
+    extra += ["--numa", args.numa] if args.numa else []
     commands = {"llama-server": commandline.server_command(path, run + extra),      # moert run: one thread count
                 "moert run": commandline.server_command(path, run, "moert run")} if best else {}
     ram_note = (f"RAM: {ram_gib:g} GiB ({'--ram' if opts['ram_gib'] else 'assumed: typical for the CPU; --ram'}"
                 f" sets it), {opts['reserve_gib']:g} GiB kept for the OS; past it llama.cpp's mmap pages experts "
                 f"from disk ({capacity.disk(opts['disk']).name}, --disk), as moert/cost/capacity.py models it")
+    if hw.cpu.numa_nodes > 1:
+        ram_note += (f"\nNUMA: {hw.cpu.numa_nodes} nodes, --numa {opts['numa']}" + (
+            " (not given): the weights' pages sit on one node, so every core reads one node's memory; --numa "
+            "distribute with the page cache dropped first reads all of it (hardware.numa_view)"
+            if opts["numa"] == "none" else ""))
     if args.json:
         print(json.dumps(dict(model=label, hardware=hw.name, context=ctx, policy=args.policy, ram_gib=ram_gib,
+                              numa=opts["numa"], numa_nodes=hw.cpu.numa_nodes,
                               disk=opts["disk"], fit_margin_mib=args.fit_margin, rows=rows, commands=commands,
                               validation=VALIDATION), indent=1))
     else:
@@ -267,6 +276,7 @@ def _on_off(v: str) -> str:
 def add_commands(sub) -> None:
     """Register `compare` on the top-level subparsers."""
     from moert.cost import capacity
+    from moert.cost.hardware import NUMA_MODES
     from moert.cost.predict import POLICIES
 
     c = sub.add_parser("compare", help="predicted speed of placement strategies on preset hardware",
@@ -286,6 +296,9 @@ def add_commands(sub) -> None:
     y.add_argument("-t", "--threads", type=int, default=None, help="threads (default: the CPU's cores)")
     y.add_argument("-tb", "--threads-batch", type=int, default=None, help="threads for the prompt (default: -t)")
     y.add_argument("-ub", "--ubatch-size", type=int, default=None, help="physical batch (default 512)")
+    y.add_argument("--numa", choices=NUMA_MODES[1:], default=None, help="as llama.cpp, on a CPU of several NUMA "
+                   "nodes ('2x epyc-9374f'): distribute, isolate or numactl (one node); not given: every core reads "
+                   "one node's memory (moert/cost/hardware.py numa_view)")
     y.add_argument("-ctk", "--cache-type-k", choices=sorted(KV_BYTES), default="f16", help="KV cache type (f16)")
     y.add_argument("-fa", "--flash-attn", type=_on_off, default="on", help="flash attention (on, as assumed)")
     y.add_argument("--depth", type=int, default=0, help="KV position the tests start at (llama-bench -d)")

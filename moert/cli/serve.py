@@ -2,7 +2,7 @@
 
     moert serve MODEL [placement and sampling flags] [--host 127.0.0.1] [--port 8080] [--queue 16]
                       [-np 1] [--max-body 8388608] [--metrics] [--chat-template T] [--jinja]
-                      [--override-kv KEY=TYPE:VALUE,...]
+                      [--override-kv KEY=TYPE:VALUE,...] [--ray ... --ray-idle-seconds 5]
 """
 
 from __future__ import annotations
@@ -29,12 +29,12 @@ def cmd_serve(args: argparse.Namespace) -> int:
     model = load_from_args(args.model, args, trace=args.trace)
     server = Server(model, name=args.alias or model.gguf.path.name, queue_size=args.queue,
                     defaults=_defaults(args), chat_template=args.chat_template, max_body=args.max_body,
-                    n_parallel=args.parallel)
+                    n_parallel=args.parallel, ray_idle_s=args.ray_idle_seconds)
     host, port = sock.getsockname()[:2]
     print(f"moert serve: {server.name} on http://{host}:{port} (OpenAI API under /v1; /health, /props, "
           f"/completion, /tokenize, /detokenize, /stats, /placement, /trace{', /metrics' if args.metrics else ''}); "
           f"{server.n_parallel} slot{'s' if server.n_parallel > 1 else ''} of {server.n_ctx_slot} tokens; "
-          f"Ctrl-C stops", file=sys.stderr, flush=True)
+          f"{_idle_note(server)}Ctrl-C stops", file=sys.stderr, flush=True)
     try:
         app = create_app(server, metrics=args.metrics)
         uvicorn.Server(uvicorn.Config(app, log_level="warning")).run(sockets=[sock])
@@ -42,6 +42,22 @@ def cmd_serve(args: argparse.Namespace) -> int:
         server.close()
         model.close()
     return 0
+
+
+def _idle_note(server) -> str:
+    if not server.idle.graphs:
+        return ""
+    return f"Ray workers' compiled graph released after {server.idle.seconds:g} s idle; "
+
+
+def _idle_seconds(value: str) -> float:
+    try:
+        s = float(value)
+    except ValueError:
+        s = -2.0
+    if not (s >= 0 or s == -1):
+        raise argparse.ArgumentTypeError(f"expected seconds >= 0, or -1 (never release), got {value!r}")
+    return s
 
 
 def listen_error(host: str, port: int, e: OSError) -> str:
@@ -85,7 +101,7 @@ def add_commands(sub) -> None:
     from moert.cli.common import add_model_arg, add_ray_args
     from moert.cli.llama_flags import add_chat_template_args, add_override_kv_arg
     from moert.cli.placement import add_placement_args
-    from moert.server import MAX_BODY
+    from moert.server import IDLE_S, MAX_BODY
 
     s = sub.add_parser("serve", help="serve the model over HTTP: OpenAI's API and llama.cpp server's endpoints",
                        description="One model; requests run in arrival order, up to -np at a time (their tokens "
@@ -110,6 +126,12 @@ def add_commands(sub) -> None:
                    "counters (llamacpp:prompt_tokens_total, ...)")
     g.add_argument("-a", "--alias", default=None, metavar="NAME", help="the model's name in the API "
                    "(default: the file name)")
+    g.add_argument("--ray-idle-seconds", type=_idle_seconds, default=IDLE_S, metavar="SECONDS",
+                   help="with experts on Ray workers (--ray): release their compiled graph after SECONDS without "
+                   "a request, so that idle workers stop polling their channels (a third of a core or more each); "
+                   "the next request compiles it again (0.1-0.2 s more on its first token, more on a busy "
+                   "machine). 0: after every request; -1: never (named after llama-server's "
+                   f"--sleep-idle-seconds, which unloads the model) (default: {IDLE_S:g})")
     add_chat_template_args(g, "/v1/chat/completions's")
     add_override_kv_arg(g)
     add_sampling_args(s, n_predict=-1)

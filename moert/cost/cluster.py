@@ -12,9 +12,10 @@ runs its own share meanwhile (moert/experts.py), so a layer takes the slowest ho
                     with q_B = 1 - (1 - K/E)^B the chance an expert is used by B tokens; or its FLOPs
                     2 x K x B x (E_h/E) x expert params / its rate, whichever is larger (a roofline);
   a worker's call   the Ray call (RAY_CALL_US, plus RAY_EXTRA_US per other worker called at once: Ray's published
-                    figures for a compiled graph, the default, or plain actor calls) + 2 x the network's
+                    microbenchmarks for a compiled graph, the default, or plain actor calls) + 2 x the network's
                     one-way latency + the bytes both ways through the head's one NIC / its bandwidth:
-                    to each worker 12 + B x (4D + 8K) bytes, back 4 B D + 8 (cluster_worker.py's messages);
+                    to each worker 12 + B x (4D + 8K) bytes (4 more, the layer key, in a compiled step), back
+                    4 B D + 8 (cluster_worker.py's messages);
   the dense part    the head's dense bytes / its read rate (decode), or FLOPs / its rate (prefill).
 
 It is a roofline composition (no per-op costs, KV reads at depth 0), meant to say which of host DRAM, the
@@ -30,16 +31,23 @@ from dataclasses import dataclass, field
 from moert.cost.hardware import Hardware, HardwareError
 
 # What Ray adds to one layer's call of its workers, by how moert calls them (moert/cluster_graph.py):
-#   "compiled" (the default): a Ray Compiled Graph's execute + ray.get of an actor that echoes, 86.7 us, in Ray's
-#     Compiled Graph quickstart (https://docs.ray.io/en/latest/ray-core/compiled-graph/quickstart.html; its overview
-#     page says "less than 50us system overhead"). No figure is published for more actors at once: none added.
+#   "compiled" (the default): Ray's compiled-graph microbenchmark (python/ray/_private/ray_experimental_perf.py,
+#     `execute` of an echo actor + `ray.get`, bytes in and out) as ray-project/ray#41769 published it, one machine:
+#     "compiled single-actor DAG calls per second 20931.29" (47.8 us a call) and "compiled scatter-gather DAG calls,
+#     n=4 actors per second 8896.79" (112.4 us), so (112.4 - 47.8) / 3 = 21.5 us for each further actor the driver
+#     writes to and reads from (serially, on its one thread): 69.3 us for two. Not read from any of moert's
+#     measurements (bench/bench_cluster.py's runs neither set nor scale it); chosen after they were known, as the one
+#     published figure with several actors, in place of Ray's quickstart's one echo actor (86.7 us, one timed call,
+#     https://docs.ray.io/en/latest/ray-core/compiled-graph/quickstart.html), which is higher: the change moved the
+#     2-worker prediction away from those runs, not toward them.
 #   "plain" (MOERT_RAY_CALLS=plain): the same quickstart's classic actor call + ray.get, 969 us ("the classic Ray
 #     Core APIs usually have 1 ms+ system overhead"); each further worker called at once adds the caller's share of
-#     "1:n actor calls async", 18,694/s on the machine of ray-project/ray#16222 (~53 us).
+#     "1:n actor calls async", 18,694/s on the machine of ray-project/ray#16222 (~53 us). Neither read from
+#     bench/bench_cluster.py's runs; 969 us replaced the 500 us below after its first runs were known.
 # (Round trips, not throughput: Ray's "1:1 actor calls sync" ~2,000/s microbenchmark rate, 0.5 ms, is a loop of
 # calls on a many-core machine and predicted 50-53% under what bench/bench_cluster.py measured here.)
-RAY_CALL_US = {"compiled": 86.7, "plain": 969.0}
-RAY_EXTRA_US = {"compiled": 0.0, "plain": 1e6 / 18694}
+RAY_CALL_US = {"compiled": 1e6 / 20931.29, "plain": 969.0}
+RAY_EXTRA_US = {"compiled": (1e6 / 8896.79 - 1e6 / 20931.29) / 3, "plain": 1e6 / 18694}
 
 
 @dataclass(frozen=True)
@@ -157,6 +165,45 @@ def network_seconds(net: Net, workers: int, D: int, K: int, B: int, call_us: flo
             + workers * (sent + back) / (net.payload_gbs * 1e9))
 
 
+def busiest_share(E: int, K: int, workers: int) -> float:
+    """Expected experts of one token on the busiest of `workers` holders of E's experts in even shares (as
+    predict_cluster splits them), the router's K distinct experts drawn uniformly: a multivariate hypergeometric,
+    exact (P(max <= m) from the product of each holder's C(share, c) with c <= m, counted at degree K)."""
+    from math import comb
+
+    if not 1 <= K <= E or not 1 <= workers <= E:
+        raise HardwareError(f"busiest_share(E={E}, K={K}, workers={workers}): needs 1 <= K <= E, 1 <= workers <= E")
+    shares = [E // workers + (1 if w < E % workers else 0) for w in range(workers)]
+    expected = 0.0
+    for m in range(K):                        # E[max] = sum over m of P(max > m)
+        ways = [1] + [0] * K                  # ways[k]: draws of k experts with at most m from each holder so far
+        for s in shares:
+            ways = [sum(ways[k - c] * comb(s, c) for c in range(min(m, s, k) + 1)) for k in range(K + 1)]
+        expected += 1 - ways[K] / comb(E, K)
+    return expected
+
+
+def local_added(workers: int, D: int, K: int, E: int, expert_s: float, fused_s: float = 0.0, glue_s: float = 0.0,
+                calls: str = "compiled") -> dict[str, float]:
+    """What bench/bench_cluster.py measures: the seconds per MoE layer of one decoded token that moving a layer's
+    experts to `workers` Ray workers on this machine (E/workers each) adds over running them in this process, by
+    term (their sum under "total"):
+      ray       network_seconds over NETS["local"]: Ray's published call for this many workers + the messages;
+      kernels   the workers run their shares at once, so the layer waits for the busiest one's experts
+                (busiest_share of the K) instead of all K on the host: (busiest - K) x expert_s, one expert's
+                kernel seconds for one token (the same kernels, measured on the host);
+      fused     fused_s: what the single process saves per layer by running a decode step's layer as one fused
+                kernel call (moert/fused.py), which a layer with remote experts cannot use;
+      glue      glue_s: the host's own work per layer call (masks, one message per worker, the partial sums).
+    expert_s, fused_s and glue_s are moert's own CPU work on the machine, measured apart from the added cost.
+    Ray's figures are from a machine with a core for each process: on one with fewer cores than the host and its
+    workers, the measured cost is several times this (bench/RESULTS.md, issue 29's third pass)."""
+    t = dict(ray=network_seconds(NETS["local"], workers, D, K, 1, calls=calls),
+             kernels=(busiest_share(E, K, workers) - K) * expert_s, fused=fused_s, glue=glue_s)
+    t["total"] = sum(t.values())
+    return t
+
+
 @dataclass
 class ClusterPrediction:
     """Predicted speed of a model's experts spread over a cluster, with every term kept."""
@@ -262,5 +309,5 @@ def _bytes_per_param(tensors: dict, names: dict) -> float:
     return sum(nb for _, nb in sel) / sum(float(np.prod(s)) for s, _ in sel)
 
 
-__all__ = ["NETS", "RAY_CALL_US", "RAY_EXTRA_US", "Cluster", "ClusterPrediction", "Host", "Net", "cluster",
-           "network_seconds", "predict_cluster"]
+__all__ = ["NETS", "RAY_CALL_US", "RAY_EXTRA_US", "Cluster", "ClusterPrediction", "Host", "Net", "busiest_share",
+           "cluster", "local_added", "network_seconds", "predict_cluster"]

@@ -17,7 +17,7 @@ A calibrated CPU carries measured rates instead (`kernel_gbs`, `kernel_gflops`, 
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 from moert.errors import MoertError
@@ -58,6 +58,10 @@ class CPU:
     # [...] (Limited by 1 CCD)" (github.com/ggml-org/llama.cpp/pull/13435), i.e. 32 B x 2.0 GHz.
     ccds: int = 0
     fclk_ghz: float = 0.0
+    # NUMA nodes the cores and memory channels divide into: sockets (x NPS / SNC domains where a source states
+    # them). The figures above are the whole machine's; `sockets(cpu, n)` ("2x epyc-9374f") makes such a CPU, and
+    # `numa_view` says what a run of llama.cpp sees of it under --numa (predict's `numa`).
+    numa_nodes: int = 1
     # The share of peak fp32 FLOPs a quantized batched matmul gets: 0.4, fitted by bench/validate_published.py (its
     # cpu_compute factor, 0.79 x the earlier assumed 0.5) on the CPU-only prefill figures of bench/published.json (5
     # figures, 3 sources; out of sample, leaving each source out, 21%). ik_llama.cpp's GEMMs are faster still
@@ -74,7 +78,7 @@ class CPU:
     source: str = ""                    # where the figures come from
 
     def __post_init__(self):
-        _positive(self, "cores", "mem_bw_gbs", "ghz", "flops_per_cycle")
+        _positive(self, "cores", "mem_bw_gbs", "ghz", "flops_per_cycle", "numa_nodes")
         _share(self, "bw_efficiency", "compute_efficiency")
         _not_negative(self, "mem_channels", "mem_mts", "mem_gib", "call_us", "layer_us", "token_us",
                       "bw_1thread_gbs", "ccds", "fclk_ghz")
@@ -132,6 +136,10 @@ class CPU:
         return n * rate if rate else self.peak_gflops * self.compute_efficiency * n / self.cores
 
     def _threads(self, threads: int | None) -> int:
+        """Threads that add work: at most the physical cores. An SMT sibling shares its core's FMA units and load
+        ports, so threads beyond the cores add nothing here; llama.cpp's own default is the physical cores
+        (common.cpp cpu_get_num_math), and users find more threads no faster (llama.cpp issue 6434: a 96-core
+        EPYC 9654 peaks at about 60 threads, memory-bound)."""
         n = self.cores if threads is None else int(threads)
         if n < 1:
             raise HardwareError(f"{self.name}: threads must be >= 1, got {threads}")
@@ -193,6 +201,58 @@ class GPU:
         return peak * self.compute_efficiency
 
 
+# ------------------------------------------------------------------------------------------ NUMA
+
+# llama.cpp's --numa (common/arg.cpp): "distribute: spread execution evenly over all nodes; isolate: only spawn
+# threads on CPUs on the node that execution started on; numactl: use the CPU map provided by numactl"; "none"
+# is moert's name for giving no --numa (llama.cpp's default).
+NUMA_MODES = ("none", "distribute", "isolate", "numactl")
+MAX_SOCKETS = 8
+
+
+def sockets(cpu: CPU, n: int) -> CPU:
+    """A machine of n sockets of `cpu`, one NUMA node each: n times its cores, channels, bandwidth and RAM."""
+    if not 1 <= n <= MAX_SOCKETS:
+        raise HardwareError(f"{n}x {cpu.name}: a socket count goes from 1 to {MAX_SOCKETS}")
+    if n == 1:
+        return cpu
+    return replace(cpu, name=f"{n}x {cpu.name}", cores=cpu.cores * n, mem_bw_gbs=cpu.mem_bw_gbs * n,
+                   mem_channels=cpu.mem_channels * n, mem_gib=cpu.mem_gib * n, ccds=cpu.ccds * n,
+                   numa_nodes=cpu.numa_nodes * n, source=f"{n} sockets of: {cpu.source}")
+
+
+def numa_view(cpu: CPU, numa: str = "none") -> CPU:
+    """What a llama.cpp run sees of a CPU of several NUMA nodes, by its --numa mode (NUMA_MODES):
+      * "isolate", "numactl" (pinned to one node, as `numactl -N 0 -m 0`): one node's cores, channels and RAM;
+      * "none" (no --numa, the default): every core, but the mmap'd weights sit in the page cache where they were
+        first read, so the run reads at most one node's DRAM bandwidth; the other nodes' threads reach it through
+        the socket link (not modelled: the bound is optimistic);
+      * "distribute" with the pages first read by the threads that use them: every node's bandwidth.
+    Read from: llama.cpp issue 11744 (dual EPYC 9175F, 16 x DDR5-6400, Llama-3.1-70B f16: tg 2.4 t/s by default,
+    4.31 with --numa distribute and the page cache filled by the tg threads after drop_caches: x1.8 against this
+    model's x2), and llamafile issue 765 (2 x Xeon 5218: 4 t/s spanning both sockets, 8 pinned to one with
+    numactl --cpunodebind=1 --membind=1: this model says equal, so spanning is predicted too fast there). Neither
+    is an entry of bench/published.json (dense models moert's zoo lacks); one node is the identity."""
+    if numa not in NUMA_MODES:
+        raise HardwareError(f"numa={numa!r}: one of {', '.join(NUMA_MODES)} (llama.cpp's --numa; none: not given)")
+    k = cpu.numa_nodes
+    if k == 1 or numa == "distribute":
+        return cpu
+    node = dict(mem_bw_gbs=cpu.mem_bw_gbs / k, mem_channels=cpu.mem_channels // k, numa_nodes=1)
+    if numa in ("isolate", "numactl"):
+        node.update(cores=max(1, cpu.cores // k), ccds=cpu.ccds // k, mem_gib=cpu.mem_gib / k)
+    return replace(cpu, **node)
+
+
+# DRAM passes of a copy from pageable memory through the driver's pinned staging array (Link.staged): the read of
+# the weights and the write of the staging array, as STREAM's Copy counts a copy's bytes (read + written); the DMA's
+# read of the array just written is served from the CPU's last-level cache (Intel DDIO; the lines are still there)
+# and is not counted. A count from the mechanism, not a fit, but chosen knowing the figures: it was written after
+# seeing the carteakey figure in bench/published.json (op offload from DDR5 at 2000 MT/s, in sample for it), and
+# 3 passes (the DMA read from DRAM too) made the training figures on Ryzen 7950X boxes 15-20% slower, against them.
+STAGED_PASSES = 2
+
+
 @dataclass(frozen=True)
 class Link:
     """The host <-> GPU link: bandwidth per direction and the fixed cost of one copy."""
@@ -211,6 +271,22 @@ class Link:
     def seconds(self, nbytes: float, copies: int = 1) -> float:
         """Time of `copies` copies moving `nbytes` in total."""
         return copies * self.latency_us * 1e-6 + nbytes / (self.bw_gbs * self.efficiency * 1e9)
+
+    def staged(self, cpu: CPU) -> Link:
+        """This link copying from pageable host memory: what op offload does with llama.cpp's and ik_llama.cpp's
+        mmap'd weights (their default). llama.cpp's loader puts CPU weights in the GPU backend's pinned host buffer
+        only without mmap (src/llama-model.cpp: "avoid using a host buffer when using mmap"); ik_llama.cpp pins the
+        mapping only with GGML_CUDA_REGISTER_HOST set (ggml-cuda.cu, ggml_backend_cuda_register_host_buffer). From
+        pageable memory "the CUDA driver must first allocate a temporary page-locked, or pinned, host array, copy
+        the host data to the pinned array, and then transfer the data from the pinned array to device memory"
+        (NVIDIA, "How to Optimize Data Transfers in CUDA C/C++"): each byte crosses the host's DRAM STAGED_PASSES
+        times (the read of the weights, the write of the staging array), so the copy runs at most at
+        the CPU's achieved DRAM rate / STAGED_PASSES: slower than the PCIe link on a desktop with slow or
+        dual-channel DRAM, no change on a many-channel server."""
+        dram = cpu.mem_bw_gbs * cpu.bw_efficiency / STAGED_PASSES
+        if dram >= self.bw_gbs * self.efficiency:
+            return self
+        return replace(self, efficiency=dram / self.bw_gbs, name=f"{self.name}, pageable")
 
     @staticmethod
     def pcie(gen: int, lanes: int = 16) -> Link:
@@ -286,4 +362,5 @@ def pcie_gbs(gen: int, lanes: int = 16) -> float:
 MAX_GPUS = 64                                   # one machine; a bigger count is a typo, not a box
 
 
-__all__ = ["CPU", "GPU", "Hardware", "HardwareError", "Link", "MAX_GPUS", "ddr_gbs", "pcie_gbs"]
+__all__ = ["CPU", "GPU", "Hardware", "HardwareError", "Link", "MAX_GPUS", "MAX_SOCKETS", "NUMA_MODES", "ddr_gbs",
+           "numa_view", "pcie_gbs", "sockets"]

@@ -20,7 +20,7 @@ import re
 from dataclasses import MISSING, fields, replace
 from pathlib import Path
 
-from moert.cost.hardware import CPU, GPU, MAX_GPUS, Hardware, HardwareError, Link
+from moert.cost.hardware import CPU, GPU, MAX_GPUS, MAX_SOCKETS, Hardware, HardwareError, Link, sockets
 from moert.cost.presets import CPUS, GPUS, LINKS, preset_link
 
 MAX_BYTES = 1 << 20          # a machine is a few hundred bytes; a bigger file is not one
@@ -158,13 +158,14 @@ def preset(name: str) -> Hardware:
     label = []                                                  # the name, a file's part by its own name
     for raw in parts:
         part = raw if raw.lower().endswith(".json") else raw.lower()
-        m = re.match(r"^(\d+)x\s+(\S.*)$", part)                    # "2x rtx3090": a count of GPUs
+        m = re.match(r"^(\d+)x\s+(\S.*)$", part)     # "2x rtx3090": a count of GPUs; "2x epyc-9374f": of sockets
         count, bare = (int(m.group(1)), m.group(2)) if m else (None, part)
         item = _json_part(bare, name, len(parts)) if bare.lower().endswith(".json") else None
         is_gpu = bare in GPUS or isinstance(item, GPU)
-        if count is not None and (not 1 <= count <= MAX_GPUS or not is_gpu):
+        is_cpu = bare in CPUS or isinstance(item, CPU)
+        if count is not None and not (is_gpu and 1 <= count <= MAX_GPUS or is_cpu and 1 <= count <= MAX_SOCKETS):
             raise HardwareError(f"hardware {name!r}: {part!r}: a count ('2x ') goes before a GPU, from 1 to "
-                                f"{MAX_GPUS}")
+                                f"{MAX_GPUS}, or before a CPU, its sockets, from 1 to {MAX_SOCKETS}")
         if isinstance(item, Hardware):
             return item
         label.append(raw if item is None else f"{'' if count is None else f'{count}x '}{item.name or bare}")
@@ -174,6 +175,7 @@ def preset(name: str) -> Hardware:
             if cpu is not None:
                 raise HardwareError(f"hardware {name!r} names two CPUs ({cpu.name}, {bare}); give one")
             cpu = item or (_calibrate() if bare == "local" else CPUS[bare])
+            cpu = sockets(cpu, count) if count else cpu
         elif bare in LINKS or isinstance(item, Link):
             link = item or LINKS[bare]
         else:

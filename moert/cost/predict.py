@@ -32,8 +32,8 @@ A plan's GPU i (sim:i or cuda:i) is the hardware's GPU i. `Prediction.parts` kee
 can say what bounds each part. The terms come from `CostModel` (one plan on one machine: a stage of a layer
 on a device for B tokens); its stages are moert's phases (attention, router, ffn, experts, output), so the
 virtual clock (moert/cost/vclock.py) charges a real forward's phases with the same terms.
-Expert placement is read per layer as "which experts of each tensor live on
-which device" (`expert_sets`), so plans that place expert ranges plug in without changing the model.
+Expert placement is read per layer as "which experts of each tensor live on which device" (`expert_sets`), so
+plans that place expert ranges plug in without changing the model.
 """
 
 from __future__ import annotations
@@ -46,7 +46,7 @@ from dataclasses import replace
 import numpy as np
 
 from moert.cost import launch
-from moert.cost.hardware import Hardware
+from moert.cost.hardware import Hardware, numa_view
 from moert.cost.prediction import Part, Prediction
 from moert.cost.range import VALIDATION, trust
 from moert.cost.shape import ROUTER, Shape, elements, expert_load, expert_sets, md_value, selection
@@ -68,8 +68,6 @@ _DOWN_BIAS = re.compile(r"\.ffn_down_(ch|)exps\.bias$")
 # The stages are moert's phases (moert/stats.py): "router" is the MoE block's norm and gate, "ffn" a dense FFN
 # or shared expert.
 _EXTRA_OPS = {"attention": 8, "router": 5, "ffn": 3, "experts": 4}
-
-
 ACT_QUANT = (None, "none", "int16", "int8")     # kernels/matmul_q.ACT_QUANT's names (not imported: no Numba here)
 
 
@@ -92,7 +90,7 @@ def predict(plan, hardware: Hardware, n_prompt: int = 512, n_gen: int = 128, dep
             threads: int | None = None, *, policy: str = "llama.cpp", n_ubatch: int = 512, kv_bytes: float = 2,
             act_quant: str | None = None, experts: dict | None = None, n_ctx: int | None = None,
             graphs: str = "per-split", cache=None, ram_gib: float | None = None, disk: str | None = None,
-            mmap: bool = True) -> Prediction:
+            mmap: bool = True, numa: str = "none") -> Prediction:
     """Predict llama-bench's pp{n_prompt} and tg{n_gen} at KV position `depth` for `plan` on `hardware`.
 
     `experts`: {expert tensor name: {device: range of experts}} overriding the plan's (whole-tensor) sets,
@@ -103,7 +101,9 @@ def predict(plan, hardware: Hardware, n_prompt: int = 512, n_gen: int = 128, dep
     by token over `trace` (a moert.Trace): moert/dynamic/predict.py. `ram_gib` (default: the CPU part's stated
     `mem_gib`; 0 or unstated: RAM not checked): where the CPU's weights do not fit, llama.cpp's memory-mapped
     paging from `disk` (moert/cost/capacity.py; memory["cpu"], settings say so); mmap=False (--no-mmap): then
-    it does not fit."""
+    it does not fit, and op offload copies from pinned memory (mmap: from pageable, Link.staged). `numa`: llama.cpp's
+    --numa on a CPU of several NUMA nodes ("none": not given; hardware.numa_view says what each sees)."""
+    hardware = replace(hardware, cpu=numa_view(hardware.cpu, numa))
     if cache is not None:                # the cache costs itself (moert.dynamic imports this module, not back)
         return cache.predict(plan, hardware, trace, n_prompt, n_gen, depth, threads=threads, policy=policy,
                              n_ubatch=n_ubatch, kv_bytes=kv_bytes, act_quant=act_quant, experts=experts, n_ctx=n_ctx,
@@ -122,7 +122,7 @@ def predict(plan, hardware: Hardware, n_prompt: int = 512, n_gen: int = 128, dep
         raise PlacementError(f"the plan puts tensors on {', '.join(sorted(used))} but {hardware.name} has "
                              f"{len(hardware.gpus)} GPU(s); plan with gpu_memory={hardware.gpu_memory()} "
                              f"(or gpu_layers=0 for a CPU-only machine)")
-    cost = CostModel(plan, hardware, threads, act_quant=act_quant, kv_bytes=kv_bytes, experts=experts)
+    cost = CostModel(plan, hardware, threads, act_quant=act_quant, kv_bytes=kv_bytes, experts=experts, mmap=mmap)
     if policy == "ik_llama.cpp" and not hardware.cpu.kernel_gflops:   # measured rates are moert's own kernels
         cost.cpu_gemm_x = IK_CPU_GEMM_X
     m = cost.shape
@@ -145,7 +145,7 @@ def predict(plan, hardware: Hardware, n_prompt: int = 512, n_gen: int = 128, dep
     memory = _gpu_memory(plan, m, hardware, n_ctx or depth + n_prompt + n_gen, n_ubatch)
     settings = dict(hardware=hardware.name, n_prompt=n_prompt, n_gen=n_gen, depth=depth, policy=policy,
                     threads=cost.threads, n_ubatch=n_ubatch, kv_bytes=kv_bytes, trace=trace is not None,
-                    overlap="none (splits run in order)", graphs=graphs)
+                    overlap="none (splits run in order)", graphs=graphs, numa=numa)
     pred = Prediction(1.0 / decode_s if decode_s else math.inf, n_prompt / prefill_s if prefill_s else 0.0,
                       decode_s, prefill_s, parts, all(v["need"] <= v["capacity"] for v in memory.values()),
                       memory, settings)
@@ -227,8 +227,10 @@ class CostModel:
     clock (moert/cost/vclock.py) charges the same terms as a real forward on sim GPUs runs, so the two agree."""
 
     def __init__(self, plan, hardware: Hardware, threads: int | None = None, *, act_quant: str | None = None,
-                 kv_bytes: float = 2, experts: dict | None = None):
+                 kv_bytes: float = 2, experts: dict | None = None, mmap: bool = True):
         self.plan, self.hw, self.act_quant = plan, hardware, act_quant
+        link = hardware.link            # op offload copies mmap'd (pageable) weights through a staging array
+        self.offload_link = link.staged(hardware.cpu) if link is not None and mmap else link
         self.threads = threads or hardware.cpu.cores
         self.cpu_gemm_x = 1.0                   # CPU batched-matmul speed relative to llama.cpp's (IK_CPU_GEMM_X)
         self.shape = Shape(plan, kv_bytes, experts)
@@ -285,7 +287,7 @@ def _forward(cost: CostModel, q: np.ndarray, B: int, n_kv: float, phase: str, po
     def hop(layer, nbytes, copies=1.0, stage="transfer"):
         """`copies` moves of `nbytes` each (fractional: the chance the move happens)."""
         if link is not None and copies > 0:
-            s = link.seconds(nbytes * copies, copies)
+            s = (cost.offload_link if stage == "offload" else link).seconds(nbytes * copies, copies)
             lat = copies * link.latency_us * 1e-6
             parts.append(Part(phase, "link", layer, stage, nbytes * copies, 0, copies, s,
                               "latency" if lat > s - lat else "bandwidth"))
@@ -386,8 +388,7 @@ def _gpu_memory(plan, m: Shape, hw: Hardware, n_ctx: int, n_ubatch: int) -> dict
         out_rows = next((e.shape[0] for e in plan if e.name == "output.weight" and e.device == d.name), 0)
         scratch = n_ubatch * (4 * m.D + 3 * m.K * F + out_rows) * 4
         out[_dev(d.name)] = {"need": w + kv + scratch, "capacity": g.mem_bytes - int(g.reserved_gib * 2**30),
-                             "weights": w, "kv": kv,
-                             "scratch": scratch}
+                             "weights": w, "kv": kv, "scratch": scratch}
     return out
 
 
