@@ -8,6 +8,9 @@ each weight is widened, converted and FMA'd, and a 512-bit instruction does twic
            the mins d_min*m_j . sum_32(x) one 8-lane FMA per block (as simd_f32).
     Q6_K   the 6-bit values minus 32 as bytes (simd.q6k_values, 32 lanes), each 16-weight group sign-extended,
            converted, multiplied by x and FMA'd with its scale d*sc_g.
+    MXFP4  a block's 16 bytes -> 16 x i32 (vpmovzxbd), their low and high nibbles (weights 0-15, 16-31) looked
+           up as floats in the 16 values in one vpermps each (no int -> float conversion), times x, the block's
+           16-lane sum FMA'd with its E8M0 scale; blocks four at a time into the four accumulators.
 
 The sums are float32, grouped differently from the reference and from simd_f32's (within the kernels' 1e-5 of
 sum|w x|: tests/test_kernels_simd_f32z.py against the NumPy twin, and tests/test_kernels_matmul.py through the
@@ -15,6 +18,7 @@ table).
 
     q4k_dot16(w, o, nb, x, c, xs, cs), q6k_dot16(w, o, nb, x, c)   simd_f32's q4k_dot, q6k_dot, 16 lanes
     dot1_q4_k, dot1_q6_k                                           the same in qblocks.dot1's signature
+    mxfp4_dot16(w, o, nb, x, c, e8m0), rows1_mxfp4   kernels/mxfp4_avx2.py's row_f32 (one token), rows1_avx2
 """
 
 from __future__ import annotations
@@ -26,7 +30,7 @@ from numba import njit, types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
-from moert.kernels.blockdot import Z0
+from moert.kernels.blockdot import FM, Z0
 from moert.kernels.simd import (
     _I8,
     _I32,
@@ -43,8 +47,9 @@ from moert.kernels.simd import (
     q6k_values,
 )
 from moert.kernels.simd_f32 import _F8, _F16, _check, _fma
+from moert.quants.dequant import MXFP4_VALUES
 
-__all__ = ["available", "dot1_q4_k", "dot1_q6_k", "q4k_dot16", "q6k_dot16"]
+__all__ = ["available", "dot1_q4_k", "dot1_q6_k", "mxfp4_dot16", "q4k_dot16", "q6k_dot16", "rows1_mxfp4"]
 
 _V32x16 = ir.VectorType(_I32, 16)
 
@@ -191,3 +196,54 @@ def dot1_q4_k(w, x, xs, nb, f16):
 @njit(cache=True, inline="always")
 def dot1_q6_k(w, x, xs, nb, f16):
     return q6k_dot16(w, Z0, nb, x, Z0)
+
+
+def _mxfp4(context, builder, aty, wa, o, xty, xa, c, tty, ta, acc):
+    """One MXFP4 block at w[o:] (x at x[c:]) into the 16-lane accumulator acc: += e8m0[e] * (v_lo x_lo + v_hi x_hi)."""
+    prefetch(context, builder, aty, wa, o, 1)                           # one line (3-4 blocks) ahead
+    q = builder.zext(_vload(context, builder, aty, wa, _at(builder, o, 1), ir.VectorType(_I8, 16)), _V32x16)
+    perm = _fn(builder, "llvm.x86.avx512.permvar.sf.512", _F16, [_F16, _V32x16])
+    tab = ir.Constant(_F16, [float(v) for v in MXFP4_VALUES])
+    lo = builder.call(perm, [tab, builder.and_(q, _const(_V32x16, 15))])          # weights 0..15
+    hi = builder.call(perm, [tab, builder.lshr(q, _const(_V32x16, 4))])           # weights 16..31
+    s = builder.fmul(lo, _vload(context, builder, xty, xa, c, _F16))
+    s = _fma16(builder, hi, _vload(context, builder, xty, xa, _at(builder, c, 16), _F16), s)
+    e = builder.zext(_vload(context, builder, aty, wa, o, _I8), ir.IntType(64))
+    d = builder.load(builder.gep(context.make_array(tty)(context, builder, ta).data, [e]))
+    dv = _lanes(builder, builder.insert_element(ir.Constant(_F16, None), d, ir.Constant(_I32, 0)), [0] * 16)
+    return _fma16(builder, s, dv, acc)
+
+
+@intrinsic
+def mxfp4_dot16(typingctx, w, o, nb, x, c, e8m0):
+    """sum over nb MXFP4 blocks from w[o] of the block . x[c + 32 b:], e8m0 the scale table (mxfp4.E8M0_HALF)."""
+    if not (_check(w, x) and x.layout == "C" and isinstance(e8m0, types.Array) and e8m0.dtype == types.float32):
+        return None                                                     # x is read at flat offsets: C order only
+
+    def codegen(context, builder, sig, args):
+        o_, nb_, c_ = _intp(context, builder, sig, args, 1, 2, 4)
+        accs = _zeros(builder)
+
+        def block(b, k):
+            ob, cb = builder.add(o_, builder.mul(b, ir.Constant(b.type, 17))), \
+                builder.add(c_, builder.mul(b, ir.Constant(b.type, 32)))
+            builder.store(_mxfp4(context, builder, sig.args[0], args[0], ob, sig.args[3], args[3], cb,
+                                 sig.args[5], args[5], builder.load(accs[k])), accs[k])
+        four = ir.Constant(nb_.type, ACCS)
+        quads = builder.sdiv(nb_, four)
+        with cgutils.for_range(builder, quads) as loop:                 # block 4i + k into accumulator k
+            for k in range(ACCS):
+                block(builder.add(builder.mul(loop.index, four), ir.Constant(nb_.type, k)), k)
+        with cgutils.for_range(builder, builder.sub(nb_, builder.mul(quads, four))) as loop:   # the last 0-3
+            block(builder.add(builder.mul(quads, four), loop.index), 0)
+        return _total(builder, accs)
+    return types.float32(w, o, nb, x, c, e8m0), codegen
+
+
+@njit(cache=True, fastmath=FM)
+def rows1_mxfp4(w, x, out, r0, r1, b0, b1, e8m0):
+    """kernels/mxfp4.py's rows1 (out[0, r] = row r's blocks [b0, b1) . x[0]) with 16 lanes: what it picks on a
+    CPU with AVX-512F."""
+    xv = x[0]
+    for r in range(r0, r1):
+        out[0, r] = mxfp4_dot16(w[r], 17 * b0, b1 - b0, xv, 32 * b0, e8m0)

@@ -162,6 +162,31 @@ def test_one_token_dots_avx512_avx2_and_numba_fallback(name):
             assert np.all(np.abs(got - want) <= 1e-5 * bound), (fn, cols)
 
 
+def test_mxfp4_one_token_dot_avx512():
+    """MXFP4's one-token rows are kernels/simd_f32z.py's (16 lanes, blocks four at a time) on a CPU with AVX-512F,
+    mxfp4_avx2.py's on one with AVX2 only: the 16-lane ones against the twin and the AVX2 ones, 1 to 9 rows, 1 to
+    13 blocks (the four-block loop and every tail of 0-3), and a block range not starting at 0 (the MoE split)."""
+    from moert.kernels import mxfp4, simd_f32z
+    from moert.kernels.mxfp4_avx2 import rows1_avx2
+
+    assert mxfp4.rows1 is (simd_f32z.rows1_mxfp4 if simd_f32z.available() and simd.available()
+                           else rows1_avx2 if simd.available() else mxfp4.rows1_table)
+    if not simd_f32z.available():
+        pytest.skip("no AVX-512F on this CPU")
+    rng = np.random.default_rng(31)
+    for rows, nb, b0 in [(1, 1, 0), (2, 3, 0), (3, 4, 0), (5, 5, 0), (9, 13, 0), (4, 7, 2), (7, 13, 5)]:
+        raw = rng.integers(0, 256, (rows, 17 * nb), dtype=np.uint8)
+        raw[:, ::17] = rng.integers(100, 140, (rows, nb))                # scales 2^-28 .. 2^11
+        x = (rng.standard_normal((1, 32 * nb)) * 3).astype(np.float32)
+        got, avx2, want = (np.full((1, rows), np.nan, np.float32) for _ in range(3))
+        simd_f32z.rows1_mxfp4(raw, x, got, 0, rows, b0, nb, mxfp4.E8M0_HALF)
+        rows1_avx2(raw, x, avx2, 0, rows, b0, nb, mxfp4.E8M0_HALF)
+        mxfp4.rows_ref(raw, x, want, 0, rows, b0, nb)
+        w = QTensor(np.ascontiguousarray(raw[:, 17 * b0:]), "MXFP4", (rows, 32 * (nb - b0)))
+        assert_close(got, want, x[:, 32 * b0:], w)
+        assert_close(got, avx2, x[:, 32 * b0:], w)
+
+
 def test_one_table_entry_per_type_says_which_kernels_it_has():
     """kernels/ktypes.TYPES holds each GGML type once; a type with a dequantize kernel only (Q4_0, Q5_0) is
     refused by the matmul drivers and the fused MoE kernel, which take MATMUL_TYPES."""
