@@ -7,10 +7,11 @@ from __future__ import annotations
 
 import argparse
 import logging
-import os
+import sys
 import threading
 import time
 import warnings
+from pathlib import Path
 
 import pytest
 
@@ -18,6 +19,7 @@ import moert
 from moert.errors import MoertError
 from moert.generate import SamplingParams, generate_ids
 
+BENCH = Path(__file__).resolve().parents[1] / "bench"
 GREEDY = SamplingParams(temperature=0)
 RULES = r"blk\.0\.ffn_.*_exps=RAY0"
 ASK = {"prompt": [1, 2, 3], "max_tokens": 5, "temperature": 0}
@@ -30,15 +32,13 @@ def load(path, **kw):
 
 
 def cpu_share(pid: int, seconds: float) -> float:
-    """The share of one core the process used over `seconds` (/proc/PID/stat's utime + stime)."""
-    def ticks() -> int:
-        with open(f"/proc/{pid}/stat") as f:
-            fields = f.read().rsplit(")", 1)[1].split()
-        return int(fields[11]) + int(fields[12])
-
-    t0, c0 = time.monotonic(), ticks()
-    time.sleep(seconds)
-    return (ticks() - c0) / os.sysconf("SC_CLK_TCK") / (time.monotonic() - t0)
+    """The share of one core the process used over `seconds`: bench/bench_cluster_idle.py's measure."""
+    sys.path.insert(0, str(BENCH))
+    try:
+        from bench_cluster_idle import cpu_share as measure
+    finally:
+        sys.path.remove(str(BENCH))
+    return measure(pid, seconds)
 
 
 def wait_until(check, seconds: float = 20.0) -> bool:
