@@ -120,9 +120,13 @@ def test_conversation_mode_chats_with_p_as_the_system_prompt():
 def test_ctrl_c_exits_130():
     # the demo fills its 256 positions in ~50 ms on the CPU alone; through the sim GPU (~3 ms a token) the whole
     # context takes ~0.75 s, so the signal, sent as soon as the first token shows, lands mid-generation
-    p = subprocess.Popen([sys.executable, "-m", "moert", "run", str(DEMO), "-p", "def", "-n", "-1", *FAST,
-                          "-c", "256", "--gpu-backend", "sim", "--cpu-moe"], stdout=subprocess.PIPE,
-                         stderr=subprocess.PIPE, stdin=subprocess.DEVNULL)
+    # warmed up (no --no-warmup): on a cold Numba cache the kernels compile at load, not under the signal
+    p = subprocess.Popen([sys.executable, "-m", "moert", "run", str(DEMO), "-p", "def", "-n", "-1", "-t", "1",
+                          "--temp", "0", "-c", "256", "--gpu-backend", "sim", "--cpu-moe"], stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, stdin=subprocess.DEVNULL,
+                         # as a terminal gives it: a job started in the background (`cmd &` in a script) inherits
+                         # SIGINT ignored, and Python then never raises KeyboardInterrupt
+                         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     try:
         assert p.stdout.read(3)                              # generation has started
         time.sleep(0.02)
