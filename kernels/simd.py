@@ -39,7 +39,7 @@ from numba import types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
-__all__ = ["available", "q4k_row", "q4kr_row", "q6k_row"]
+__all__ = ["available", "q4k_row", "q4kr_row", "q6k_row", "q6k_row_intrinsic"]
 
 _I8, _I16, _I32 = ir.IntType(8), ir.IntType(16), ir.IntType(32)
 _V8x32, _V16x16, _V32x8 = ir.VectorType(_I8, 32), ir.VectorType(_I16, 16), ir.VectorType(_I32, 8)
@@ -352,26 +352,36 @@ q4kr_row.__doc__ = """q4k_row over kernels/repack.py's Q4_K blocks (148 bytes, s
 PAIR order) and x in PAIR order: the same int32 sums per block, a pair of sub-blocks per vpmaddwd."""
 
 
-@intrinsic
-def q6k_row(typingctx, w, o, nb, xq, c, ld, xd, cd, ldd, xs, cs, lds, n):
-    """sum over nb Q6_K blocks from w[o] of d_b xd_b isum_b, for n (a literal 1 to 7) tokens as q4k_row;
-    token t's per-16 sums of its int8 x (int16, 16 a block) at xs[cs + t lds]."""
-    N = _tokens(w, xq, xd, xs, n)
-    if N is None:
-        return None
+def q6k_row_intrinsic(values, name: str):
+    """A Q6_K row intrinsic (q6k_row's arguments and result) whose block sums come from `values` (_q6k here, its
+    512-bit twin in kernels/simd_z.py): the loop over blocks, the scales and the tokens are this one."""
+    def row(typingctx, w, o, nb, xq, c, ld, xd, cd, ldd, xs, cs, lds, n):
+        N = _tokens(w, xq, xd, xs, n)
+        if N is None:
+            return None
 
-    def codegen(context, builder, sig, args):
-        o_, nb_, c_, ld_, cd_, ldd_, cs_, lds_ = _intp(context, builder, sig, args, 1, 2, 4, 5, 7, 8, 10, 11)
+        def codegen(context, builder, sig, args):
+            o_, nb_, c_, ld_, cd_, ldd_, cs_, lds_ = _intp(context, builder, sig, args, 1, 2, 4, 5, 7, 8, 10, 11)
 
-        def body(b):
-            ob = builder.add(o_, builder.mul(b, ir.Constant(b.type, 210)))
-            cx = [builder.add(c, builder.mul(b, ir.Constant(b.type, 256))) for c in _offsets(builder, c_, ld_, N)]
-            ss = [builder.add(s_, builder.mul(b, ir.Constant(b.type, 16))) for s_ in _offsets(builder, cs_, lds_, N)]
-            vals = _q6k(context, builder, sig.args[0], args[0], ob, sig.args[3], args[3], cx, sig.args[9], args[9], ss)
-            d = _half_at(context, builder, sig.args[0], args[0], _at(builder, ob, 208))
-            return [[(vals[i], builder.fmul(d, _f32_at(context, builder, sig.args[6], args[6], builder.add(cd, b))))]
-                    for i, cd in enumerate(_offsets(builder, cd_, ldd_, N))]
-        tot = _row_loop(context, builder, nb_, N, body)
-        return tot[0] if N == 1 else context.make_tuple(builder, sig.return_type, tot)
-    ret = types.float32 if N == 1 else types.UniTuple(types.float32, N)
-    return ret(w, o, nb, xq, c, ld, xd, cd, ldd, xs, cs, lds, n), codegen
+            def body(b):
+                ob = builder.add(o_, builder.mul(b, ir.Constant(b.type, 210)))
+                cx = [builder.add(c, builder.mul(b, ir.Constant(b.type, 256))) for c in _offsets(builder, c_, ld_, N)]
+                ss = [builder.add(s_, builder.mul(b, ir.Constant(b.type, 16)))
+                      for s_ in _offsets(builder, cs_, lds_, N)]
+                vals = values(context, builder, sig.args[0], args[0], ob, sig.args[3], args[3], cx, sig.args[9],
+                              args[9], ss)
+                d = _half_at(context, builder, sig.args[0], args[0], _at(builder, ob, 208))
+                return [[(vals[i], builder.fmul(d, _f32_at(context, builder, sig.args[6], args[6],
+                                                           builder.add(cd, b))))]
+                        for i, cd in enumerate(_offsets(builder, cd_, ldd_, N))]
+            tot = _row_loop(context, builder, nb_, N, body)
+            return tot[0] if N == 1 else context.make_tuple(builder, sig.return_type, tot)
+        ret = types.float32 if N == 1 else types.UniTuple(types.float32, N)
+        return ret(w, o, nb, xq, c, ld, xd, cd, ldd, xs, cs, lds, n), codegen
+    row.__name__ = row.__qualname__ = name
+    return intrinsic(row)
+
+
+q6k_row = q6k_row_intrinsic(_q6k, "q6k_row")
+q6k_row.__doc__ = """sum over nb Q6_K blocks from w[o] of d_b xd_b isum_b, for n (a literal 1 to 7) tokens as q4k_row;
+token t's per-16 sums of its int8 x (int16, 16 a block) at xs[cs + t lds]."""

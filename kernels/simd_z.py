@@ -38,7 +38,6 @@ from moert.kernels.simd import (
     _f32_at,
     _fn,
     _fsplat,
-    _half_at,
     _intp,
     _lanes,
     _offsets,
@@ -48,6 +47,7 @@ from moert.kernels.simd import (
     _V32x8,
     _vload,
     prefetch,
+    q6k_row_intrinsic,
     q6k_values,
 )
 
@@ -150,28 +150,8 @@ def _q6k(context, builder, aty, wa, o, xty, xa, cs, sty, sa, ss):
             for acc, off in zip(accs, offs)]
 
 
-@intrinsic
-def q6kz_row(typingctx, w, o, nb, xq, c, ld, xd, cd, ldd, xs, cs, lds, n):
-    """simd.q6k_row with 512-bit vectors (same arguments, same x)."""
-    N = _tokens(w, xq, xd, xs, n)
-    if N is None:
-        return None
-
-    def codegen(context, builder, sig, args):
-        o_, nb_, c_, ld_, cd_, ldd_, cs_, lds_ = _intp(context, builder, sig, args, 1, 2, 4, 5, 7, 8, 10, 11)
-
-        def body(b):
-            ob = builder.add(o_, builder.mul(b, ir.Constant(b.type, 210)))
-            cx = [builder.add(c, builder.mul(b, ir.Constant(b.type, 256))) for c in _offsets(builder, c_, ld_, N)]
-            ss = [builder.add(s_, builder.mul(b, ir.Constant(b.type, 16))) for s_ in _offsets(builder, cs_, lds_, N)]
-            vals = _q6k(context, builder, sig.args[0], args[0], ob, sig.args[3], args[3], cx, sig.args[9], args[9], ss)
-            d = _half_at(context, builder, sig.args[0], args[0], _at(builder, ob, 208))
-            return [[(vals[i], builder.fmul(d, _f32_at(context, builder, sig.args[6], args[6], builder.add(cd, b))))]
-                    for i, cd in enumerate(_offsets(builder, cd_, ldd_, N))]
-        tot = _row_loop(context, builder, nb_, N, body)
-        return tot[0] if N == 1 else context.make_tuple(builder, sig.return_type, tot)
-    ret = types.float32 if N == 1 else types.UniTuple(types.float32, N)
-    return ret(w, o, nb, xq, c, ld, xd, cd, ldd, xs, cs, lds, n), codegen
+q6kz_row = q6k_row_intrinsic(_q6k, "q6kz_row")
+q6kz_row.__doc__ = """simd.q6k_row with 512-bit vectors (same arguments, same x)."""
 
 
 @njit(cache=True, inline="always")
