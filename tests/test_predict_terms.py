@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import math
 import warnings
+from collections import defaultdict
+from dataclasses import replace
 
 import pytest
 
@@ -198,3 +200,38 @@ def test_compare_takes_numa_and_puts_it_on_the_llama_server_line(capsys):
         assert out["numa_nodes"] == 2
     assert tg["distribute"] > 1.5 * tg["none"]
     assert "--numa distribute" in out["commands"]["llama-server"]
+
+
+def test_rocm_on_navi31_reads_the_share_its_dense_decode_figures_give():
+    """presets.RDNA3_DGPU_BW is the geometric mean of three dense llama.cpp decode figures read as the file's bytes
+    over the token's time (the sources in presets.py), recomputed here from the quoted numbers; the Navi 31 presets
+    read at it, the others keep the GPU default, and an all-GPU decode's memory-bound parts on an RX 7900 XT take
+    up to 0.8 / 0.58 of the time they would take at the default (the output matrix, one large mat-vec, all of it;
+    parts with many small kernels less, their fixed per-kernel cost unchanged)."""
+    from moert.cost.presets import RDNA3_DGPU_BW
+
+    gib = float(1 << 30)
+    shares = [7.17 * gib * 67.20 / 800e9,                  # llama.cpp #4763: RX 7900 XT, llama 7B Q8_0, tg128
+              3.56 * gib * (129 + 144) / 2 / 960e9,        # llama.cpp #20934: RX 7900 XTX, Llama-7B Q4_0
+              4.58 * gib * 105.75 / 960e9]                 # llama.cpp PR 26284: RX 7900 XTX, llama 8B Q4_K_M, tg64
+    assert [round(s, 2) for s in shares] == [0.65, 0.54, 0.54]
+    assert round(math.prod(shares) ** (1 / 3), 2) == RDNA3_DGPU_BW == 0.58
+    for name in ("rx7900xt", "w7800"):
+        assert hardware.preset(f"{name}+ryzen-7950x").gpus[0].bw_efficiency == RDNA3_DGPU_BW
+    for name in ("radeon-8060s+ryzen-ai-max-395", "rtx3090+ryzen-7950x", "rtx4090+ryzen-7950x"):
+        assert hardware.preset(name).gpus[0].bw_efficiency == 0.8
+    hw = hardware.preset("rx7900xt+ryzen-5900x")
+    cuda_like = replace(hw, gpus=[replace(hw.gpus[0], bw_efficiency=0.8)])
+    p = _plan(hw, model="gpt-oss-20b")
+
+    def memory_s(h):
+        out = defaultdict(float)
+        for x in moert.predict(p, h).parts:
+            if x.phase == "decode" and x.device == "gpu0" and x.bound == "memory":
+                out[x.stage] += x.seconds
+        return out
+
+    slow, fast = memory_s(hw), memory_s(cuda_like)
+    assert slow.keys() == fast.keys() >= {"attention", "experts", "output"}
+    assert slow["output"] / fast["output"] == pytest.approx(0.8 / 0.58, rel=0.01)
+    assert all(1.2 < slow[k] / fast[k] <= 0.8 / 0.58 + 1e-9 for k in slow)

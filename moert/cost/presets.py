@@ -11,6 +11,19 @@ from moert.cost.hardware import CPU, GPU, Link, ddr_gbs, pcie_gbs
 
 # ------------------------------------------------------------------------------------------- presets
 
+# ROCm's decode kernels on discrete RDNA3 (Navi 31: RX 7900 XT / XTX, PRO W7800, GDDR6) read a smaller share of the
+# data sheet than CUDA's. Dense llama.cpp decode read as the file's bytes over the token's time (a dense model at
+# one token is its weights read once; launches overlap them):
+#   llama.cpp #4763, RX 7900 XT, HIP 5.7: llama 7B Q8_0 (7.17 GiB), tg128 67.20 t/s: 517 GB/s, 0.65 of 800;
+#   llama.cpp #20934, RX 7900 XTX, ROCm: Llama-7B Q4_0 (3.56 GiB), 129-144 t/s: 493-550 GB/s, 0.51-0.57 of 960;
+#   llama.cpp PR 26284, RX 7900 XTX, ROCm: llama 8B Q4_K_M (4.58 GiB), tg64 105.75 t/s: 520 GB/s, 0.54 of 960.
+# Geometric mean 0.58 (0.54 for the middle of #20934's range). The same reading of CUDA on NVIDIA gives about the
+# GPU default's 0.8: llama.cpp PR 15802, RTX 3090, llama 8B Q4_0 (4.33 GiB) at one token 155-156 t/s, 0.77 of 936.
+# Read from those dense figures only, none of them in bench/published.json; its two figures on these cards
+# (gh15396's RX 7900 XT, gg24546's W7800) were not used to set it (though 0.6 was tried on them first: RESULTS.md,
+# "The RDNA3 term"). Not applied to the Radeon 8060S (RDNA 3.5, LPDDR5X: another chip and memory, no such reading).
+RDNA3_DGPU_BW = 0.58
+
 # GPUs. Bandwidth = bus width x data rate / 8; tensor TFLOPS are dense (the sparse figure halved), FP16
 # inputs with FP32 accumulate, as the architecture whitepapers list them per card.
 GPUS: dict[str, GPU] = {g.name: g for g in (
@@ -46,15 +59,17 @@ GPUS: dict[str, GPU] = {g.name: g for g in (
     # TOPS; PCIe 3.0 x16 (NVIDIA Turing GPU Architecture whitepaper, appendix table for GeForce RTX 2080)
     GPU("rtx2080", 8, 448, 40.3, 161.1, pcie_gen=3, source="NVIDIA Turing whitepaper, RTX 2080 table"),
     # AMD Radeon RX 7900 XT (20 GB): 320-bit GDDR6 at 20 Gbps = 800 GB/s; "Peak Half Precision (FP16) Performance
-    # 103 TFLOPs" (amd.com RX 7900 XT specifications). Costed with the CUDA kernels' efficiencies (ROCm: unfitted).
-    GPU("rx7900xt", 20, 800, 103, pcie_gen=4, source="amd.com Radeon RX 7900 XT specifications"),
+    # 103 TFLOPs" (amd.com RX 7900 XT specifications). Decode reads at ROCm's share on Navi 31 (RDNA3_DGPU_BW above).
+    GPU("rx7900xt", 20, 800, 103, pcie_gen=4, bw_efficiency=RDNA3_DGPU_BW,
+        source="amd.com Radeon RX 7900 XT specifications"),
     # AMD Radeon RX 6900 XT (16 GB): 256-bit GDDR6 at 16 Gbps = 512 GB/s (as bench/published.json's run states it);
     # "Peak Half Precision Compute Performance 46.08 TFLOPs" (amd.com RX 6900 XT specifications); RDNA2 has no matrix
     # cores, so its FP16 figure is the packed-math peak. PCIe 4.0 x16.
     GPU("rx6900xt", 16, 512, 46.08, pcie_gen=4, source="amd.com Radeon RX 6900 XT specifications"),
     # AMD Radeon PRO W7800 (32 GB): 256-bit GDDR6 at 18 Gbps = 576 GB/s; "Peak Half Precision (FP16) Performance
     # 90.5 TFLOPs" (amd.com Radeon PRO W7800 specifications; RDNA3 dual-issue / WMMA peak). PCIe 4.0 x16.
-    GPU("w7800", 32, 576, 90.5, pcie_gen=4, source="amd.com Radeon PRO W7800 specifications"),
+    GPU("w7800", 32, 576, 90.5, pcie_gen=4, bw_efficiency=RDNA3_DGPU_BW,
+        source="amd.com Radeon PRO W7800 specifications"),
     # AMD Radeon Instinct MI60 (gfx906, 32 GB): 4096-bit HBM2 at 2 Gbps = 1,024 GB/s; FP16 29.49 TFLOPS (2:1 packed
     # math, no matrix cores): TechPowerUp's GPU database as sysrqmts.com lists it ("Bandbreite 1,024 GB/s", "FP16
     # (half) Leistung 29.49 TFLOPS"). The MI50 has the same memory and ~10% less compute. PCIe 4.0 x16.
