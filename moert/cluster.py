@@ -64,6 +64,25 @@ def parse_address(spec: str) -> tuple[str, Any]:
     return "address", s
 
 
+def start(ray, kind: str, value, spec: str) -> None:
+    """ray.init for a parsed --ray: a real local cluster (separate worker processes, not Ray's deprecated
+    local_mode) whose notices (its token-auth note, "Started a local Ray instance") are not shown, since moert
+    started it; or a join of the cluster at `value`, showing Ray's warnings but not its INFO lines. Set
+    MOERT_RAY_LOG=info to see all of Ray's own logging."""
+    import logging
+
+    shown = os.environ.get("MOERT_RAY_LOG", "").lower() == "info"
+    if kind == "local":
+        ray.init(num_cpus=os.cpu_count(), include_dashboard=False, log_to_driver=False,
+                 logging_level=logging.INFO if shown else logging.ERROR)
+        return
+    try:
+        ray.init(address=value or "auto", log_to_driver=False, logging_level=logging.INFO if shown else logging.WARNING)
+    except (ConnectionError, RuntimeError, ValueError) as e:
+        raise RemoteDeviceError(f"ray={spec!r}: could not join the cluster ({e}); is `ray start` running "
+                                f"there?") from None
+
+
 def _reachable(address: str, timeout: float = 5.0) -> None:
     host, _, port = address.removeprefix("ray://").rpartition(":")
     try:
@@ -92,14 +111,7 @@ def connect(spec: str, n_workers: int, threads: int | None = None, timeout: floa
                                     f"pass ray={joined!r} (or 'auto'), or call ray.shutdown() first")
         _reachable(value)
     if not ray.is_initialized():
-        if kind == "local":     # a real local cluster (separate worker processes), not Ray's deprecated local_mode
-            ray.init(num_cpus=os.cpu_count(), include_dashboard=False, log_to_driver=False)
-        else:
-            try:
-                ray.init(address=value or "auto", log_to_driver=False)
-            except (ConnectionError, RuntimeError, ValueError) as e:
-                raise RemoteDeviceError(f"ray={spec!r}: could not join the cluster ({e}); is `ray start` running "
-                                        f"there?") from None
+        start(ray, kind, value, spec)
     if kind == "local":
         nodes: list[str | None] = [None] * value
         have = f"ray={spec!r} starts {value} worker(s)"
