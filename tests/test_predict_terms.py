@@ -216,7 +216,7 @@ def test_rocm_on_navi31_reads_the_share_its_dense_decode_figures_give():
               4.58 * gib * 105.75 / 960e9]                 # llama.cpp PR 26284: RX 7900 XTX, llama 8B Q4_K_M, tg64
     assert [round(s, 2) for s in shares] == [0.65, 0.54, 0.54]
     assert round(math.prod(shares) ** (1 / 3), 2) == RDNA3_DGPU_BW == 0.58
-    for name in ("rx7900xt", "w7800"):
+    for name in ("rx7900xt", "rx7900xtx", "w7800"):
         assert hardware.preset(f"{name}+ryzen-7950x").gpus[0].bw_efficiency == RDNA3_DGPU_BW
     for name in ("radeon-8060s+ryzen-ai-max-395", "rtx3090+ryzen-7950x", "rtx4090+ryzen-7950x"):
         assert hardware.preset(name).gpus[0].bw_efficiency == 0.8

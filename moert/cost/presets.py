@@ -62,6 +62,10 @@ GPUS: dict[str, GPU] = {g.name: g for g in (
     # 103 TFLOPs" (amd.com RX 7900 XT specifications). Decode reads at ROCm's share on Navi 31 (RDNA3_DGPU_BW above).
     GPU("rx7900xt", 20, 800, 103, pcie_gen=4, bw_efficiency=RDNA3_DGPU_BW,
         source="amd.com Radeon RX 7900 XT specifications"),
+    # AMD Radeon RX 7900 XTX (24 GB): 384-bit GDDR6 at 20 Gbps = 960 GB/s; "Peak Half Precision (FP16) Performance
+    # 122.8 TFLOPs" (amd.com RX 7900 XTX specifications); Navi 31 as the RX 7900 XT, so ROCm's share RDNA3_DGPU_BW.
+    GPU("rx7900xtx", 24, 960, 122.8, pcie_gen=4, bw_efficiency=RDNA3_DGPU_BW,
+        source="amd.com Radeon RX 7900 XTX specifications"),
     # AMD Radeon RX 6900 XT (16 GB): 256-bit GDDR6 at 16 Gbps = 512 GB/s (as bench/published.json's run states it);
     # "Peak Half Precision Compute Performance 46.08 TFLOPs" (amd.com RX 6900 XT specifications); RDNA2 has no matrix
     # cores, so its FP16 figure is the packed-math peak. PCIe 4.0 x16.
@@ -102,6 +106,9 @@ GPUS: dict[str, GPU] = {g.name: g for g in (
     # H100 PCIe 80GB: HBM2e 2.0 TB/s; 1513 FP16 tensor TFLOPS sparse = 756 dense, 1513 INT8 TOPS dense;
     # PCIe 5.0 x16 (NVIDIA H100 Tensor Core GPU data sheet)
     GPU("h100-pcie", 80, 2000, 756, 1513, pcie_gen=5, source="NVIDIA H100 Tensor Core GPU data sheet"),
+    # A100 SXM4 80GB: HBM2e 2,039 GB/s; "FP16 Tensor Core 312 TFLOPS | 624 TFLOPS*" (* with sparsity: 312 dense),
+    # "INT8 Tensor Core 624 TOPS" dense; PCIe 4.0 x16 to the host (NVIDIA A100 Tensor Core GPU data sheet)
+    GPU("a100-sxm-80gb", 80, 2039, 312, 624, pcie_gen=4, source="NVIDIA A100 Tensor Core GPU data sheet"),
 )}
 
 # The share of peak DRAM bandwidth the cores of an 8-12 channel server or workstation part read (EPYC, Threadripper
