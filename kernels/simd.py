@@ -312,10 +312,10 @@ def _tokens(w, xq, xd, sums, n) -> int | None:
     return None
 
 
-def _q4k_row_intrinsic(packed: bool):
-    """q4k_row (GGUF's 144-byte Q4_K blocks) or q4kr_row (kernels/repack.py's 148-byte ones)."""
-    size = 148 if packed else 144
-
+def q4k_row_intrinsic(values, size: int, name: str):
+    """A Q4_K row intrinsic (q4k_row's arguments and result) over blocks of `size` bytes whose int32 sums come from
+    values(builder), called once a codegen so that it can hoist what the blocks share (_q4k_values here; the 512-bit
+    _q4k in kernels/simd_z.py): the loop over blocks, the scales and the tokens are this one."""
     def row(typingctx, w, o, nb, xq, c, ld, xd, cd, ldd, xb, cb, ldb, n):
         N = _tokens(w, xq, xd, xb, n)
         if N is None:
@@ -323,14 +323,14 @@ def _q4k_row_intrinsic(packed: bool):
 
         def codegen(context, builder, sig, args):
             o_, nb_, c_, ld_, cd_, ldd_, cb_, ldb_ = _intp(context, builder, sig, args, 1, 2, 4, 5, 7, 8, 10, 11)
-            masks = None if packed else _opaque_masks(builder)
+            block = values(builder)
 
             def body(b):
                 ob = builder.add(o_, builder.mul(b, ir.Constant(b.type, size)))
                 cs = [builder.add(c, builder.mul(b, ir.Constant(b.type, 256))) for c in _offsets(builder, c_, ld_, N)]
                 cbs = [builder.add(c, builder.mul(b, ir.Constant(b.type, 8))) for c in _offsets(builder, cb_, ldb_, N)]
-                vals = _q4k(context, builder, sig.args[0], args[0], ob, sig.args[3], args[3], cs, sig.args[9],
-                            args[9], cbs, packed, masks)
+                vals = block(context, builder, sig.args[0], args[0], ob, sig.args[3], args[3], cs, sig.args[9],
+                             args[9], cbs)
                 dm = _dmin8(context, builder, sig.args[0], args[0], ob)         # [d] * 4 + [dmin] * 4
                 return [[(vals[i], builder.fmul(dm, _fsplat(builder, _f32_at(context, builder, sig.args[6], args[6],
                                                                              builder.add(cd, b)))))]
@@ -339,15 +339,24 @@ def _q4k_row_intrinsic(packed: bool):
             return tot[0] if N == 1 else context.make_tuple(builder, sig.return_type, tot)
         ret = types.float32 if N == 1 else types.UniTuple(types.float32, N)
         return ret(w, o, nb, xq, c, ld, xd, cd, ldd, xb, cb, ldb, n), codegen
-    row.__name__ = row.__qualname__ = "q4kr_row" if packed else "q4k_row"
+    row.__name__ = row.__qualname__ = name
     return intrinsic(row)
 
 
-q4k_row = _q4k_row_intrinsic(False)
+def _q4k_values(packed: bool):
+    """q4k_row_intrinsic's values for _q4k: GGUF's blocks with their opaque masks made once a codegen, or
+    kernels/repack.py's (packed, no masks)."""
+    def values(builder):
+        masks = None if packed else _opaque_masks(builder)
+        return lambda *block: _q4k(*block, packed, masks)
+    return values
+
+
+q4k_row = q4k_row_intrinsic(_q4k_values(False), 144, "q4k_row")
 q4k_row.__doc__ = """sum over nb Q4_K blocks from w[o] of d_b xd_b isum_b - dmin_b xd_b msum_b, for n (a literal 1
 to 7) tokens t at xq[c + t ld], xd[cd + t ldd], xb[cb + t ldb] (negated int16 per-32 sums): a float32 for
 n = 1, else an n-tuple."""
-q4kr_row = _q4k_row_intrinsic(True)
+q4kr_row = q4k_row_intrinsic(_q4k_values(True), 148, "q4kr_row")
 q4kr_row.__doc__ = """q4k_row over kernels/repack.py's Q4_K blocks (148 bytes, scales and mins unpacked, nibbles in
 PAIR order) and x in PAIR order: the same int32 sums per block, a pair of sub-blocks per vpmaddwd."""
 

@@ -23,8 +23,7 @@ import functools
 
 import numpy as np
 from llvmlite import ir
-from numba import njit, types
-from numba.extending import intrinsic
+from numba import njit
 
 from moert.kernels import matmul_q
 from moert.kernels.blockdot import FM
@@ -34,19 +33,13 @@ from moert.kernels.simd import (
     _I16,
     _I32,
     _at,
-    _dmin8,
-    _f32_at,
     _fn,
-    _fsplat,
-    _intp,
     _lanes,
-    _offsets,
-    _row_loop,
     _scales_mins,
-    _tokens,
     _V32x8,
     _vload,
     prefetch,
+    q4k_row_intrinsic,
     q6k_row_intrinsic,
     q6k_values,
 )
@@ -98,29 +91,8 @@ def _q4k(context, builder, aty, wa, o, xty, xa, cs, bty, ba, cbs):
     return out
 
 
-@intrinsic
-def q4kz_row(typingctx, w, o, nb, xq, c, ld, xd, cd, ldd, xb, cb, ldb, n):
-    """simd.q4k_row with 512-bit vectors: x (xq) in x_q4_kz's order, everything else as q4k_row."""
-    N = _tokens(w, xq, xd, xb, n)
-    if N is None:
-        return None
-
-    def codegen(context, builder, sig, args):
-        o_, nb_, c_, ld_, cd_, ldd_, cb_, ldb_ = _intp(context, builder, sig, args, 1, 2, 4, 5, 7, 8, 10, 11)
-
-        def body(b):
-            ob = builder.add(o_, builder.mul(b, ir.Constant(b.type, 144)))
-            cs = [builder.add(c, builder.mul(b, ir.Constant(b.type, 256))) for c in _offsets(builder, c_, ld_, N)]
-            cbs = [builder.add(c, builder.mul(b, ir.Constant(b.type, 8))) for c in _offsets(builder, cb_, ldb_, N)]
-            vals = _q4k(context, builder, sig.args[0], args[0], ob, sig.args[3], args[3], cs, sig.args[9], args[9], cbs)
-            dm = _dmin8(context, builder, sig.args[0], args[0], ob)    # [d] * 4 + [dmin] * 4
-            return [[(vals[i], builder.fmul(dm, _fsplat(builder, _f32_at(context, builder, sig.args[6], args[6],
-                                                                         builder.add(cd, b)))))]
-                    for i, cd in enumerate(_offsets(builder, cd_, ldd_, N))]
-        tot = _row_loop(context, builder, nb_, N, body)
-        return tot[0] if N == 1 else context.make_tuple(builder, sig.return_type, tot)
-    ret = types.float32 if N == 1 else types.UniTuple(types.float32, N)
-    return ret(w, o, nb, xq, c, ld, xd, cd, ldd, xb, cb, ldb, n), codegen
+q4kz_row = q4k_row_intrinsic(lambda builder: _q4k, 144, "q4kz_row")
+q4kz_row.__doc__ = """simd.q4k_row with 512-bit vectors: x (xq) in x_q4_kz's order, everything else as q4k_row."""
 
 
 def _q6k(context, builder, aty, wa, o, xty, xa, cs, sty, sa, ss):
