@@ -39,6 +39,17 @@ def test_z_x8_matches_twin():
     np.testing.assert_array_equal(got[:, 256 + 160:256 + 192], x8[:, 256 + 192:256 + 224])   # 6 at 5
 
 
+def _assert_rows(got, avx2, w, xq, xd, b0, b1):
+    """got (the 512-bit rows) within 1e-5 of sum |w x| of the float64 twin over blocks b0..b1, and within 1e-6 of the
+    AVX2 rows (avx2)."""
+    W = dequantize(w.raw, w.type, w.shape).astype(np.float64)[:, 256 * b0:256 * b1]
+    steps = np.repeat(xd.astype(np.float64), 256, axis=1)[:, 256 * b0:256 * b1]
+    xs = xq.astype(np.float64)[:, 256 * b0:256 * b1] * steps                # the values the kernels see
+    want, mag = xs @ W.T, np.abs(xs) @ np.abs(W).T
+    assert np.all(np.abs(got - want) <= 1e-5 * mag)
+    assert np.all(np.abs(got - avx2) <= 1e-6 * mag)
+
+
 @needs
 @pytest.mark.parametrize("T", [1, 2, 4, 7, 8, 9, 15, 16, 64])
 @pytest.mark.parametrize("cols, b0, b1", [(768, 0, 3), (1280, 1, 4)])
@@ -53,12 +64,7 @@ def test_rows_match_avx2_rows_and_twin(T, cols, b0, b1):
     got, avx2 = (np.full((T, 19), np.nan, np.float32) for _ in range(2))
     simd_z.rows8_q4_kz(raw, *simd_z.x_q4_kz(xq, x8, xd, xb), got, 0, 19, b0, b1, mm.table("Q4_K"))
     mq.rows8_q4_k(raw, *mq.x_q4_k(xq, x8, xd, xb), avx2, 0, 19, b0, b1, mm.table("Q4_K"))
-    W = dequantize(w.raw, w.type, w.shape).astype(np.float64)[:, 256 * b0:256 * b1]
-    steps = np.repeat(xd.astype(np.float64), 256, axis=1)[:, 256 * b0:256 * b1]
-    xs = xq.astype(np.float64)[:, 256 * b0:256 * b1] * steps                # the values the kernels see
-    want, mag = xs @ W.T, np.abs(xs) @ np.abs(W).T
-    assert np.all(np.abs(got - want) <= 1e-5 * mag)
-    assert np.all(np.abs(got - avx2) <= 1e-6 * mag)
+    _assert_rows(got, avx2, w, xq, xd, b0, b1)
 
 
 @needs
@@ -73,9 +79,4 @@ def test_q6_k_rows_match_avx2_rows_and_twin(T, cols, b0, b1):
     got, avx2 = (np.full((T, 19), np.nan, np.float32) for _ in range(2))
     simd_z.rows8_q6_kz(raw, *mq.x_q6_k(xq, x8, xd, xb), got, 0, 19, b0, b1, mm.table("Q6_K"))
     mq.rows8_q6_k(raw, *mq.x_q6_k(xq, x8, xd, xb), avx2, 0, 19, b0, b1, mm.table("Q6_K"))
-    W = dequantize(w.raw, w.type, w.shape).astype(np.float64)[:, 256 * b0:256 * b1]
-    steps = np.repeat(xd.astype(np.float64), 256, axis=1)[:, 256 * b0:256 * b1]
-    xs = xq.astype(np.float64)[:, 256 * b0:256 * b1] * steps
-    want, mag = xs @ W.T, np.abs(xs) @ np.abs(W).T
-    assert np.all(np.abs(got - want) <= 1e-5 * mag)
-    assert np.all(np.abs(got - avx2) <= 1e-6 * mag)
+    _assert_rows(got, avx2, w, xq, xd, b0, b1)
