@@ -10,7 +10,7 @@ One model file (qwen3moe-shaped, Q8_0, written by moert.testing), loaded four ti
               "experts" phase / K), both parts of the prediction;
   plain       each MoE layer's experts split in halves over RAY0 and RAY1 (a local cluster, worker processes on
               this machine), one Ray actor call per worker and layer (MOERT_RAY_CALLS=plain);
-  compiled    the same through one Ray Compiled Graph (moert/cluster_graph.py, the default).
+  compiled    the same through one Ray Compiled Graph (moert/cluster/graph.py, the default).
 and Ray's own floor for each way: n actors that echo a message of a layer call's size, called together (plain:
 `.remote` + one `ray.get`; compiled: a compiled graph's `execute` + `ray.get`), and for the compiled graph two more
 that take the round trip apart: the host busy between calls as long as its own part of a layer takes (is a
@@ -63,11 +63,11 @@ def decode(m, tokens: int) -> tuple[float, tuple | None, float]:
 
 
 def glue_seconds(D: int, E: int, K: int, n: int, reps: int = 2000) -> float:
-    """The host's own work for one decoded token's layer call of n workers (moert/experts.py, cluster_worker.py):
+    """The host's own work for one decoded token's layer call of n workers (moert/experts.py, cluster/worker.py):
     the owner masks, one keyed message per worker, each reply unpacked and summed. Best of 5 x reps."""
     import numpy as np
 
-    from moert.cluster_worker import keyed, pack, reply, unreply
+    from moert.cluster.worker import keyed, pack, reply, unreply
 
     x, w = np.ones((1, D), np.float32), np.full((1, K), 0.25, np.float32)
     ids, owner = np.arange(K, dtype=np.int32)[None] * (E // K), np.arange(E) * n // E

@@ -3,7 +3,7 @@
     python bench/bench_cluster_idle.py [--rounds 3] [--seconds 3] [--workers 2] [--json]
 
 A local cluster of `--workers` (each MoE layer's experts on one worker, layers dealt round-robin) behind the
-server's engine (moert.server.Server with --ray-idle-seconds 5, driven by FastAPI's TestClient). Each round:
+server's engine (moert.serve.server.Server with --ray-idle-seconds 5, driven by FastAPI's TestClient). Each round:
   first      a request after the graph was released (round 0: after moert.load's warm-up compiled it), ms;
   next       the same request at once (the graph compiled), ms: first - next is about the recompile;
   compiled   each worker's and the host's CPU, % of one core, over `--seconds` right after (/proc/PID/stat's
@@ -62,8 +62,8 @@ def main() -> int:
     from fastapi.testclient import TestClient
 
     import moert
-    from moert.server import Server
-    from moert.server_app import create_app
+    from moert.serve.app import create_app
+    from moert.serve.server import Server
     from moert.testing import gpt2_vocab_metadata, write_qwen3moe
 
     uptime = [subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip()]

@@ -1,6 +1,6 @@
 """Grouped cross-validation of moert.predict on bench/published.json (used by validate_published.py).
 
-The cost model's efficiency shares (moert/hardware.py: a CPU's bw_efficiency and compute_efficiency, a GPU's
+The cost model's efficiency shares (moert/cost/hardware.py: a CPU's bw_efficiency and compute_efficiency, a GPU's
 bw_efficiency and compute_efficiency with the link's) are the numbers published figures can move. Five factors scale
 them, each fitted only on the figures of its own kind:
 

@@ -2,7 +2,7 @@
 
     python bench/ray_schedule.py [--calls 600] [--work-us 0,88,150] [--workers 1,2] [--json]
 
-n actors in one compiled graph (as moert/cluster_graph.py calls the workers of a MoE layer), each spinning
+n actors in one compiled graph (as moert/cluster/graph.py calls the workers of a MoE layer), each spinning
 `work` us before answering, as a worker's kernels take; the host spins 100 us between calls, as its attention does
 between two layers. Each actor stamps when its step starts and ends (time.perf_counter: CLOCK_MONOTONIC, one clock
 for every process of the machine) and the CPU it ran on (/proc/thread-self/stat), so each call comes apart into:

@@ -36,7 +36,7 @@ from pathlib import Path
 
 import moert
 import moert.cost.launch
-from moert import hardware, zoo
+from moert import cost, zoo
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from published_cv import CrossValidation, held_out, kind, log_err, placement_pairs, source  # noqa: E402
@@ -57,10 +57,10 @@ def machine(e: dict) -> moert.Hardware:
     the stated RAM speed ("mem_mts") in place of the preset's where the source gives one."""
     h = e["hardware"]
     gpu, cpu = h.get("gpu") or h.get("stand_in_gpu"), h.get("cpu") or h.get("stand_in_cpu")
-    hw = hardware.preset(f"{gpu}+{cpu}" if gpu and not e["placement"].get("cpu_only") else cpu)
+    hw = cost.preset(f"{gpu}+{cpu}" if gpu and not e["placement"].get("cpu_only") else cpu)
     if h.get("mem_mts"):
         c = hw.cpu
-        c = replace(c, mem_mts=h["mem_mts"], mem_bw_gbs=hardware.ddr_gbs(c.mem_channels, h["mem_mts"]))
+        c = replace(c, mem_mts=h["mem_mts"], mem_bw_gbs=cost.ddr_gbs(c.mem_channels, h["mem_mts"]))
         hw = replace(hw, cpu=c)
     return hw
 

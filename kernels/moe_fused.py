@@ -43,7 +43,8 @@ from moert.kernels.moe import check_biases, check_experts, check_inputs, group_b
 from moert.kernels.qtensor import QTensor
 from moert.quants.dequant import lookup, slice_expert
 
-__all__ = ["PreparedExperts", "layer_kernel", "moe_ffn_fused", "moe_ffn_fused_ref", "parts_for", "supports"]
+__all__ = ["PreparedExperts", "expert_layer", "layer_kernel", "moe_ffn_fused", "moe_ffn_fused_ref", "parts_for",
+           "supports"]
 
 ACT_CODES = {a: i for i, a in enumerate(ACTS)}     # swiglu 0, geglu 1, swiglu_oai 2 (moert.activations.ACTS)
 
@@ -350,3 +351,14 @@ def moe_ffn_fused_ref(x: np.ndarray, ids: np.ndarray, weights: np.ndarray, gate:
             y = y + biases[2][e]
         np.add.at(out, tok, y * weights[tok, slot][:, None])
     return out
+
+
+def expert_layer(qs: list, biases: tuple | None, act: str, act_quant: str | None, repack: bool):
+    """f(x, ids, weights) over one MoE layer's quantized gate/up/down (QTensors): this module's fused kernel where it
+    takes the types, else kernels/moe.py's moe_ffn. The host's CPU expert layers (moert/experts.py) and a Ray
+    worker's (moert/cluster/worker.py) both run through it."""
+    from moert.kernels.moe import moe_ffn
+
+    if supports(*qs):
+        return PreparedExperts(*qs, act_quant=act_quant, act=act, biases=biases, repack=repack)
+    return lambda x, ids, weights: moe_ffn(x, ids, weights, *qs, act=act, biases=biases)

@@ -6,10 +6,16 @@ The pipeline, one module per stage:
     TensorOverride, -ot        moert/placement/     rules.py: regex (+ expert set) -> device (llama.cpp, LM-Kit)
     plan(model, rules)                              build.py -> plan.py: first match wins, per tensor and expert
     estimate / fit                                  memory.py: pre-flight bytes; strategies.py: rules that fit
-    load_weights(gguf, plan)   moert/weights.py     tensors onto cpu / cuda:N / sim:N (moert/devices.py)
-    load(path, ...) -> Model   moert/model.py       KV cache (kvcache.py), forward, experts.py; models/
-    generate / stream / chat   moert/generate.py    tokenizer.py, sampling.py, chat.py
-    predict(plan, hardware)    moert/cost/          the cost model: predict.py; hardware, presets, zoo, strategies
+    load_weights(gguf, plan)   moert/weights.py     tensors onto cpu / cuda:N / sim:N / ray:N (moert/devices/)
+    load(path, ...) -> Model   moert/loader.py      -> moert/model.py: KV cache (kvcache.py), forward, experts.py
+    forward(m, tokens)         moert/models/        one file per architecture, on layers.py, moe.py
+    generate / stream / chat   moert/text/          tokenizer, chat templates, sampling, the generation loop
+
+The wings above it (the runtime imports none of them):
+    predict(plan, hardware)    moert/cost/          the cost model: a placement's speed on hardware you may not have
+    moert serve                moert/serve/         an OpenAI-compatible server
+    RAY<N> devices             moert/cluster/       experts on Ray workers
+    moert explain / inspect    moert/explain/       teaching views of one forward pass
     moert CLI                  moert/cli/           one module per command (main.py: the entry point)
 """
 
@@ -41,7 +47,7 @@ __version__ = "0.1.0"
 _LAZY = {
     "TensorOverride": "moert.placement",
     "parse_overrides": "moert.placement",
-    "DeviceConfig": "moert.device_config",
+    "DeviceConfig": "moert.devices.config",
     "plan": "moert.placement",
     "Plan": "moert.placement",
     "estimate": "moert.placement",
@@ -49,15 +55,15 @@ _LAZY = {
     "FitResult": "moert.placement",
     "hot_experts": "moert.placement",
     "load_weights": "moert.weights",
-    "get_devices": "moert.gpus",
+    "get_devices": "moert.devices.gpus",
     "load": "moert.loader",
     "Model": "moert.model",
     "ConfigError": "moert.config",
     "DeviceMismatchError": "moert.devices",
     "LoadCancelled": "moert.weights",
-    "TokenizerError": "moert.tokenizer",
-    "SamplingError": "moert.sampling",
-    "ChatTemplateError": "moert.chat",
+    "TokenizerError": "moert.text.tokenizer",
+    "SamplingError": "moert.text.sampling",
+    "ChatTemplateError": "moert.text.chat",
     "TensorMismatchError": "moert.models.spec",
     "Trace": "moert.trace",
     "TraceError": "moert.trace",
@@ -84,7 +90,7 @@ def __getattr__(name: str):
     if name in _LAZY:
         return getattr(import_module(_LAZY[name]), name)
     if name in ("gguf", "quants", "kernels", "devices", "testing", "placement", "kvcache", "weights", "models",
-                "trace", "hardware", "cost", "cli", "dynamic"):
+                "trace", "cost", "cli", "dynamic", "text", "serve", "cluster", "explain"):
         return import_module(f"moert.{name}")
     if name == "zoo":                                  # moert.zoo.path(...): the twins live in the cost model's wing
         return import_module("moert.cost.zoo")

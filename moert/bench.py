@@ -113,7 +113,7 @@ def machine_info(threads: int | None = None) -> dict:
 def device_label(dev) -> str:
     """'sim:0 (simulated, 24.00 GiB)', 'cuda:0 (NVIDIA H100 80GB HBM3)': what a table header says of a GPU."""
     if dev.name.startswith("cuda"):
-        from moert import _cuda
+        from moert.devices import cuda as _cuda
 
         return f"{dev.name} ({_cuda.device_name(dev.index)})"
     return f"{dev.name} (simulated, {format_size(dev.capacity)})"

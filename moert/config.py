@@ -18,8 +18,8 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from moert import tokenizer_keys
 from moert.errors import GGUFError
+from moert.text import tokenizer_keys
 
 _REQUIRED = object()
 

@@ -20,12 +20,12 @@ import numpy as np
 
 from moert import devices as _devices
 from moert.activations import glu, glu_ffn
-from moert.cluster_worker import prepare_layer
 from moert.devices import CPU, Device
+from moert.devices.remote import RemoteDeviceError
 from moert.errors import PlacementError
+from moert.kernels.moe_fused import expert_layer
 from moert.kernels.qtensor import QTensor
 from moert.moe import dispatch
-from moert.remote import RemoteDeviceError
 from moert.weights import SplitWeight
 
 
@@ -80,7 +80,7 @@ def _placed(m, il: int, layout: ExpertLayout, ffn, x, ids, ids_h, weights, count
         owner = layout.owner[ids_h]                                 # (T, K) device index of each slot
         parts = [(dev, np.where(owner == j, ids_h, -1).astype(np.int32),   # (T, K): -1 = another device's slot
                   np.where(layout.owner == j, counts, 0)) for j, dev in enumerate(layout.devices) if (owner == j).any()]
-    # Ray workers first, all at once; local devices meanwhile; then the workers' partial sums (moert/cluster.py)
+    # Ray workers first, all at once; local devices meanwhile; then the workers' partial sums (moert/cluster/actors.py)
     if any(dev.kind == "ray" for dev, _, _ in parts):
         x_h = x if src is CPU else m.to(x, CPU, "hidden")                # (T, D) host: what the workers get
         w_h = weights if src is CPU else m.to(weights, CPU, "expert weights")
@@ -206,7 +206,7 @@ def _cpu_layer(m, ffn, dev: Device = CPU):
         fused = all(_readable(q.type) for q in qs) and qs[0].type == qs[1].type       # moe_fused.supports
         if not fused and _floats_fit(m):
             qs = _as_floats(m, names, qs)
-        return prepare_layer(qs, b, act, m.act_quant, m.repack)
+        return expert_layer(qs, b, act, m.act_quant, m.repack)
     return m.cached(("cpu experts", ffn, dev.name), make)
 
 

@@ -18,7 +18,7 @@ from typing import Any
 
 from moert import models
 from moert.config import DEFAULT_CONTEXT, MAX_CONTEXT
-from moert.device_config import accepts_device_config
+from moert.devices.config import accepts_device_config
 from moert.errors import ArgumentError, ContextWarning, KernelOptionError, check_int
 from moert.kvcache import DEFAULT_KV_TYPE, flash_mode, kv_type
 from moert.model import MAX_BATCH, Model
@@ -55,10 +55,10 @@ def load(model: Any, plan: Any = None, *, context_size: int | None = None, threa
     (moert/cost/vclock.py; implies gpu_backend="sim" over "auto", and that hardware's GPU sizes unless gpu_memory=
     is given).
     ray= ("local:N", "HOST:PORT" or "auto"): the cluster whose workers hold the experts that RAY<N> rules place
-    (moert/cluster.py); ray_model: the file's path on the workers (default: the same path; a worker without it is
+    (moert/cluster/actors.py); ray_model: the file's path on the workers (default: the same path; a worker without it is
     sent its experts' bytes); ray_fallback="cpu": a lost worker's experts run on this host; ray_threads: kernel
     threads per worker; ray_timeout: seconds a layer call may take before its worker counts as hung; ray_calls:
-    "compiled" (default: one Ray Compiled Graph execute a layer, moert/cluster_graph.py) or "plain" (one actor call
+    "compiled" (default: one Ray Compiled Graph execute a layer, moert/cluster/graph.py) or "plain" (one actor call
     per worker and layer: better where other jobs hold the cores, as the graph's channels spin; MOERT_RAY_CALLS).
     stall_guard=False (--no-stall-guard): every decode step runs on the threads set, even when another process
     stalls them (default True: moert/threads.py StallGuard sends the steps after a stalled one to one thread).

@@ -5,7 +5,7 @@ pass and stats.
     models.<arch>.forward(model, tokens)        the architecture's forward, against the runtime (model_runtime.py)
 
 This file is the session: forward (one sequence, or several with forward_batch), the context and its position,
-warm-up, close. What an architecture file calls (its contract: moert/runtime.py, a typed Protocol) is
+warm-up, close. What an architecture file calls (its contract: moert/models/runtime.py, a typed Protocol) is
 moert/model_runtime.py:
 `w(name, dev)` a weight as float32 on `dev`, `linear(x, name, dev)` x @ W.T (the weight store's, with its
 caches: moert/weights.py), `to(x, dev)` an explicit, counted move, `phase(name, dev)` time attribution,
@@ -28,10 +28,10 @@ from moert.errors import (
     ModelClosedError,
     check_int,
 )
-from moert.generate import TextAPI
 from moert.kernels.jit import blas_one_thread, threads
 from moert.model_runtime import ModelRuntime
 from moert.stats import PHASES, ModelStats, Phase, Stats  # noqa: F401  (PHASES, Stats: re-exported)
+from moert.text.generate import TextAPI
 from moert.threads import StallGuard, one_kernel_thread
 from moert.trace import Tracing
 
@@ -42,7 +42,7 @@ MAX_BATCH = 1 << 16          # n_batch above this only sizes scratch buffers nob
 
 class Model(ModelRuntime, TextAPI, Tracing):
     """A loaded model: `forward(tokens)` continues from `position`; `reset()` empties the context. The text
-    API (tokenize, generate, stream, chat) is in moert/generate.py, tracing in moert/trace.py."""
+    API (tokenize, generate, stream, chat) is in moert/text/generate.py, tracing in moert/trace.py."""
 
     def __init__(self, gguf_file, arch, config, plan, weights, context_size: int, n_batch: int = 512,
                  act_quant: str | None = None, kv_types: tuple[str, str] = ("f16", "f16"), flash_attn: bool = True,

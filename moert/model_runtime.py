@@ -1,4 +1,4 @@
-"""What an architecture file calls on the model (the contract in moert/runtime.py, implemented): where a layer's
+"""What an architecture file calls on the model (the contract in moert/models/runtime.py, implemented): where a layer's
 attention and KV cache are, explicit counted moves (`to`), time attribution (`phase`), weights and matmuls (the
 weight store's), RoPE angles, the embedding, the output, and the routed experts wherever the plan put them.
 moert.Model (moert/model.py: the session, forward and context) builds on it."""

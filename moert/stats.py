@@ -19,7 +19,7 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 
 from moert.devices import Device, TransferStats
-from moert.remote import RemoteStats
+from moert.devices.remote import RemoteStats
 
 # "layer": a decode step's whole layer in two CPU kernel calls: attention, router and experts (moert/fused.py)
 PHASES = ("embed", "attention", "router", "experts", "ffn", "layer", "transfers", "output")

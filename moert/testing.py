@@ -217,7 +217,7 @@ def gpt2_vocab_metadata(n_vocab: int = 1024, pre: str = "qwen2", corpus: str = V
 
     from tokenizers import Regex, Tokenizer, models, pre_tokenizers, trainers
 
-    from moert.tokenizer import _PRE_REGEXES, PRE_TOKENIZERS
+    from moert.text.tokenizer import _PRE_REGEXES, PRE_TOKENIZERS
 
     specials = [("<|endoftext|>", 3), ("<|im_start|>", 3), ("<|im_end|>", 3), ("<think>", 4), ("</think>", 4)]
     n_bpe = n_vocab - len(specials)

@@ -12,7 +12,7 @@ Layout of `Weight.data` (the same on every device):
                      *_exps tensor, data[..., r, :] row r; quantized blocks never straddle a row.
 On the cpu `data` is a zero-copy view of the memory-mapped file; on a GPU it is one upload of those bytes; on a
 Ray worker (ray:N) the host keeps the view (never read, unless the worker is lost and the host runs its experts)
-and the worker maps its own copy (moert/cluster.py).
+and the worker maps its own copy (moert/cluster/actors.py).
 
 A tensor the plan split over experts is a `SplitWeight`: one `Weight` piece per device, each holding only
 its experts' bytes on a GPU (data[i] is expert experts[i]), and on the cpu the zero-copy view of the whole

@@ -14,11 +14,11 @@ PROMPTS = ["The capital of France is", "Once upon a time", "def main():", "1, 2,
 
 @contextmanager
 def running(server, log: Callable[[str], None] | None = None, metrics: bool = True) -> Iterator[str]:
-    """Serve `server` (a moert.server.Server) until the block ends; yields its base URL."""
+    """Serve `server` (a moert.serve.server.Server) until the block ends; yields its base URL."""
     import uvicorn
 
-    from moert.server import listen
-    from moert.server_app import create_app
+    from moert.serve.app import create_app
+    from moert.serve.server import listen
 
     sock = listen("127.0.0.1", 0)
     web = uvicorn.Server(uvicorn.Config(create_app(server, log=log or (lambda line: None), metrics=metrics),

@@ -17,10 +17,10 @@ from semantic_fuzz import _rows, read_recipe, write_recipe
 
 import moert
 from moert import ArgumentError, ConfigError, GGUFError, ModelClosedError, PlacementError, ShapeError
-from moert.chat import ChatTemplateError, render
-from moert.devices import DeviceOutOfMemory
+from moert.errors import DeviceOutOfMemory
 from moert.models.spec import TensorMismatchError
-from moert.tokenizer import Tokenizer, TokenizerError
+from moert.text.chat import ChatTemplateError, render
+from moert.text.tokenizer import Tokenizer, TokenizerError
 
 FIX = Path(__file__).parent / "fixtures"
 BASE = FIX / "qwen3moe" / "l2_e4_k2_gqa2_q4km.gguf"      # D 256, 4 experts top-2, head dim 64, 2 layers

@@ -197,7 +197,7 @@ def test_chat_takes_a_chat_template():
 
 
 def test_seed_minus_one_means_random_in_the_api_too():
-    from moert.sampling import SamplingError, SamplingParams
+    from moert.text.sampling import SamplingError, SamplingParams
 
     assert SamplingParams(seed=-1).seed is None and SamplingParams(seed=7).seed == 7
     with pytest.raises(SamplingError, match="use a non-negative integer, or -1 / None for a random seed"):

@@ -1,4 +1,4 @@
-"""Experts on Ray workers (moert/cluster.py), on a real local Ray cluster started once per session (conftest's
+"""Experts on Ray workers (moert/cluster/actors.py), on a real local Ray cluster started once per session (conftest's
 ray_cluster): RAY<N> rules and expert sets, logits and routing equal to the all-CPU run on three architectures
 (cpu / sim / ray mixes), the counters per remote device, errors before the first token, a killed or hung worker
 (typed error in bounded time, or the CPU fallback with the same tokens)."""
@@ -15,12 +15,12 @@ import pytest
 import moert
 from moert import gguf
 from moert.cluster import connect, parse_address
-from moert.cluster_worker import ExpertWorker, keyed, pack, unpack, unreply
+from moert.cluster.worker import ExpertWorker, keyed, pack, unpack, unreply
+from moert.devices.remote import RemoteDeviceError
 from moert.errors import ArgumentError, PlacementError
-from moert.generate import SamplingParams, generate_ids
 from moert.placement.rules import parse_overrides
-from moert.remote import RemoteDeviceError
 from moert.testing import write_qwen3moe, write_tiny
+from moert.text.generate import SamplingParams, generate_ids
 
 ARCHS = ("qwen3moe", "deepseek2", "gpt-oss")
 PROMPT, MORE = [1, 5, 9, 3, 7, 2], [4, 6, 8]
@@ -187,7 +187,7 @@ def test_a_graph_ray_cannot_compile_leaves_plain_calls(ray_cluster, paths, monke
 
 
 def test_ray_calls_setting_is_checked(monkeypatch):
-    from moert.cluster_graph import enabled
+    from moert.cluster.graph import enabled
 
     monkeypatch.setenv("MOERT_RAY_CALLS", "Plain")
     assert not enabled()
@@ -305,8 +305,8 @@ def test_run_and_serve_with_a_remote_device_and_a_lost_worker_is_503(ray_cluster
     assert out["tokens"] == want and out["stats"]["total"]["remote"]["ray:0"]["calls"] >= 4
 
     testclient = pytest.importorskip("fastapi.testclient")
-    from moert.server import Server
-    from moert.server_app import create_app
+    from moert.serve.app import create_app
+    from moert.serve.server import Server
     from moert.testing import gpt2_vocab_metadata, write_qwen3moe
 
     worded = write_qwen3moe(tmp_path / "v.gguf", n_layer=2, n_expert=4, vocab=gpt2_vocab_metadata())

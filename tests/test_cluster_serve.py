@@ -1,4 +1,4 @@
-"""moert serve with experts on Ray workers (moert/server_idle.py): an idle server releases the workers' compiled
+"""moert serve with experts on Ray workers (moert/serve/idle.py): an idle server releases the workers' compiled
 graph (they stop polling), the next request compiles it again and gives the same tokens, with -np slots and
 requests at once; a worker's death is reported once, without Ray's own traceback (cluster_graph._LossReported).
 On the session's real local Ray cluster (conftest's ray_cluster)."""
@@ -17,7 +17,7 @@ import pytest
 
 import moert
 from moert.errors import MoertError
-from moert.generate import SamplingParams, generate_ids
+from moert.text.generate import SamplingParams, generate_ids
 
 BENCH = Path(__file__).resolve().parents[1] / "bench"
 GREEDY = SamplingParams(temperature=0)
@@ -61,8 +61,8 @@ def test_the_idle_flag_is_checked():
 
 def test_an_idle_server_releases_the_graph_and_the_next_request_compiles_it_again(ray_cluster, tmp_path):
     testclient = pytest.importorskip("fastapi.testclient")
-    from moert.server import Server
-    from moert.server_app import create_app
+    from moert.serve.app import create_app
+    from moert.serve.server import Server
     from moert.testing import gpt2_vocab_metadata, write_qwen3moe
 
     path = write_qwen3moe(tmp_path / "v.gguf", n_layer=2, n_expert=4, vocab=gpt2_vocab_metadata())
@@ -102,7 +102,7 @@ def test_an_idle_server_releases_the_graph_and_the_next_request_compiles_it_agai
 
 def test_a_dead_worker_s_graph_teardown_is_not_logged_by_ray(ray_cluster):
     """Ray's monitor thread logs a dead actor's cancel as an exception (a traceback); moert reports the loss."""
-    from moert.cluster_graph import _LOSS_REPORTED
+    from moert.cluster.graph import _LOSS_REPORTED
 
     log = logging.getLogger("ray.dag.compiled_dag_node")
     dead = ray_cluster.exceptions.ActorDiedError()

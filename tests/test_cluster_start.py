@@ -1,4 +1,4 @@
-"""moert.cluster.start: how moert calls ray.init for a parsed --ray (no cluster started: a recording stand-in)."""
+"""moert.cluster.actors: how moert calls ray.init for a parsed --ray (no cluster started: a recording stand-in)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import logging
 import pytest
 
 from moert import cluster
-from moert.remote import RemoteDeviceError
+from moert.devices.remote import RemoteDeviceError
 
 
 class Recorder:

@@ -8,7 +8,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from moert import _cuda
+from moert.devices import cuda as _cuda
 
 pytestmark = pytest.mark.skipif(_cuda.device_count() == 0, reason="needs CuPy and a CUDA device")
 
@@ -26,8 +26,8 @@ def gg(tmp_path_factory):
 
 def test_cuda_devices_put_to_host_and_capacity():
     from moert.devices import CPU, transfer
+    from moert.devices.gpus import get_devices
     from moert.errors import DeviceOutOfMemory
-    from moert.gpus import get_devices
 
     (d, *_) = get_devices("cupy", "64MiB")
     assert d.name == "cuda:0" and d.kind == "cuda" and d.capacity <= 64 << 20

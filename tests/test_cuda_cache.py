@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 import moert
-from moert import _cuda
+from moert.devices import cuda as _cuda
 from moert.dynamic import ExpertCache, cacheable, expert_bytes, replay
 from moert.testing import write_tiny
 

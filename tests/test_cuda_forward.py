@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from moert import _cuda
+from moert.devices import cuda as _cuda
 from moert.loader import load
 
 pytestmark = pytest.mark.skipif(_cuda.device_count() == 0, reason="needs CuPy and a CUDA device")

@@ -16,9 +16,9 @@ from moert.devices import (
     parse_sizes,
     transfer,
 )
+from moert.devices.gpus import get_devices
+from moert.devices.sim import SimArray
 from moert.errors import DeviceOutOfMemory, PlacementError
-from moert.gpus import get_devices
-from moert.sim import SimArray
 
 MiB = 1 << 20
 

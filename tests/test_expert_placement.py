@@ -193,8 +193,8 @@ def test_warmup_and_failed_calls_record_nothing(path):
 
 @pytest.fixture(scope="module")
 def trace(path):
-    from moert.generate import generate_ids
-    from moert.sampling import SamplingParams
+    from moert.text.generate import generate_ids
+    from moert.text.sampling import SamplingParams
 
     m = load(path, trace=True, gpu_layers=0)
     generate_ids(m, list(range(1, 17)), 24, SamplingParams(temperature=0))

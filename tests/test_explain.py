@@ -1,4 +1,4 @@
-"""`moert explain`: one token's walk through a model (moert/explain.py), on small synthetic models and Gemma 3."""
+"""`moert explain`: one token's walk through a model (moert/explain/walk.py), on small synthetic models and Gemma 3."""
 
 from __future__ import annotations
 

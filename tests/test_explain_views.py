@@ -12,7 +12,7 @@ import pytest
 import moert
 from moert.cli.main import main
 from moert.explain import explain
-from moert.explain_views import attention_view, expert_classes, format_view, logit_lens, routing_view
+from moert.explain.views import attention_view, expert_classes, format_view, logit_lens, routing_view
 from moert.testing import write_tiny
 
 DEMO = Path(moert.__file__).parent / "data" / "demo-qwen3moe.gguf"

@@ -8,9 +8,10 @@ from functools import lru_cache
 import numpy as np
 import pytest
 
-from moert.chat import BUILTIN_TEMPLATES, ChatTemplateError, render, resolve_template
 from moert.errors import MoertError
-from moert.generate import (
+from moert.testing import CHATML_TEMPLATE, gpt2_vocab_metadata
+from moert.text.chat import BUILTIN_TEMPLATES, ChatTemplateError, render, resolve_template
+from moert.text.generate import (
     ContextOverflowError,
     GenerationError,
     GenerationStats,
@@ -20,9 +21,8 @@ from moert.generate import (
     generate_ids,
     stream,
 )
-from moert.sampling import SamplingError, SamplingParams
-from moert.testing import CHATML_TEMPLATE, gpt2_vocab_metadata
-from moert.tokenizer import NoVocab, Tokenizer
+from moert.text.sampling import SamplingError, SamplingParams
+from moert.text.tokenizer import NoVocab, Tokenizer
 
 
 @lru_cache(maxsize=1)

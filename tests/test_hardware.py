@@ -1,4 +1,4 @@
-"""moert.hardware: preset figures, combining parts, the effective rates, calibrate's assembly, the CLI."""
+"""moert.cost's hardware: preset figures, combining parts, the effective rates, calibrate's assembly, the CLI."""
 
 from __future__ import annotations
 
@@ -7,68 +7,68 @@ import json
 import pytest
 
 import moert
-from moert import hardware
+from moert import cost
 from moert.cli.main import main
 
 
 def test_cpu_peak_is_channels_times_mts_times_8_bytes():
     # by hand: 2 x 5200 MT/s x 8 B = 83.2 GB/s; 12 x 4800 x 8 = 460.8; 2 x 5600 x 8 = 89.6
-    assert hardware.CPUS["ryzen-7950x"].mem_bw_gbs == pytest.approx(83.2)
-    assert hardware.CPUS["ryzen-7600"].mem_bw_gbs == pytest.approx(83.2)
-    assert hardware.CPUS["ryzen-9950x"].mem_bw_gbs == pytest.approx(89.6)
-    assert hardware.CPUS["i9-14900k"].mem_bw_gbs == pytest.approx(89.6)   # ark.intel.com says 89.6 too
-    assert hardware.CPUS["epyc-9554"].mem_bw_gbs == pytest.approx(460.8)
+    assert cost.CPUS["ryzen-7950x"].mem_bw_gbs == pytest.approx(83.2)
+    assert cost.CPUS["ryzen-7600"].mem_bw_gbs == pytest.approx(83.2)
+    assert cost.CPUS["ryzen-9950x"].mem_bw_gbs == pytest.approx(89.6)
+    assert cost.CPUS["i9-14900k"].mem_bw_gbs == pytest.approx(89.6)   # ark.intel.com says 89.6 too
+    assert cost.CPUS["epyc-9554"].mem_bw_gbs == pytest.approx(460.8)
 
 
 def test_pcie_per_direction():
     # 16 lanes x 16 GT/s x 128/130 / 8 = 31.51 GB/s; gen 5 doubles it
-    assert hardware.LINKS["pcie4x16"].bw_gbs == pytest.approx(31.508, abs=1e-3)
-    assert hardware.LINKS["pcie5x16"].bw_gbs == pytest.approx(63.015, abs=1e-3)
+    assert cost.LINKS["pcie4x16"].bw_gbs == pytest.approx(31.508, abs=1e-3)
+    assert cost.LINKS["pcie5x16"].bw_gbs == pytest.approx(63.015, abs=1e-3)
 
 
 def test_required_presets_exist():
     for g in ("rtx3060", "rtx3090", "rtx4070", "rtx4090", "rtx5090", "h100-pcie"):
-        assert g in hardware.GPUS
-    assert hardware.GPUS["rtx3090"].bw_gbs == 936 and hardware.GPUS["rtx3060"].mem_gib == 12
+        assert g in cost.GPUS
+    assert cost.GPUS["rtx3090"].bw_gbs == 936 and cost.GPUS["rtx3060"].mem_gib == 12
     for c in ("ryzen-7600", "ryzen-7950x", "ryzen-9950x", "i9-14900k", "epyc-9554"):
-        assert c in hardware.CPUS
+        assert c in cost.CPUS
 
 
 def test_preset_combines_parts_and_picks_the_slower_pcie():
-    hw = hardware.preset("rtx3090+ryzen-7950x")
+    hw = cost.preset("rtx3090+ryzen-7950x")
     assert isinstance(hw, moert.Hardware)
     assert [g.name for g in hw.gpus] == ["rtx3090"] and hw.cpu.name == "ryzen-7950x"
     assert hw.link.name == "pcie4x16"                      # a PCIe 4.0 card in a PCIe 5.0 platform
-    assert hardware.preset("rtx5090+ryzen-9950x").link.name == "pcie5x16"
-    assert hardware.preset("rtx5090+ryzen-9950x+pcie4x16").link.name == "pcie4x16"   # explicit link wins
-    two = hardware.preset("2x rtx3090+epyc-9554")
+    assert cost.preset("rtx5090+ryzen-9950x").link.name == "pcie5x16"
+    assert cost.preset("rtx5090+ryzen-9950x+pcie4x16").link.name == "pcie4x16"   # explicit link wins
+    two = cost.preset("2x rtx3090+epyc-9554")
     assert len(two.gpus) == 2 and two.gpu_memory() == ["24GiB", "24GiB"]
-    assert hardware.preset("ryzen-7600").gpus == () and hardware.preset("ryzen-7600").link is None
+    assert cost.preset("ryzen-7600").gpus == () and cost.preset("ryzen-7600").link is None
 
 
 def test_preset_errors_name_the_part_and_the_known_ones():
-    with pytest.raises(hardware.HardwareError, match="unknown part 'rtx9999'.*rtx3090"):
-        hardware.preset("rtx9999+ryzen-7950x")
-    with pytest.raises(hardware.HardwareError, match="names no CPU"):
-        hardware.preset("rtx3090")
-    with pytest.raises(hardware.HardwareError, match="two CPUs"):
-        hardware.preset("ryzen-7600+ryzen-7950x")
+    with pytest.raises(cost.HardwareError, match="unknown part 'rtx9999'.*rtx3090"):
+        cost.preset("rtx9999+ryzen-7950x")
+    with pytest.raises(cost.HardwareError, match="names no CPU"):
+        cost.preset("rtx3090")
+    with pytest.raises(cost.HardwareError, match="two CPUs"):
+        cost.preset("ryzen-7600+ryzen-7950x")
 
 
 def test_impossible_figures_are_refused():
-    with pytest.raises(hardware.HardwareError, match="bw_gbs must be > 0"):
+    with pytest.raises(cost.HardwareError, match="bw_gbs must be > 0"):
         moert.GPU("x", 12, 0, 10)
-    with pytest.raises(hardware.HardwareError, match="bw_efficiency"):
+    with pytest.raises(cost.HardwareError, match="bw_efficiency"):
         moert.CPU("x", 8, 80, bw_efficiency=1.5)
-    with pytest.raises(hardware.HardwareError, match="threads must be >= 1"):
-        hardware.CPUS["ryzen-7600"].read_gbs(0)
+    with pytest.raises(cost.HardwareError, match="threads must be >= 1"):
+        cost.CPUS["ryzen-7600"].read_gbs(0)
 
 
 def test_hardware_is_frozen_and_gpus_become_a_tuple():
-    hw = moert.Hardware(cpu=hardware.CPUS["ryzen-7600"], gpus=[hardware.GPUS["rtx4070"]])
-    assert hw.gpus == (hardware.GPUS["rtx4070"],) and hw.link.name == "pcie4x16"
+    hw = moert.Hardware(cpu=cost.CPUS["ryzen-7600"], gpus=[cost.GPUS["rtx4070"]])
+    assert hw.gpus == (cost.GPUS["rtx4070"],) and hw.link.name == "pcie4x16"
     with pytest.raises(AttributeError):
-        hw.cpu = hardware.CPUS["ryzen-7950x"]
+        hw.cpu = cost.CPUS["ryzen-7950x"]
 
 
 def test_cpu_rates_scale_with_threads_up_to_the_bandwidth():
@@ -88,10 +88,10 @@ def test_ccd_links_cap_the_cores_reads_below_the_drams_share():
     assert capped.fabric_gbs == pytest.approx(128.0)
     assert capped.read_gbs() == pytest.approx(128.0) and capped.read_gbs(8) == pytest.approx(64.0)
     assert moert.CPU("no cap", 16, 256.0).read_gbs() == pytest.approx(179.2)
-    assert hardware.CPUS["ryzen-ai-max-395"].read_gbs() == pytest.approx(128.0)
-    assert hardware.CPUS["ryzen-7600"].read_gbs() == pytest.approx(0.7 * 83.2)      # 64 GB/s link: DRAM bounds it
-    assert hardware.CPUS["ryzen-7950x"].read_gbs() == pytest.approx(0.7 * 83.2)
-    with pytest.raises(hardware.HardwareError, match="ccds and fclk_ghz go together"):
+    assert cost.CPUS["ryzen-ai-max-395"].read_gbs() == pytest.approx(128.0)
+    assert cost.CPUS["ryzen-7600"].read_gbs() == pytest.approx(0.7 * 83.2)      # 64 GB/s link: DRAM bounds it
+    assert cost.CPUS["ryzen-7950x"].read_gbs() == pytest.approx(0.7 * 83.2)
+    with pytest.raises(cost.HardwareError, match="ccds and fclk_ghz go together"):
         moert.CPU("x", 8, 80.0, ccds=1)
 
 
@@ -125,7 +125,7 @@ def test_calibrate_assembles_a_cpu_from_its_measurements(monkeypatch):
              "median_over_min": 1.2, "negative_slope": False}
     monkeypatch.setattr(cal, "model_overheads", lambda steps, detail=False: quiet)
     monkeypatch.setattr(cal, "attention_gflops", lambda rounds: 12.0)
-    cpu = hardware.calibrate(threads=2)
+    cpu = cost.calibrate(threads=2)
     assert cpu.cores == 2 and cpu.mem_bw_gbs == 15.0 and cpu.bw_1thread_gbs == 10.0
     assert cpu.layer_us == 100.0 and cpu.token_us == 50.0 and cpu.call_us == 3.0
     assert "layer_us 100 (rounds 90-110)" in cpu.source and "busy" not in cpu.source
@@ -146,7 +146,7 @@ def test_calibrate_on_a_busy_machine_measures_again_keeps_the_calmer_run_and_war
     monkeypatch.setattr(cal, "model_overheads", lambda steps, detail=False: next(runs))
     monkeypatch.setattr(cal, "attention_gflops", lambda rounds: 12.0)
     with pytest.warns(UserWarning, match="busy"):
-        cpu = hardware.calibrate(threads=1)
+        cpu = cost.calibrate(threads=1)
     assert cpu.layer_us == 120.0 and cpu.token_us == 40.0 and "busy" in cpu.source
 
 
@@ -188,7 +188,7 @@ def test_cli_hardware_list(capsys):
 
 
 def test_an_x8_card_gets_an_x8_link():
-    hw = hardware.preset("rtx4060+ryzen-7600")
+    hw = cost.preset("rtx4060+ryzen-7600")
     assert hw.link.name == "pcie4x8" and hw.link.bw_gbs == pytest.approx(15.754, abs=1e-3)   # 8 x 16 x 128/130 / 8
 
 

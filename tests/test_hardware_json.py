@@ -9,7 +9,7 @@ from dataclasses import asdict
 import pytest
 
 import moert
-from moert import hardware
+from moert import cost
 from moert.cli.main import main
 from moert.cost.hardware import HardwareError
 
@@ -23,36 +23,36 @@ def _write(tmp_path, name: str, obj) -> str:
 
 
 def test_a_gpu_file_beside_a_preset_cpu_is_costed_like_a_preset(tmp_path):
-    hw = hardware.preset(_write(tmp_path, "my-3080.json", RTX3080) + "+ryzen-7950x")
-    assert hw.name == "rtx3080+ryzen-7950x" and hw.cpu is hardware.CPUS["ryzen-7950x"]
+    hw = cost.preset(_write(tmp_path, "my-3080.json", RTX3080) + "+ryzen-7950x")
+    assert hw.name == "rtx3080+ryzen-7950x" and hw.cpu is cost.CPUS["ryzen-7950x"]
     (g,) = hw.gpus
     assert (g.mem_gib, g.bw_gbs, g.fp16_tflops, g.int8_tops) == (10, 760, 59.5, 238)
-    assert g.bw_efficiency == hardware.GPUS["rtx3090"].bw_efficiency           # defaults as for presets
+    assert g.bw_efficiency == cost.GPUS["rtx3090"].bw_efficiency           # defaults as for presets
     assert hw.link.name == "pcie4x16"                                          # the presets' PCIe rule
-    two = hardware.preset("2x " + str(tmp_path / "my-3080.json") + "+epyc-9554")
+    two = cost.preset("2x " + str(tmp_path / "my-3080.json") + "+epyc-9554")
     assert len(two.gpus) == 2 and two.name == "2x rtx3080+epyc-9554"
 
 
 def test_a_machine_file_mixes_preset_names_and_fields(tmp_path):
     box = {"name": "my box", "cpu": "ryzen-7950x", "gpus": [RTX3080, "rtx3090"], "link": "pcie4x16"}
-    hw = hardware.preset(_write(tmp_path, "box.json", box))
+    hw = cost.preset(_write(tmp_path, "box.json", box))
     assert hw.name == "my box" and [g.name for g in hw.gpus] == ["rtx3080", "rtx3090"]
-    assert hw.link is hardware.LINKS["pcie4x16"] and hw.cpu.name == "ryzen-7950x"
-    cpu_only = hardware.preset(_write(tmp_path, "cpu-box.json", {"cpu": {"name": "c", "cores": 8, "mem_bw_gbs": 76.8}}))
+    assert hw.link is cost.LINKS["pcie4x16"] and hw.cpu.name == "ryzen-7950x"
+    cpu_only = cost.preset(_write(tmp_path, "cpu-box.json", {"cpu": {"name": "c", "cores": 8, "mem_bw_gbs": 76.8}}))
     assert cpu_only.gpus == () and cpu_only.link is None and cpu_only.cpu.read_gbs() == pytest.approx(0.7 * 76.8)
 
 
 def test_every_preset_part_and_a_calibrated_cpu_round_trip_through_json(tmp_path):
     from moert.cost import machines as hardware_json
 
-    for kind, parts in (("cpu", hardware.CPUS), ("gpu", hardware.GPUS), ("link", hardware.LINKS)):
+    for kind, parts in (("cpu", cost.CPUS), ("gpu", cost.GPUS), ("link", cost.LINKS)):
         for p in parts.values():
             assert hardware_json.part(json.loads(json.dumps(asdict(p))), kind) == p
     cpu = moert.CPU("local (test)", 2, 15.0, kernel_gbs=(("Q4_K", 2.5),), kernel_gflops=(("KV", 12.0),),
                     bw_1thread_gbs=10.0)
     path = _write(tmp_path, "here.json", asdict(cpu))          # what `moert hardware calibrate --json` writes
     assert hardware_json.read(path) == cpu
-    assert hardware.preset("rtx3090+" + path).cpu == cpu
+    assert cost.preset("rtx3090+" + path).cpu == cpu
 
 
 @pytest.mark.parametrize("content, message", [
@@ -76,7 +76,7 @@ def test_every_preset_part_and_a_calibrated_cpu_round_trip_through_json(tmp_path
 def test_a_wrong_file_is_a_hardware_error_saying_what_and_where(tmp_path, content, message):
     path = _write(tmp_path, "bad.json", content)
     with pytest.raises(HardwareError) as e:
-        hardware.preset(path if content.startswith(('{"cpu"', '{"gpus"')) else path + "+ryzen-7950x")
+        cost.preset(path if content.startswith(('{"cpu"', '{"gpus"')) else path + "+ryzen-7950x")
     assert message in str(e.value) and "bad.json" in str(e.value)
 
 
@@ -84,15 +84,15 @@ def test_files_that_are_missing_huge_or_a_machine_among_parts_are_refused(tmp_pa
     from moert.cost import machines as hardware_json
 
     with pytest.raises(HardwareError, match="No such file"):
-        hardware.preset(str(tmp_path / "none.json") + "+ryzen-7950x")
+        cost.preset(str(tmp_path / "none.json") + "+ryzen-7950x")
     huge = tmp_path / "huge.json"
     with open(huge, "wb") as f:
         f.truncate(hardware_json.MAX_BYTES + 1)                             # sparse: nothing is written or read
     with pytest.raises(HardwareError, match="a description of a machine is a few hundred"):
-        hardware.preset(str(huge) + "+ryzen-7950x")
+        cost.preset(str(huge) + "+ryzen-7950x")
     box = _write(tmp_path, "box.json", {"cpu": "ryzen-7950x", "gpus": ["rtx3090"]})
     with pytest.raises(HardwareError, match="describes a whole machine; give it alone"):
-        hardware.preset(box + "+rtx3090")
+        cost.preset(box + "+rtx3090")
 
 
 def test_the_readmes_two_commands_calibrate_to_a_file_and_compare_with_it(tmp_path, capsys, monkeypatch):
@@ -127,7 +127,7 @@ def test_hostile_files_and_figures_end_in_hardware_errors(tmp_path):
     for fields, message in (({"pcie_gen": 2}, "pcie_gen must be one of 3, 4, 5"), ({"pcie_lanes": 0}, "pcie_lanes"),
                             ({"launch_us": -1}, "launch_us must be >= 0"), ({"reserved_gib": -2}, "reserved_gib")):
         with pytest.raises(HardwareError, match=message):
-            hardware.preset(_write(tmp_path, "g.json", {**RTX3080, **fields}) + "+ryzen-7950x")
+            cost.preset(_write(tmp_path, "g.json", {**RTX3080, **fields}) + "+ryzen-7950x")
     with pytest.raises(HardwareError, match="latency_us must be >= 0"):
         hardware_json.read(_write(tmp_path, "l.json", {"bw_gbs": 31.5, "latency_us": -100}))
     with pytest.raises(HardwareError, match="bw_1thread_gbs must be >= 0"):
@@ -146,10 +146,10 @@ def test_a_count_goes_before_a_gpu_or_a_cpu_and_is_bounded(tmp_path):
                  "rtx3090+2x pcie4x16"):
         with pytest.raises(HardwareError, match="a count .* goes before a GPU, from 1 to 64, or before a CPU, its "
                                                 "sockets, from 1 to 8"):
-            hardware.preset(name)
-    two = hardware.preset("rtx3090+2x " + cpu).cpu                  # before a CPU: its sockets, one NUMA node each
+            cost.preset(name)
+    two = cost.preset("rtx3090+2x " + cpu).cpu                  # before a CPU: its sockets, one NUMA node each
     assert (two.cores, two.mem_bw_gbs, two.numa_nodes) == (16, 160.0, 2)
-    assert hardware.preset("2x ryzen-7950x").cpu.numa_nodes == 2
+    assert cost.preset("2x ryzen-7950x").cpu.numa_nodes == 2
     with pytest.raises(HardwareError, match="unknown part '2.5x rtx3090'"):
-        hardware.preset("2.5x rtx3090+ryzen-7950x")
-    assert len(hardware.preset("3x rtx3090+ryzen-7950x").gpus) == 3
+        cost.preset("2.5x rtx3090+ryzen-7950x")
+    assert len(cost.preset("3x rtx3090+ryzen-7950x").gpus) == 3

@@ -15,7 +15,7 @@ from semantic_fuzz import read_recipe, write_recipe
 
 import moert
 from moert import ArgumentError, GGUFError, PlacementError, TwinError, gguf, zoo
-from moert.tokenizer import Tokenizer, TokenizerError
+from moert.text.tokenizer import Tokenizer, TokenizerError
 
 DEMO = Path(moert.__file__).parent / "data" / "demo-qwen3moe.gguf"     # a byte-level BPE vocabulary of 2,048+
 BASE = Path(__file__).parent / "fixtures" / "qwen3moe" / "l2_e4_k2_gqa2_q4km.gguf"
@@ -94,7 +94,7 @@ SAMPLES = {"STRING": "x", "UINT32": 3, "BOOL": True, "ARRAY[STRING]": ["a", "b"]
 
 @pytest.mark.parametrize("key", list(LLAMA_CPP_TYPES))
 def test_every_tokenizer_key_is_checked_against_llama_cpp(key):
-    from moert import tokenizer_keys
+    from moert.text import tokenizer_keys
 
     want = LLAMA_CPP_TYPES[key]
     tokenizer_keys.check({key: SAMPLES[want]})

@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 
 import moert
+from moert.devices.gpus import get_devices
 from moert.errors import DeviceOutOfMemory, PlacementError, PlacementWarning
-from moert.gpus import get_devices
 from moert.kvcache import KVSpec, allocate_kv_cache, kv_cache_bytes, kv_spec
 from moert.placement import EXPERT_REGEX, TensorOverride, expert_layer_regex, plan
 from moert.placement.memory import estimate

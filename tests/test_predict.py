@@ -12,7 +12,7 @@ import pytest
 
 import moert
 import moert.cost.launch
-from moert import hardware
+from moert import cost
 from moert.cost import zoo
 from moert.cost.shape import expert_sets
 from moert.errors import PlacementError
@@ -24,14 +24,14 @@ def _cache(tmp_path_factory, monkeypatch):
 
 
 def _plan(model="qwen3-30b-a3b", hw=None, **kw):
-    hw = hw or hardware.preset("rtx4090+ryzen-7950x")
+    hw = hw or cost.preset("rtx4090+ryzen-7950x")
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         return moert.plan(zoo.path(model), gpu_backend="sim", gpu_memory=hw.gpu_memory() or None, **kw)
 
 
 def test_more_expert_layers_on_the_gpu_never_predict_slower_decode():
-    hw = hardware.preset("rtx4090+ryzen-7950x")
+    hw = cost.preset("rtx4090+ryzen-7950x")
     for order in ("first", "last"):
         speeds = [moert.predict(_plan(hw=hw, n_cpu_moe=n, n_cpu_moe_from=order), hw).decode_tok_s
                   for n in (48, 40, 32, 24, 16, 8, 0)]                  # fewer CPU layers = more GPU experts
@@ -40,7 +40,7 @@ def test_more_expert_layers_on_the_gpu_never_predict_slower_decode():
 
 
 def test_a_split_of_each_layers_experts_lands_between_all_cpu_and_all_gpu():
-    hw = hardware.preset("rtx4090+ryzen-7950x")
+    hw = cost.preset("rtx4090+ryzen-7950x")
     p = _plan(hw=hw, cpu_moe=True)
     half = {e.name: {"cpu": range(0, 64), "sim:0": range(64, 128)} for e in p if "_exps." in e.name}
     cpu = moert.predict(p, hw).decode_tok_s
@@ -52,12 +52,12 @@ def test_a_split_of_each_layers_experts_lands_between_all_cpu_and_all_gpu():
 def test_expert_ranges_must_cover_every_expert_once():
     p = _plan(cpu_moe=True)
     with pytest.raises(PlacementError, match="cover experts 0..127"):
-        moert.predict(p, hardware.preset("rtx4090+ryzen-7950x"),
+        moert.predict(p, cost.preset("rtx4090+ryzen-7950x"),
                       experts={"blk.0.ffn_up_exps.weight": {"cpu": range(0, 100)}})
 
 
 def test_a_placement_that_does_not_fit_is_reported():
-    hw = hardware.preset("rtx4070+ryzen-7950x")                          # 12 GiB; the model is 17.3 GiB
+    hw = cost.preset("rtx4070+ryzen-7950x")                          # 12 GiB; the model is 17.3 GiB
     full = moert.predict(_plan(hw=hw), hw)
     assert not full.fits and full.memory["gpu0"]["need"] > full.memory["gpu0"]["capacity"]
     assert "DOES NOT FIT" in full.table()
@@ -65,7 +65,7 @@ def test_a_placement_that_does_not_fit_is_reported():
 
 
 def test_uniform_routing_reads_k_of_e_experts_per_token_and_the_expected_distinct_set_per_batch():
-    hw = hardware.preset("rtx4090+ryzen-7950x")
+    hw = cost.preset("rtx4090+ryzen-7950x")
     p = _plan(hw=hw, cpu_moe=True)
     layer0 = sum(e.nbytes for e in p if e.name.startswith("blk.0.") and "_exps." in e.name)
     r = moert.predict(p, hw, n_prompt=16, n_gen=1, policy="none")
@@ -78,7 +78,7 @@ def test_uniform_routing_reads_k_of_e_experts_per_token_and_the_expected_distinc
 def test_a_trace_changes_what_a_batch_reads():
     import numpy as np
 
-    hw = hardware.preset("rtx4090+ryzen-7950x")
+    hw = cost.preset("rtx4090+ryzen-7950x")
     p = _plan(hw=hw, cpu_moe=True)
     uniform = np.full((48, 128), 10)
     hot = np.zeros((48, 128), dtype=int)
@@ -93,7 +93,7 @@ def test_a_trace_changes_what_a_batch_reads():
 
 
 def test_decode_time_grows_linearly_with_depth():
-    hw = hardware.preset("rtx3060+ryzen-7600")
+    hw = cost.preset("rtx3060+ryzen-7600")
     p = _plan(hw=hw, gpu_layers=20)
     t = [moert.predict(p, hw, depth=d, n_prompt=0).decode_s for d in (0, 8192, 16384)]
     assert t[0] < t[1] < t[2]
@@ -111,7 +111,7 @@ def test_cpu_decode_scales_with_threads_until_memory_saturates():
 
 
 def test_op_offload_policies():
-    hw = hardware.preset("rtx4090+ryzen-7950x")
+    hw = cost.preset("rtx4090+ryzen-7950x")
     p = _plan(hw=hw, cpu_moe=True)
     stages = lambda r: {x.stage for x in r.parts if x.phase == "prefill"}  # noqa: E731
     assert "offload" in stages(moert.predict(p, hw, n_prompt=512))             # B >= 32: used experts copied
@@ -129,7 +129,7 @@ def test_ik_llama_cpp_adds_a_cpu_resident_down_bias_on_the_cpu_between_offloaded
     bias-add (ADD_ID, ne[1] = K < 32), so each layer's B x K x D output crosses to the host and back around a CPU
     add; mainline offloads it, and with the biases on the GPU (ik's --n-cpu-moe pattern, `exps.weight`) there is
     nothing to add on the CPU."""
-    hw = hardware.preset("rtx4090+ryzen-7950x")
+    hw = cost.preset("rtx4090+ryzen-7950x")
     B, n = 2048, 24                                                     # u-batch; gpt-oss-20b's layers
     crossings = lambda r: [x for x in r.parts if x.phase == "prefill" and x.stage == "transfer"]  # noqa: E731
     cpu_adds = lambda r: [x for x in r.parts if x.phase == "prefill" and x.device == "cpu"]  # noqa: E731
@@ -148,7 +148,7 @@ def test_ik_llama_cpp_adds_a_cpu_resident_down_bias_on_the_cpu_between_offloaded
 
 
 def test_hybrid_decode_with_plain_launches_is_never_faster_than_with_graph_replay():
-    hw = hardware.preset("rtx4090+ryzen-7950x")
+    hw = cost.preset("rtx4090+ryzen-7950x")
     for kw in ({"cpu_moe": True}, {"n_cpu_moe": 8}, {"n_cpu_moe": 40}):
         p = _plan(hw=hw, **kw)
         r = {g: moert.predict(p, hw, graphs=g) for g in ("per-split", "one-per-device", "none")}
@@ -161,7 +161,7 @@ def test_hybrid_decode_with_plain_launches_is_never_faster_than_with_graph_repla
 
 
 def test_overlapped_plain_launches_land_between_graph_replay_and_the_additive_rule():
-    hw = hardware.preset("rtx4090+ryzen-7950x")
+    hw = cost.preset("rtx4090+ryzen-7950x")
     decode = lambda parts: sum(x.seconds for x in parts if x.phase == "decode")  # noqa: E731
     for model, kw in (("qwen3-30b-a3b", {"cpu_moe": True}), ("qwen3-30b-a3b", {"n_cpu_moe": 8}),
                       ("gpt-oss-20b", {"n_cpu_moe": 12}), ("qwen3-30b-a3b", {})):
@@ -176,7 +176,7 @@ def test_overlapped_plain_launches_land_between_graph_replay_and_the_additive_ru
 
 
 def test_a_split_of_small_kernels_pays_its_launches_and_one_of_big_kernels_hides_them():
-    hw = hardware.preset("rtx4090+ryzen-7950x")
+    hw = cost.preset("rtx4090+ryzen-7950x")
     g = hw.gpus[0]
     from moert.cost.predict import Part as P
     small = [P("decode", "gpu0", 0, "attention", ops=20, seconds=20 * g.launch_us * 1e-6 + 5e-6),
@@ -188,14 +188,14 @@ def test_a_split_of_small_kernels_pays_its_launches_and_one_of_big_kernels_hides
 
 
 def test_graph_policy_leaves_cpu_only_and_single_split_gpu_decode_alone():
-    hw = hardware.preset("rtx4090+ryzen-7950x")
-    cpu = hardware.preset("ryzen-7950x")
+    hw = cost.preset("rtx4090+ryzen-7950x")
+    cpu = cost.preset("ryzen-7950x")
     cpu_plan = _plan(hw=cpu, gpu_layers=0)
     gpu_plan = _plan(hw=hw)                                              # all on the GPU: one split a token
     for p, h in ((cpu_plan, cpu), (gpu_plan, hw)):
         a, b = (moert.predict(p, h, graphs=g) for g in ("per-split", "one-per-device"))
         assert a.decode_s == b.decode_s and a.prefill_s == b.prefill_s
-    two = hardware.preset("2x rtx3090+epyc-9554")                        # a layer split: one split per GPU
+    two = cost.preset("2x rtx3090+epyc-9554")                        # a layer split: one split per GPU
     p = _plan(hw=two)
     assert moert.cost.launch.splits(moert.predict(p, two).parts) == {"gpu0": 1, "gpu1": 1}
     assert moert.predict(p, two, graphs="one-per-device").decode_s == moert.predict(p, two).decode_s
@@ -203,7 +203,7 @@ def test_graph_policy_leaves_cpu_only_and_single_split_gpu_decode_alone():
 
 
 def test_decode_crossings_are_latency_bound_and_absent_when_all_is_on_the_gpu():
-    hw = hardware.preset("rtx4090+ryzen-7950x")
+    hw = cost.preset("rtx4090+ryzen-7950x")
     r = moert.predict(_plan(hw=hw, cpu_moe=True), hw)
     hops = [x for x in r.parts if x.phase == "decode" and x.stage == "transfer" and x.ops > 1.5]
     assert len(hops) == 2 * 48 and all(x.bound == "latency" for x in hops)   # two crossings per layer:
@@ -219,14 +219,14 @@ def test_decode_crossings_are_latency_bound_and_absent_when_all_is_on_the_gpu():
 
 
 def test_plans_for_more_gpus_than_the_hardware_has_are_refused():
-    hw = hardware.preset("rtx4090+ryzen-7950x")
-    two = _plan(hw=hardware.preset("2x rtx3090+epyc-9554"))
+    hw = cost.preset("rtx4090+ryzen-7950x")
+    two = _plan(hw=cost.preset("2x rtx3090+epyc-9554"))
     with pytest.raises(PlacementError, match="1 GPU"):
         moert.predict(two, hw)
 
 
 def test_every_zoo_architecture_predicts_and_serializes():
-    hw = hardware.preset("h100-pcie+epyc-9554")
+    hw = cost.preset("h100-pcie+epyc-9554")
     for name in ("deepseek-v3", "gpt-oss-20b", "glm-4.5-air", "glm-4.7-flash", "mixtral-8x7b", "qwen1.5-moe-a2.7b"):
         r = moert.predict(_plan(name, hw=hw, cpu_moe=True), hw)
         assert 0 < r.decode_tok_s < 1e4 and 0 < r.prefill_tok_s < 1e6, name
@@ -249,7 +249,7 @@ def test_strategies_return_rules_that_fit_and_compare_ranks_them(capsys):
     from moert.cli.main import main
     from moert.cost import strategies
 
-    hw = hardware.preset("rtx4070+ryzen-7950x")                          # 12 GiB for a 17.3 GiB model
+    hw = cost.preset("rtx4070+ryzen-7950x")                          # 12 GiB for a 17.3 GiB model
     m = str(zoo.path("qwen3-30b-a3b"))
     n, rules = strategies.smallest_fitting(m, hw, 4096, lambda k: strategies.cpu_layers(m, k, "first"))
     assert 0 < n < 48 and strategies.fits(m, rules, hw, 4096)
@@ -276,7 +276,7 @@ def test_compare_reads_c_as_llama_cpp_does_and_any_gpu_size(capsys):
         context_of(path, -5)
     assert main(["compare", "zoo:olmoe-1b-7b", "--hardware", "rtx3090+ryzen-7950x", "--gpu-mem", "1KiB"]) == 0
     assert "nothing fits: give the GPU more memory" in capsys.readouterr().out
-    hw = hardware.preset("rtx3090+ryzen-7950x")
+    hw = cost.preset("rtx3090+ryzen-7950x")
     from dataclasses import replace
 
     sizes = [replace(hw, gpus=(replace(hw.gpus[0], mem_gib=g),)).gpu_memory() for g in (24, 1.5, 1 / 2**20)]
@@ -354,7 +354,7 @@ def _hits(plan, counts) -> dict:
 def test_bad_arguments_are_typed_errors():
     from moert.errors import ArgumentError
 
-    hw = hardware.preset("rtx3090+ryzen-7950x")
+    hw = cost.preset("rtx3090+ryzen-7950x")
     p = moert.plan(zoo.path("olmoe-1b-7b"), gpu_backend="sim", gpu_memory=hw.gpu_memory(), cpu_moe=True)
     for kw, msg in ((dict(n_prompt=-1), "n_prompt must be an integer >= 0"), (dict(depth=-10), "depth must be"),
                     (dict(threads=0), "threads must be an integer >= 1"), (dict(n_ubatch=0), "n_ubatch must be"),
@@ -376,14 +376,14 @@ def test_bad_arguments_are_typed_errors():
 def test_a_long_prompt_costs_one_forward_per_u_batch_size_and_sums_exactly():
     import moert.cost.predict as pm
 
-    hw = hardware.preset("rtx3090+ryzen-7950x")
+    hw = cost.preset("rtx3090+ryzen-7950x")
     p = moert.plan(zoo.path("olmoe-1b-7b"), gpu_backend="sim", gpu_memory=hw.gpu_memory(), cpu_moe=True)
     for policy, depth in (("llama.cpp", 0), ("ik_llama.cpp", 3000)):
         r = moert.predict(p, hw, n_prompt=5000, n_ubatch=512, depth=depth, policy=policy)
-        cost = pm.CostModel(p, hw)
-        q = pm.selection(p.metadata, None, cost.shape.n_layer)
+        model = pm.CostModel(p, hw)
+        q = pm.selection(p.metadata, None, model.shape.n_layer)
         each = sum(x.seconds for start in range(0, 5000, 512)                 # every u-batch at its own position
-                   for x in pm._forward(cost, q, min(512, 5000 - start), depth + start + min(512, 5000 - start) / 2,
+                   for x in pm._forward(model, q, min(512, 5000 - start), depth + start + min(512, 5000 - start) / 2,
                                         "prefill", policy))
         assert r.prefill_s == pytest.approx(each, rel=1e-12)
     import time
@@ -394,7 +394,7 @@ def test_a_long_prompt_costs_one_forward_per_u_batch_size_and_sums_exactly():
 
 
 def test_experts_split_within_a_layer_receive_the_selection_only_where_the_router_is_not():
-    hw = hardware.preset("rtx3090+ryzen-7950x")
+    hw = cost.preset("rtx3090+ryzen-7950x")
     p = moert.plan(zoo.path("olmoe-1b-7b"), gpu_backend="sim", gpu_memory=hw.gpu_memory())   # all on the GPU
     names = [e.name for e in p if e.name.startswith("blk.0.ffn_") and "exps" in e.name]
     half = {n: {"sim:0": range(0, 32), "cpu": range(32, 64)} for n in names}             # layer 0: half on the CPU

@@ -10,7 +10,7 @@ from dataclasses import replace
 import pytest
 
 import moert
-from moert import hardware
+from moert import cost
 from moert.cost import predict as cost_predict
 from moert.cost import range as cost_range
 from moert.cost import zoo
@@ -38,7 +38,7 @@ def test_tile_fill_is_half_at_16_tokens_per_expert_and_absent_for_mat_vec():
 
 
 def test_all_gpu_prefill_pays_the_tile_fill_where_its_experts_are_compute_bound(monkeypatch):
-    hw = hardware.preset("rtx4090+ryzen-7950x")
+    hw = cost.preset("rtx4090+ryzen-7950x")
     p = _plan(hw)
 
     def speeds():
@@ -52,7 +52,7 @@ def test_all_gpu_prefill_pays_the_tile_fill_where_its_experts_are_compute_bound(
 
 
 def test_ik_llama_cpp_cpu_prefill_uses_its_faster_gemm_and_decode_is_unchanged():
-    hw = hardware.preset("ryzen-7950x")
+    hw = cost.preset("ryzen-7950x")
     p = _plan(hw)
     main, ik = (moert.predict(p, hw, n_prompt=512, policy=pol) for pol in ("llama.cpp", "ik_llama.cpp"))
     assert main.decode_tok_s == ik.decode_tok_s
@@ -60,17 +60,17 @@ def test_ik_llama_cpp_cpu_prefill_uses_its_faster_gemm_and_decode_is_unchanged()
 
 
 def test_fewer_threads_than_cores_keep_the_links_of_the_ccds_they_use():
-    cpu = hardware.CPUS["epyc-9b14"]                                 # 96 cores on 12 CCDs, 64 GB/s a link
+    cpu = cost.CPUS["epyc-9b14"]                                 # 96 cores on 12 CCDs, 64 GB/s a link
     assert cpu.read_gbs(8) == pytest.approx(64.0)                    # one CCD's link
     assert cpu.read_gbs(16) == pytest.approx(128.0)
     assert cpu.read_gbs(48) == cpu.read_gbs(96) == pytest.approx(cpu.mem_bw_gbs * cpu.bw_efficiency)
-    intel = hardware.CPUS["i9-14900k"]                               # no CCDs: proportional, as before
+    intel = cost.CPUS["i9-14900k"]                               # no CCDs: proportional, as before
     assert intel.read_gbs(12) == pytest.approx(intel.read_gbs() / 2)
 
 
 def test_every_prediction_carries_its_classes_range():
     for name, kind in (("ryzen-7950x", "cpu-only"), ("rtx4090+ryzen-7950x", "all-GPU")):
-        hw = hardware.preset(name)
+        hw = cost.preset(name)
         r = moert.predict(_plan(hw), hw)
         assert r.kind() == kind
         for phase, v in (("decode", r.decode_tok_s), ("prefill", r.prefill_tok_s)):
@@ -78,7 +78,7 @@ def test_every_prediction_carries_its_classes_range():
             s = cost_range.VALIDATION["classes"][f"{phase}, {kind}"]["spread68"]
             assert lo < v < hi and math.log(hi / v) == pytest.approx(s) and math.log(v / lo) == pytest.approx(s)
         assert "likely" in r.table() and r.to_dict()["likely"]["decode"] == list(r.likely("decode"))
-    hw = hardware.preset("rtx4090+ryzen-7950x")
+    hw = cost.preset("rtx4090+ryzen-7950x")
     assert moert.predict(_plan(hw, cpu_moe=True), hw).kind() == "hybrid"
 
 
@@ -95,7 +95,7 @@ def test_a_best_is_named_only_beyond_the_range_else_the_simplest_flags_of_the_ti
 
 
 def test_sliding_window_layers_stop_growing_with_depth(monkeypatch):
-    hw = hardware.preset("rtx4090+ryzen-7950x")
+    hw = cost.preset("rtx4090+ryzen-7950x")
     p = _plan(hw, model="gpt-oss-20b")
 
     def slowdown():
@@ -106,25 +106,25 @@ def test_sliding_window_layers_stop_growing_with_depth(monkeypatch):
     without = slowdown()
     assert 1.0 < with_swa < without                    # half of gpt-oss's layers look back 128 positions only
     monkeypatch.undo()
-    cost = cost_predict.CostModel(p, hw)
-    assert [cost.slides(i) for i in range(4)] == [True, False, True, False] and cost.swa_window == 128
+    model = cost_predict.CostModel(p, hw)
+    assert [model.slides(i) for i in range(4)] == [True, False, True, False] and model.swa_window == 128
 
 
 def test_many_channel_parts_read_a_smaller_share_of_their_dram_than_desktops():
     from moert.cost import presets
 
     for name in ("epyc-9b14", "epyc-9554", "epyc-7343", "threadripper-pro-5975wx", "threadripper-pro-3995wx"):
-        assert hardware.CPUS[name].bw_efficiency == presets.SERVER_BW_EFFICIENCY == 0.45, name
-    assert hardware.CPUS["ryzen-7950x"].bw_efficiency == 0.7
+        assert cost.CPUS[name].bw_efficiency == presets.SERVER_BW_EFFICIENCY == 0.45, name
+    assert cost.CPUS["ryzen-7950x"].bw_efficiency == 0.7
     # the mlc figure it was read from: 256 GiB/s of 12 x DDR5-6400 per socket
-    assert abs(256 * 2**30 / 1e9 / hardware.ddr_gbs(12, 6400) - presets.SERVER_BW_EFFICIENCY) < 0.01
+    assert abs(256 * 2**30 / 1e9 / cost.ddr_gbs(12, 6400) - presets.SERVER_BW_EFFICIENCY) < 0.01
 
 
 def test_mla_attention_is_costed_in_latent_space_as_llama_cpp_runs_it():
     # DeepSeek-V3's twin carries llama.cpp's MLA metadata: 128 query heads over one shared latent KV head of 576
     # (kv_lora 512 + rope 64), values of 512. A decoded token at depth d then reads d x 576 cached values a layer
     # and does 2 x d x 128 x (576 + 512) FLOPs there, on top of the depth-0 token's.
-    hw = hardware.preset("epyc-9554")
+    hw = cost.preset("epyc-9554")
     p = _plan(hw, "deepseek-v3")
     depth, n_gen = 8192, 1
 
@@ -142,14 +142,14 @@ def test_op_offload_from_mmapped_weights_runs_at_most_at_half_the_achieved_dram_
     dual-channel DDR5-2000 box (32 GB/s peak, 0.7 of it achieved: 22.4 GB/s, / 2 = 11.2 GB/s) copies below its PCIe
     4.0 x16 link's 25.2 GB/s, and a 12-channel server (460.8 GB/s peak) does not."""
     link = moert.Link(31.5, 10.0)                                        # 0.8 efficiency: 25.2 GB/s
-    slow = moert.CPU("ddr5-2000 desktop", 6, hardware.ddr_gbs(2, 2000), 2, 2000)
+    slow = moert.CPU("ddr5-2000 desktop", 6, cost.ddr_gbs(2, 2000), 2, 2000)
     staged = link.staged(slow)
     assert staged.bw_gbs * staged.efficiency == pytest.approx(11.2)
     assert staged.seconds(11.2e9, 0) == pytest.approx(1.0)
-    server = moert.CPU("12-channel server", 32, hardware.ddr_gbs(12, 4800), 12, 4800)
+    server = moert.CPU("12-channel server", 32, cost.ddr_gbs(12, 4800), 12, 4800)
     assert link.staged(server) is link
     # in predict: prefill's offload copies take 25.2 / 11.2 = 2.25x as long with mmap as from pinned memory
-    hw = moert.Hardware(cpu=slow, gpus=hardware.preset("rtx4090+ryzen-7950x").gpus, link=link)
+    hw = moert.Hardware(cpu=slow, gpus=cost.preset("rtx4090+ryzen-7950x").gpus, link=link)
     p = _plan(hw=hw, cpu_moe=True)
     off = {m: sum(x.seconds for x in moert.predict(p, hw, n_prompt=512, mmap=m).parts
                   if x.phase == "prefill" and x.stage == "offload") for m in (True, False)}
@@ -160,21 +160,21 @@ def test_op_offload_from_mmapped_weights_runs_at_most_at_half_the_achieved_dram_
 
 
 def test_numa_nodes_a_two_socket_cpu_and_what_each_numa_mode_reads():
-    """hardware.sockets and numa_view on hand numbers: two sockets of 16 cores and 8 x DDR5-6250 (400 GB/s each)."""
+    """cost.sockets and numa_view on hand numbers: two sockets of 16 cores and 8 x DDR5-6250 (400 GB/s each)."""
     one = moert.CPU("s", 16, 400.0, 8, 6250, call_us=0.0, source="hand")   # no per-op cost: bytes alone
-    two = hardware.sockets(one, 2)
+    two = cost.sockets(one, 2)
     assert (two.cores, two.mem_bw_gbs, two.mem_channels, two.numa_nodes) == (32, 800.0, 16, 2)
-    none, dist, iso = (hardware.numa_view(two, m) for m in ("none", "distribute", "isolate"))
+    none, dist, iso = (cost.numa_view(two, m) for m in ("none", "distribute", "isolate"))
     assert (none.cores, none.mem_bw_gbs) == (32, 400.0)          # every core, one node's memory
     assert dist == two                                           # node-local pages: all of it
     assert (iso.cores, iso.mem_bw_gbs, iso.mem_channels) == (16, 400.0, 8) == (one.cores, one.mem_bw_gbs, 8)
-    assert hardware.numa_view(one, "isolate") is one             # one node: nothing to choose
-    assert hardware.preset("2x epyc-9374f").cpu.numa_nodes == 2
-    assert hardware.preset("rtx4090+2x epyc-9374f").cpu.cores == 64
-    with pytest.raises(hardware.HardwareError, match="from 1 to 8"):
-        hardware.preset("9x epyc-9374f")
-    with pytest.raises(hardware.HardwareError, match="numa='spread'"):
-        hardware.numa_view(two, "spread")
+    assert cost.numa_view(one, "isolate") is one             # one node: nothing to choose
+    assert cost.preset("2x epyc-9374f").cpu.numa_nodes == 2
+    assert cost.preset("rtx4090+2x epyc-9374f").cpu.cores == 64
+    with pytest.raises(cost.HardwareError, match="from 1 to 8"):
+        cost.preset("9x epyc-9374f")
+    with pytest.raises(cost.HardwareError, match="numa='spread'"):
+        cost.numa_view(two, "spread")
     # in predict: CPU-only decode of a big MoE reads one node's memory without --numa (as one socket does),
     # twice that with distribute; the prompt (compute-bound) uses every core unless isolated
     hw2, hw1 = moert.Hardware(cpu=two), moert.Hardware(cpu=one)
@@ -217,10 +217,10 @@ def test_rocm_on_navi31_reads_the_share_its_dense_decode_figures_give():
     assert [round(s, 2) for s in shares] == [0.65, 0.54, 0.54]
     assert round(math.prod(shares) ** (1 / 3), 2) == RDNA3_DGPU_BW == 0.58
     for name in ("rx7900xt", "rx7900xtx", "w7800"):
-        assert hardware.preset(f"{name}+ryzen-7950x").gpus[0].bw_efficiency == RDNA3_DGPU_BW
+        assert cost.preset(f"{name}+ryzen-7950x").gpus[0].bw_efficiency == RDNA3_DGPU_BW
     for name in ("radeon-8060s+ryzen-ai-max-395", "rtx3090+ryzen-7950x", "rtx4090+ryzen-7950x"):
-        assert hardware.preset(name).gpus[0].bw_efficiency == 0.8
-    hw = hardware.preset("rx7900xt+ryzen-5900x")
+        assert cost.preset(name).gpus[0].bw_efficiency == 0.8
+    hw = cost.preset("rx7900xt+ryzen-5900x")
     cuda_like = replace(hw, gpus=[replace(hw.gpus[0], bw_efficiency=0.8)])
     p = _plan(hw, model="gpt-oss-20b")
 

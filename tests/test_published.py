@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from moert import hardware
+from moert import cost
 from moert.cost import zoo
 
 BENCH = Path(__file__).resolve().parents[1] / "bench"
@@ -46,9 +46,9 @@ def test_every_entry_has_a_source_a_quote_and_parts_moert_knows():
         cpu = h.get("cpu") or h["stand_in_cpu"]
         if e["placement"].get("cpu_only"):                    # a CPU-only run names no GPU and needs none
             assert not h.get("gpu") and not h.get("stand_in_gpu"), e["id"]
-            hardware.preset(cpu)
+            cost.preset(cpu)
         else:
-            hardware.preset(f"{h.get('gpu') or h['stand_in_gpu']}+{cpu}")
+            cost.preset(f"{h.get('gpu') or h['stand_in_gpu']}+{cpu}")
         if e["use"] == "excluded":
             assert e["why"]
         for figure in ("prompt_tok_s", "gen_tok_s"):           # every figure is written in its quote

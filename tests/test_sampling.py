@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from moert.errors import MoertError
-from moert.sampling import Sampler, SamplingError, SamplingParams, candidates, min_p, penalize, top_k, top_p
+from moert.text.sampling import Sampler, SamplingError, SamplingParams, candidates, min_p, penalize, top_k, top_p
 
 
 def reference(logits, history, p: SamplingParams) -> dict[int, float]:

@@ -18,8 +18,8 @@ uvicorn = pytest.importorskip("uvicorn")
 from serving import client, running  # noqa: E402
 
 from moert.loader import load  # noqa: E402
-from moert.server import Server  # noqa: E402
-from moert.server_app import create_app  # noqa: E402
+from moert.serve.app import create_app  # noqa: E402
+from moert.serve.server import Server  # noqa: E402
 from moert.testing import gpt2_vocab_metadata, write_qwen3moe  # noqa: E402
 
 N = 10
@@ -56,7 +56,7 @@ def served(tmp_path_factory):
     path = write_qwen3moe(tmp_path_factory.mktemp("serve_api") / "m.gguf", n_layer=2, n_expert=4,
                           vocab=gpt2_vocab_metadata())
     model = load(path, context_size=256, gpu_layers=0)
-    from moert.generate import chat_prompt
+    from moert.text.generate import chat_prompt
 
     text, add_bos = chat_prompt(model, [{"role": "user", "content": "What is\nMoE?"}], "chatml")
     refs = {"chat_ids": model.tokenize(text, add_bos=add_bos, special=True)}

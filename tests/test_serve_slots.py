@@ -17,7 +17,7 @@ import serving  # noqa: E402
 from serving import PROMPTS, running  # noqa: E402
 
 from moert.loader import load  # noqa: E402
-from moert.server import Server  # noqa: E402
+from moert.serve.server import Server  # noqa: E402
 from moert.testing import gpt2_vocab_metadata, write_qwen3moe  # noqa: E402
 
 N = 12

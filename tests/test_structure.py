@@ -1,5 +1,6 @@
-"""The tree's shape, enforced: no import cycle among moert/ and kernels/ (every import, function-level too), no
-source file over 400 lines, argparse only under moert/cli/, ruff clean, and the CLI builds a plan once."""
+"""The tree's shape, enforced: no import cycle among moert/ and kernels/ (every import, function-level too), the
+runtime importing none of the wings above it, every package saying what it is, no source file over 400 lines,
+argparse only under moert/cli/, ruff clean, and the CLI builds a plan once."""
 
 from __future__ import annotations
 
@@ -103,12 +104,50 @@ def test_only_the_cli_imports_argparse():
     assert not users, f"argparse outside moert/cli/: {users}"
 
 
-def test_the_runtime_imports_nothing_from_the_cost_model():
+# The wings above the runtime, and the few modules that compose the two (a front door: `moert.load` applies the
+# cluster and the virtual clock as passes, `moert demo` shows an explain view, dynamic placement's predict and
+# compare price caches with the cost model). Everything else is the runtime, which imports no wing.
+WINGS = ("moert.serve", "moert.cluster", "moert.explain", "moert.cost", "moert.cli")
+COMPOSERS = {"moert", "moert.__main__", "moert.loader", "moert.demo", "moert.dynamic.compare", "moert.dynamic.predict"}
+
+
+def _in(m: str, packages: tuple[str, ...]) -> bool:
+    return any(m == p or m.startswith(p + ".") for p in packages)
+
+
+def test_the_runtime_imports_no_wing():
+    mods = _modules()
+    edges = _imports(mods)
+    runtime = [m for m in mods if not _in(m, WINGS) and m not in COMPOSERS]
+    assert {"moert.model", "moert.experts", "moert.weights", "moert.devices.base", "moert.devices.sim",
+            "moert.kvcache", "moert.text.generate", "moert.models.qwen3moe"} <= set(runtime)
+    bad = {m: sorted(t for t in edges[m] if _in(t, WINGS)) for m in runtime}
+    assert not {m: t for m, t in bad.items() if t}, "the runtime imports a wing (serve, cluster, explain, cost, cli)"
+
+
+def test_the_wings_do_not_import_each_other_but_the_cost_model():
+    """serve, cluster and explain stand side by side over the runtime; the CLI drives them all, and any may ask the
+    cost model (a prediction is data)."""
     edges = _imports(_modules())
-    runtime = ("moert.model", "moert.experts", "moert.weights", "moert.devices", "moert.sim", "moert.gpus",
-               "moert.kvcache", "moert.layers", "moert.generate")
-    for m in runtime:
-        assert not [t for t in edges[m] if t.startswith("moert.cost")], m
+    for wing in ("moert.serve", "moert.cluster", "moert.explain"):
+        others = tuple(w for w in WINGS if w not in (wing, "moert.cost"))
+        bad = {m: sorted(t for t in ts if _in(t, others)) for m, ts in edges.items() if _in(m, (wing,))}
+        assert not {m: t for m, t in bad.items() if t}, wing
+
+
+def test_every_package_says_what_it_is_and_may_import():
+    for pkg in [d for d in (ROOT / "moert").rglob("__init__.py")] + [ROOT / "kernels" / "__init__.py"]:
+        doc = ast.get_docstring(ast.parse(pkg.read_text())) or ""
+        assert len(doc.split()) >= 15, f"{pkg.relative_to(ROOT)}: a docstring saying what the package is"
+
+
+def test_the_top_level_is_the_pipeline():
+    """moert/ keeps the stages a learner reads and what they share; a subsystem is a package, not a file prefix."""
+    top = sorted(f.stem for f in (ROOT / "moert").glob("*.py"))
+    prefixes = [p for p in ("server", "cluster", "explain", "tokenizer", "device") if any(
+        t.startswith(p + "_") or t == p for t in top)]
+    assert not prefixes, f"file-name prefixes standing in for packages: {prefixes}"
+    assert len(top) <= 26, top
 
 
 @pytest.mark.skipif(shutil.which("ruff") is None and subprocess.run([sys.executable, "-m", "ruff", "--version"],

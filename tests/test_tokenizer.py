@@ -13,10 +13,10 @@ import numpy as np
 import pytest
 
 from moert import gguf
-from moert.chat import render, resolve_template
 from moert.errors import MoertError
 from moert.testing import gpt2_vocab_metadata
-from moert.tokenizer import PRE_TOKENIZERS, NoVocab, Tokenizer, TokenizerError
+from moert.text.chat import render, resolve_template
+from moert.text.tokenizer import PRE_TOKENIZERS, NoVocab, Tokenizer, TokenizerError
 
 FIXTURES = Path(__file__).parent / "fixtures" / "tokenizer"
 

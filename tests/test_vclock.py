@@ -9,13 +9,13 @@ import numpy as np
 import pytest
 
 import moert
-from moert import hardware
-from moert.generate import GenerationStats, generate_ids
-from moert.sampling import SamplingParams
+from moert import cost
 from moert.testing import write_qwen3moe
+from moert.text.generate import GenerationStats, generate_ids
+from moert.text.sampling import SamplingParams
 
 # a GPU slow enough that bytes, not launches, decide each term, and fast enough in compute not to matter
-SLOW = moert.Hardware(cpu=hardware.CPUS["ryzen-7950x"], link=hardware.LINKS["pcie4x16"],
+SLOW = moert.Hardware(cpu=cost.CPUS["ryzen-7950x"], link=cost.LINKS["pcie4x16"],
                       gpus=[moert.GPU("slow", 1, bw_gbs=0.01, fp16_tflops=1000, launch_us=1.0)])
 
 
@@ -70,7 +70,7 @@ def test_virtual_gpu_time_of_a_forward_equals_predicts_gpu_terms_for_the_plan(pa
 
 
 def test_cpu_phases_stay_measured_and_transfers_follow_the_link(path):
-    hw = hardware.preset("rtx4090+ryzen-7950x")
+    hw = cost.preset("rtx4090+ryzen-7950x")
     m = _load(path, hw, cpu_moe=True)
     m.forward(np.arange(4), last_only=True)
     s = m.stats.last
@@ -104,7 +104,7 @@ def test_a_faster_gpu_gives_less_virtual_time_and_gpu_experts_beat_cpu_ones(path
     # of an RTX 4090 the same move makes the experts' share of a token faster than moert's CPU experts. The
     # experts' phase is compared, not the whole token: a token's host-side time (Python between the phases,
     # measured in both runs) moves by milliseconds on a loaded machine, more than this tiny model's experts.
-    hw, experts = hardware.preset("rtx4090+ryzen-7950x"), {}
+    hw, experts = cost.preset("rtx4090+ryzen-7950x"), {}
     for cpu_moe in (True, False):
         m = moert.load(path, hardware=hw, context_size=64, cpu_moe=cpu_moe)   # warmed up: kernels compiled
         for i in range(3):

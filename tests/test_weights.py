@@ -7,9 +7,9 @@ import pytest
 
 import moert
 from moert.devices import CPU
+from moert.devices.sim import SimArray
 from moert.errors import DeviceOutOfMemory, PlacementError
 from moert.placement import plan
-from moert.sim import SimArray
 from moert.weights import LoadCancelled, Weight, load_weights
 
 

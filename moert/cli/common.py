@@ -143,7 +143,7 @@ _BARE_RE = re.compile(r"\b(" + "|".join(sorted((k for k in _FLAGS if "_" in k), 
 
 def add_ray_args(parser: argparse.ArgumentParser) -> None:
     """--ray and its options (run, serve, bench): experts that RAY<N> rules place run on Ray workers."""
-    g = parser.add_argument_group("experts on Ray workers (moert/cluster.py; pip install 'moert[cluster]')")
+    g = parser.add_argument_group("experts on Ray workers (moert/cluster/actors.py; pip install 'moert[cluster]')")
     g.add_argument("--ray", default=None, metavar="local:N|HOST:PORT|auto",
                    help="the cluster of the RAY<N> devices that -ot rules name (-ot 'blk\\.3\\.ffn_.*_exps=RAY0'): "
                         "local:N starts N workers on this machine; HOST:PORT or auto joins a cluster started with "
@@ -197,7 +197,7 @@ def sim_if_no_gpu(args: argparse.Namespace) -> None:
     """Planning (fit, inspect) for a stated --gpu-mem with no GPU here: a simulated GPU of that size, said once."""
     import sys
 
-    from moert import _cuda
+    from moert.devices import cuda as _cuda
 
     if getattr(args, "gpu_mem", None) and getattr(args, "gpu_backend", "auto") == "auto" and not _cuda.device_count():
         args.gpu_backend = "sim"
@@ -247,9 +247,9 @@ def physical_cores() -> int:
 
 def list_devices(gpu_mem: str | None = None) -> str:
     """--list-devices: the CPU, each CUDA device with total and free memory, and the simulated GPUs."""
-    from moert import _cuda
     from moert.bench import cpu_model
-    from moert.gpus import get_devices
+    from moert.devices import cuda as _cuda
+    from moert.devices.gpus import get_devices
 
     mib = 2**20
     meminfo = {}

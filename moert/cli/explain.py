@@ -1,6 +1,6 @@
 """`moert explain MODEL -p PROMPT [--token I] [--layer L] [--view walk|attention|lens|routing] [--plot PNG] [--json]`:
 one token's walk (explain.py), what it attended to, what each layer would predict, every token's experts
-(explain_views.py); `moert experts MODEL -p TEXT|-f FILE [--layer L] [--json]`: the demo's expert table."""
+(explain/views.py); `moert experts MODEL -p TEXT|-f FILE [--layer L] [--json]`: the demo's expert table."""
 
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ def cmd_explain(args: argparse.Namespace) -> int:
     if args.layer is not None and not 0 <= args.layer < model.config.n_layer:
         raise MoertError(f"--layer {args.layer}: the model has layers 0 to {model.config.n_layer - 1}")
     if args.view != "walk":
-        from moert.explain_views import attention_view, format_view, logit_lens, routing_view
+        from moert.explain.views import attention_view, format_view, logit_lens, routing_view
 
         d = (routing_view(model, args.prompt) if args.view == "routing" else
              {"attention": attention_view, "lens": logit_lens}[args.view](model, args.prompt, args.token, args.top))
@@ -46,7 +46,7 @@ def cmd_explain(args: argparse.Namespace) -> int:
 def cmd_experts(args: argparse.Namespace) -> int:
     """`moert experts`: explain_views.expert_classes over -p TEXT or -f FILE."""
     from moert.cli.generate import load_from_args, read_prompt_file
-    from moert.explain_views import expert_classes, format_view
+    from moert.explain.views import expert_classes, format_view
 
     text = read_prompt_file(args.file) if args.file else args.prompt
     if not text:

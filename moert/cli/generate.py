@@ -192,8 +192,8 @@ def stats_dict(s) -> dict:
 
 
 def _run_ids(model, prompt: str, args: argparse.Namespace) -> int:
-    from moert.generate import GenerationStats, generate_ids
-    from moert.sampling import SamplingParams
+    from moert.text.generate import GenerationStats, generate_ids
+    from moert.text.sampling import SamplingParams
 
     try:
         ids = [int(x) for x in prompt.replace(",", " ").split()]
@@ -229,7 +229,7 @@ def cmd_chat(args: argparse.Namespace) -> int:
         if not line.strip():
             continue
         messages.append({"role": "user", "content": line.rstrip("\n")})
-        from moert.generate import chat_prompt
+        from moert.text.generate import chat_prompt
 
         text, add_bos = chat_prompt(model, messages, getattr(args, "chat_template", None))
         reply, stats = _stream_to_stdout(model, text, args, add_bos=add_bos)
@@ -241,16 +241,16 @@ def cmd_chat(args: argparse.Namespace) -> int:
 
 def _demo_backend() -> str:
     """CuPy when it sees a CUDA device, else the simulated GPU."""
-    from moert import _cuda
+    from moert.devices import cuda as _cuda
 
     return "cupy" if _cuda.device_count() > 0 else "sim"
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
     from moert.demo import DEMO_PROMPT, demo_model_path, expert_table
+    from moert.explain.summary import format_summary, summarize
     from moert.gguf import open as open_gguf
     from moert.placement.memory import estimate
-    from moert.summary import format_summary, summarize
 
     t0 = time.perf_counter()
     path = demo_model_path()

@@ -1,7 +1,7 @@
 """`moert hardware list|calibrate`: the preset parts and this machine's measured CPU side.
 
     moert hardware list [--json]                  preset GPUs, CPUs and links with their figures
-    moert hardware calibrate [--long] [-t N] [--json]   measure this CPU (moert.hardware.calibrate)
+    moert hardware calibrate [--long] [-t N] [--json]   measure this CPU (moert.cost.calibrate)
 """
 
 from __future__ import annotations

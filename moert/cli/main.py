@@ -21,7 +21,7 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     from moert import gguf
     from moert.cli.common import planned_context
     from moert.cli.placement import format_placement
-    from moert.summary import format_summary, summarize
+    from moert.explain.summary import format_summary, summarize
 
     with gguf.open(args.model) as f:
         s = summarize(f)

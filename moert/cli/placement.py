@@ -155,8 +155,8 @@ def _device_list(value: str) -> list[str]:
 
 def selected_devices(args: argparse.Namespace) -> dict:
     """-dev: the GPU backend and the GPUs it names ({} without -dev), checked against those that exist."""
+    from moert.devices.gpus import get_devices
     from moert.errors import PlacementError
-    from moert.gpus import get_devices
 
     names = getattr(args, "device", None)
     if not names:
@@ -345,7 +345,7 @@ def cmd_fit(args: argparse.Namespace) -> int:
     if strict and notes:
         raise PlacementError("strict placement: " + "; ".join(notes))
     if r.plan is not None and not r.plan.devices and kw["gpu_backend"] != "none":
-        from moert import _cuda
+        from moert.devices import cuda as _cuda
 
         _cuda.device_count()
         if args.gpu_mem:  # the user asked about GPU memory: answering "fits on the CPU" would mislead

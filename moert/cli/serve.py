@@ -1,4 +1,4 @@
-"""`moert serve MODEL`: the model behind an OpenAI-compatible HTTP server (moert/server.py), as llama-server.
+"""`moert serve MODEL`: the model behind an OpenAI-compatible HTTP server (moert/serve/server.py), as llama-server.
 
     moert serve MODEL [placement and sampling flags] [--host 127.0.0.1] [--port 8080] [--queue 16]
                       [-np 1] [--max-body 8388608] [--metrics] [--chat-template T] [--jinja]
@@ -18,8 +18,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
     try:
         import uvicorn
 
-        from moert.server import Server, listen
-        from moert.server_app import create_app
+        from moert.serve.app import create_app
+        from moert.serve.server import Server, listen
     except ImportError as e:
         raise MoertError(f"moert serve needs FastAPI and uvicorn ({e}); pip install 'moert[serve]'") from None
     try:
@@ -101,7 +101,7 @@ def add_commands(sub) -> None:
     from moert.cli.common import add_model_arg, add_ray_args
     from moert.cli.llama_flags import add_chat_template_args, add_override_kv_arg
     from moert.cli.placement import add_placement_args
-    from moert.server import IDLE_S, MAX_BODY
+    from moert.serve.server import IDLE_S, MAX_BODY
 
     s = sub.add_parser("serve", help="serve the model over HTTP: OpenAI's API and llama.cpp server's endpoints",
                        description="One model; requests run in arrival order, up to -np at a time (their tokens "

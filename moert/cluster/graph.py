@@ -1,4 +1,4 @@
-"""The per-layer calls of a cluster's workers as one Ray Compiled Graph (moert/cluster.py uses it by default).
+"""The per-layer calls of a cluster's workers as one Ray Compiled Graph (moert/cluster/actors.py uses it by default).
 
     g = CompiledCalls(devices)          all RayDevices of one cluster; compiled at its first layer call
     b = g.submit(dev, key, payload)     a worker's part of this layer (one message each way, as the plain call)
@@ -27,7 +27,7 @@ import logging
 import os
 from typing import Any
 
-from moert.cluster_worker import keyed
+from moert.cluster.worker import keyed
 
 
 def enabled(calls: str | None = None) -> bool:
@@ -74,7 +74,7 @@ class CompiledCalls:
         self.off: str | None = None      # why compiled calls are off for good (plain actor calls from then on)
         self.compiles = 0                # graphs compiled (1 when nothing failed)
         self.executions = 0              # layers run through a graph
-        self.releases = 0                # graphs torn down by release() (an idle server's: moert/server_idle.py)
+        self.releases = 0                # graphs torn down by release() (an idle server's: moert/serve/idle.py)
         _quiet.log.addFilter(_LOSS_REPORTED)   # once per process (the same filter is not added twice)
 
     def submit(self, dev: Any, key: int, payload: bytes) -> Batch | None:

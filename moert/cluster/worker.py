@@ -1,11 +1,11 @@
-"""What runs inside a Ray worker (moert/cluster.py makes it an actor): its experts, and one call per layer.
+"""What runs inside a Ray worker (moert/cluster/actors.py makes it an actor): its experts, and one call per layer.
 
     w = ExpertWorker(threads=2)
     w.load(path, spec, act_quant, repack)   map the GGUF, keep views of exactly its experts ("missing": no file)
     w.receive(arrays)                       or: its experts' quantized bytes, sent once (no file there)
     w.prepare(key, names, act, biases)      one MoE layer made ready (the host's own kernels, kernels/moe_fused.py)
     w.run(key, payload) -> bytes            all (token, expert, weight) pairs of that layer, one message each way
-    w.step(call) -> bytes                   the same as one step of a Ray Compiled Graph (moert/cluster_graph.py):
+    w.step(call) -> bytes                   the same as one step of a Ray Compiled Graph (moert/cluster/graph.py):
                                             call = keyed(key, payload), or b"" when the layer gives this worker
                                             nothing (then b"" back)
 
@@ -29,6 +29,8 @@ import threading
 import time
 
 import numpy as np
+
+from moert.kernels.moe_fused import expert_layer
 
 HEADER = np.dtype("<i4")
 KEY = 4                                 # bytes of a compiled step's layer key, before its request (`keyed`)
@@ -136,7 +138,7 @@ class ExpertWorker:
 
         qs = [QTensor(self.tensors[n][0], self.tensors[n][1], self.tensors[n][2]) for n in names]
         b = None if not biases else tuple(_floats(*self.tensors[n][:3]) for n in biases)
-        self.layers[key] = prepare_layer(qs, b, act, self.options.get("act_quant"), self.options.get("repack", False))
+        self.layers[key] = expert_layer(qs, b, act, self.options.get("act_quant"), self.options.get("repack", False))
         self.remap[key] = self.tensors[names[0]][3]
         e = self.held[names[0]][0]
         for T in (2, 1):        # compile (or load from Numba's cache) the prompt and decode kernels now, not mid-token
@@ -174,18 +176,6 @@ class ExpertWorker:
     def stall(self, seconds: float) -> None:
         """Make every layer call in the next `seconds` wait them out (the fault tests' hung worker)."""
         self.stalled_until = time.monotonic() + seconds
-
-
-def prepare_layer(qs: list, biases: tuple | None, act: str, act_quant: str | None, repack: bool):
-    """f(x, ids, weights) over quantized gate/up/down (QTensors): the fused kernel (kernels/moe_fused.py) where it
-    takes the types, else kernels/moe.py's moe_ffn. The host's CPU expert layers (moert/experts.py) use it too."""
-    from moert.kernels.moe import moe_ffn
-    from moert.kernels.moe_fused import PreparedExperts
-    from moert.kernels.moe_fused import supports as fused_supports
-
-    if fused_supports(*qs):
-        return PreparedExperts(*qs, act_quant=act_quant, act=act, biases=biases, repack=repack)
-    return lambda x, ids, weights: moe_ffn(x, ids, weights, *qs, act=act, biases=biases)
 
 
 def _floats(data: np.ndarray, typ: str, shape: tuple) -> np.ndarray:

@@ -1,4 +1,4 @@
-"""Prediction across machines: a model's experts spread over the hosts of a cluster (moert/cluster.py runs it).
+"""Prediction across machines: a model's experts spread over the hosts of a cluster (moert/cluster/actors.py runs it).
 
     c = cluster("4x(epyc-9354+ram-192GiB)", "25gbe")     # hosts (each a preset machine + its RAM) and the network
     r = predict_cluster("zoo:deepseek-v3", c)             # r.decode_tok_s, r.prefill_tok_s, r.bound, print(r.table())
@@ -15,7 +15,7 @@ runs its own share meanwhile (moert/experts.py), so a layer takes the slowest ho
                     microbenchmarks for a compiled graph, the default, or plain actor calls) + 2 x the network's
                     one-way latency + the bytes both ways through the head's one NIC / its bandwidth:
                     to each worker 12 + B x (4D + 8K) bytes (4 more, the layer key, in a compiled step), back
-                    4 B D + 8 (cluster_worker.py's messages);
+                    4 B D + 8 (cluster/worker.py's messages);
   the dense part    the head's dense bytes / its read rate (decode), or FLOPs / its rate (prefill).
 
 It is a roofline composition (no per-op costs, KV reads at depth 0), meant to say which of host DRAM, the
@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 
 from moert.cost.hardware import Hardware, HardwareError
 
-# What Ray adds to one layer's call of its workers, by how moert calls them (moert/cluster_graph.py):
+# What Ray adds to one layer's call of its workers, by how moert calls them (moert/cluster/graph.py):
 #   "compiled" (the default): Ray's compiled-graph microbenchmark (python/ray/_private/ray_experimental_perf.py,
 #     `execute` of an echo actor + `ray.get`, bytes in and out) as ray-project/ray#41769 published it, one machine:
 #     "compiled single-actor DAG calls per second 20931.29" (47.8 us a call) and "compiled scatter-gather DAG calls,

@@ -1,6 +1,6 @@
 """Predict prefill and decode speed of a placement on hardware you may not have: `predict(plan, hardware)`.
 
-    hw = moert.hardware.preset("rtx3090+ryzen-7950x")
+    hw = moert.cost.preset("rtx3090+ryzen-7950x")
     p = moert.plan(moert.zoo.path("gpt-oss-120b"), cpu_moe=True, gpu_backend="sim", gpu_memory=hw.gpu_memory())
     r = moert.predict(p, hw, n_prompt=512, n_gen=128)      # r.decode_tok_s, r.prefill_tok_s, print(r.table())
 

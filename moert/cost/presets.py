@@ -5,24 +5,17 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict
+from dataclasses import asdict, replace
+
+from moert.cost import kinds
 
 from moert.cost.hardware import CPU, GPU, Link, ddr_gbs, pcie_gbs
 
 # ------------------------------------------------------------------------------------------- presets
 
-# ROCm's decode kernels on discrete RDNA3 (Navi 31: RX 7900 XT / XTX, PRO W7800, GDDR6) read a smaller share of the
-# data sheet than CUDA's. Dense llama.cpp decode read as the file's bytes over the token's time (a dense model at
-# one token is its weights read once; launches overlap them):
-#   llama.cpp #4763, RX 7900 XT, HIP 5.7: llama 7B Q8_0 (7.17 GiB), tg128 67.20 t/s: 517 GB/s, 0.65 of 800;
-#   llama.cpp #20934, RX 7900 XTX, ROCm: Llama-7B Q4_0 (3.56 GiB), 129-144 t/s: 493-550 GB/s, 0.51-0.57 of 960;
-#   llama.cpp PR 26284, RX 7900 XTX, ROCm: llama 8B Q4_K_M (4.58 GiB), tg64 105.75 t/s: 520 GB/s, 0.54 of 960.
-# Geometric mean 0.58 (0.54 for the middle of #20934's range). The same reading of CUDA on NVIDIA gives about the
-# GPU default's 0.8: llama.cpp PR 15802, RTX 3090, llama 8B Q4_0 (4.33 GiB) at one token 155-156 t/s, 0.77 of 936.
-# Read from those dense figures only, none of them in bench/published.json; its two figures on these cards
-# (gh15396's RX 7900 XT, gg24546's W7800) were not used to set it (though 0.6 was tried on them first: RESULTS.md,
-# "The RDNA3 term"). Not applied to the Radeon 8060S (RDNA 3.5, LPDDR5X: another chip and memory, no such reading).
-RDNA3_DGPU_BW = 0.58
+# ROCm's decode share on discrete RDNA3 is a term of the GPU's kind (api "rocm", arch "rdna3"), with its sources
+# in moert/cost/kinds.py: the kind fields below give it to the Navi 31 presets, as they would to any such card.
+RDNA3_DGPU_BW = kinds.RDNA3_DGPU_BW
 
 # GPUs. Bandwidth = bus width x data rate / 8; tensor TFLOPS are dense (the sparse figure halved), FP16
 # inputs with FP32 accumulate, as the architecture whitepapers list them per card.
@@ -59,21 +52,18 @@ GPUS: dict[str, GPU] = {g.name: g for g in (
     # TOPS; PCIe 3.0 x16 (NVIDIA Turing GPU Architecture whitepaper, appendix table for GeForce RTX 2080)
     GPU("rtx2080", 8, 448, 40.3, 161.1, pcie_gen=3, source="NVIDIA Turing whitepaper, RTX 2080 table"),
     # AMD Radeon RX 7900 XT (20 GB): 320-bit GDDR6 at 20 Gbps = 800 GB/s; "Peak Half Precision (FP16) Performance
-    # 103 TFLOPs" (amd.com RX 7900 XT specifications). Decode reads at ROCm's share on Navi 31 (RDNA3_DGPU_BW above).
-    GPU("rx7900xt", 20, 800, 103, pcie_gen=4, bw_efficiency=RDNA3_DGPU_BW,
-        source="amd.com Radeon RX 7900 XT specifications"),
+    # 103 TFLOPs" (amd.com RX 7900 XT specifications). Decode reads at ROCm's share on RDNA3 (its kind).
+    GPU("rx7900xt", 20, 800, 103, pcie_gen=4, source="amd.com Radeon RX 7900 XT specifications"),
     # AMD Radeon RX 7900 XTX (24 GB): 384-bit GDDR6 at 20 Gbps = 960 GB/s; "Peak Half Precision (FP16) Performance
-    # 122.8 TFLOPs" (amd.com RX 7900 XTX specifications); Navi 31 as the RX 7900 XT, so ROCm's share RDNA3_DGPU_BW.
-    GPU("rx7900xtx", 24, 960, 122.8, pcie_gen=4, bw_efficiency=RDNA3_DGPU_BW,
-        source="amd.com Radeon RX 7900 XTX specifications"),
+    # 122.8 TFLOPs" (amd.com RX 7900 XTX specifications); Navi 31 as the RX 7900 XT, so ROCm's share (its kind).
+    GPU("rx7900xtx", 24, 960, 122.8, pcie_gen=4, source="amd.com Radeon RX 7900 XTX specifications"),
     # AMD Radeon RX 6900 XT (16 GB): 256-bit GDDR6 at 16 Gbps = 512 GB/s (as bench/published.json's run states it);
     # "Peak Half Precision Compute Performance 46.08 TFLOPs" (amd.com RX 6900 XT specifications); RDNA2 has no matrix
     # cores, so its FP16 figure is the packed-math peak. PCIe 4.0 x16.
     GPU("rx6900xt", 16, 512, 46.08, pcie_gen=4, source="amd.com Radeon RX 6900 XT specifications"),
     # AMD Radeon PRO W7800 (32 GB): 256-bit GDDR6 at 18 Gbps = 576 GB/s; "Peak Half Precision (FP16) Performance
     # 90.5 TFLOPs" (amd.com Radeon PRO W7800 specifications; RDNA3 dual-issue / WMMA peak). PCIe 4.0 x16.
-    GPU("w7800", 32, 576, 90.5, pcie_gen=4, bw_efficiency=RDNA3_DGPU_BW,
-        source="amd.com Radeon PRO W7800 specifications"),
+    GPU("w7800", 32, 576, 90.5, pcie_gen=4, source="amd.com Radeon PRO W7800 specifications"),
     # AMD Radeon Instinct MI60 (gfx906, 32 GB): 4096-bit HBM2 at 2 Gbps = 1,024 GB/s; FP16 29.49 TFLOPS (2:1 packed
     # math, no matrix cores): TechPowerUp's GPU database as sysrqmts.com lists it ("Bandbreite 1,024 GB/s", "FP16
     # (half) Leistung 29.49 TFLOPS"). The MI50 has the same memory and ~10% less compute. PCIe 4.0 x16.
@@ -110,6 +100,24 @@ GPUS: dict[str, GPU] = {g.name: g for g in (
     # "INT8 Tensor Core 624 TOPS" dense; PCIe 4.0 x16 to the host (NVIDIA A100 Tensor Core GPU data sheet)
     GPU("a100-sxm-80gb", 80, 2039, 312, 624, pcie_gen=4, source="NVIDIA A100 Tensor Core GPU data sheet"),
 )}
+
+# Each preset GPU's kind (moert/cost/kinds.py): "api arch memory tier". A card's decode share is its kind's
+# (kinds.gpu_bw_share), so a card described by its spec sheet with the same kind reads the same.
+GPU_KINDS = {
+    "rtx3060": "cuda ampere gddr6 consumer", "rtx4060": "cuda ada gddr6 consumer",
+    "rtx3090": "cuda ampere gddr6x consumer", "rtx4070": "cuda ada gddr6x consumer",
+    "rtx4090": "cuda ada gddr6x consumer", "rtx5090": "cuda blackwell gddr7 consumer",
+    "rtx5080": "cuda blackwell gddr7 consumer", "rtx4080": "cuda ada gddr6x consumer",
+    "rtx2080": "cuda turing gddr6 consumer", "rx7900xt": "rocm rdna3 gddr6 consumer",
+    "rx7900xtx": "rocm rdna3 gddr6 consumer", "rx6900xt": "rocm rdna2 gddr6 consumer",
+    "w7800": "rocm rdna3 gddr6 workstation", "mi60": "rocm gcn5 hbm2 datacenter",
+    "gb10": "cuda blackwell lpddr5x workstation", "radeon-8060s": "rocm rdna3.5 lpddr5x consumer",
+    "m2-max-38c": "metal apple-m2 unified consumer", "rtx-pro-6000-maxq": "cuda blackwell gddr7 workstation",
+    "rtx-pro-6000": "cuda blackwell gddr7 workstation", "h100-pcie": "cuda hopper hbm2e datacenter",
+    "a100-sxm-80gb": "cuda ampere hbm2e datacenter",
+}
+GPUS = {k: replace(g, bw_efficiency=0.0, **dict(zip(kinds.GPU_FIELDS, GPU_KINDS[k].split())))
+        if k in GPU_KINDS and g.bw_efficiency == kinds.GPU_BW_SHARE else g for k, g in GPUS.items()}
 
 # The share of peak DRAM bandwidth the cores of an 8-12 channel server or workstation part read (EPYC, Threadripper
 # PRO): 0.45, read from a published Intel mlc figure: "dual socket AMD EPYC 9965 192-Core [...] mlc clocks it at around
@@ -203,6 +211,23 @@ CPUS: dict[str, CPU] = {c.name: c for c in (
         source="amd.com EPYC 9354 / 9004 series product brief"),
 )}
 
+# Each preset CPU's kind (moert/cost/kinds.py): "vendor generation isa tier". isa: the widest int8 dot path llama.cpp
+# takes there (Zen 4 and 5 have AVX512-VNNI; Cascade Lake-X's "Intel Deep Learning Boost" is AVX512-VNNI; Alder and
+# Raptor Lake have no AVX-512; Granite Rapids has AMX-INT8), from the vendors' product pages.
+CPU_KINDS = {
+    "ryzen-7600": "amd zen4 avx512-vnni consumer", "ryzen-7900": "amd zen4 avx512-vnni consumer",
+    "ryzen-ai-9-hx-pro-370": "amd zen5 avx512-vnni consumer", "ryzen-7950x": "amd zen4 avx512-vnni consumer",
+    "ryzen-9950x": "amd zen5 avx512-vnni consumer", "i9-14900k": "intel raptor-lake avx2 consumer",
+    "ryzen-5900x": "amd zen3 avx2 consumer", "threadripper-pro-5975wx": "amd zen3 avx2 workstation",
+    "threadripper-pro-3995wx": "amd zen2 avx2 workstation", "i9-10900x": "intel cascade-lake avx512-vnni workstation",
+    "epyc-7343": "amd zen3 avx2 server", "i5-12600k": "intel alder-lake avx2 consumer",
+    "ryzen-ai-max-395": "amd zen5 avx512-vnni consumer", "epyc-9b14": "amd zen4 avx512-vnni server",
+    "epyc-9374f": "amd zen4 avx512-vnni server", "xeon-6980p": "intel granite-rapids amx server",
+    "epyc-9554": "amd zen4 avx512-vnni server", "epyc-9354": "amd zen4 avx512-vnni server",
+}
+CPUS = {k: replace(c, **dict(zip(kinds.CPU_FIELDS, CPU_KINDS[k].split()))) if k in CPU_KINDS else c
+        for k, c in CPUS.items()}
+
 # Links: PCIe 4.0 16 GT/s and 5.0 32 GT/s per lane, 128b/130b encoding (PCI-SIG base specifications).
 LINKS: dict[str, Link] = {
     "pcie3x16": Link(pcie_gbs(3), 10.0, "pcie3x16"),   # 15.8 GB/s per direction (8 GT/s)
@@ -259,4 +284,4 @@ def to_dict() -> dict:
             "links": {k: asdict(v) for k, v in LINKS.items()}, "examples": examples()}
 
 
-__all__ = ["CPUS", "GPUS", "LINKS", "examples", "preset_link", "table", "to_dict"]
+__all__ = ["CPUS", "CPU_KINDS", "GPUS", "GPU_KINDS", "LINKS", "examples", "preset_link", "table", "to_dict"]

@@ -9,7 +9,7 @@ One small interface, three kinds. Every move between devices goes through it and
     dev.free(arr)            give an allocation back
     dev.xp                   the array namespace for compute on that device (numpy / cupy / sim)
 
-The simulated GPU (`sim:N`, NumPy underneath, GPU rules on top) lives in moert/sim.py.
+The simulated GPU (`sim:N`, NumPy underneath, GPU rules on top) lives in moert/devices/sim.py.
 """
 
 from __future__ import annotations
@@ -313,7 +313,7 @@ def where(x: Any) -> str:
 
 def check_host(arr: Any, dev: Device) -> np.ndarray:
     on_gpu = not isinstance(arr, np.ndarray) and hasattr(arr, "__cuda_array_interface__")
-    on_ours = isinstance(getattr(arr, "device", None), Device)  # a SimArray (moert/sim.py)
+    on_ours = isinstance(getattr(arr, "device", None), Device)  # a SimArray (moert/devices/sim.py)
     if on_ours or on_gpu:
         src = where(arr) if on_ours else "a GPU"
         raise DeviceMismatchError(
@@ -384,11 +384,11 @@ def device_of(arr: Any, devices: list[Device]) -> Device:
 def xp_of(arr: Any):
     """The array namespace that computes on arr's device: numpy, cupy, or a sim device's namespace."""
     dev = getattr(arr, "device", None)
-    if isinstance(dev, Device):  # a SimArray (moert/sim.py)
+    if isinstance(dev, Device):  # a SimArray (moert/devices/sim.py)
         return dev.xp
     mod = type(arr).__module__.split(".")[0]
     if mod == "cupy":
-        from moert import _cuda
+        from moert.devices import cuda as _cuda
         return _cuda.cupy()
     return np
 

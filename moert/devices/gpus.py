@@ -1,5 +1,5 @@
-"""The GPUs a backend gives: `get_devices("sim" | "cupy" | "auto" | "none", sizes)` -> sim:N (moert/sim.py) or
-cuda:N (CudaDevice, CuPy underneath: moert/_cuda.py). The host and the device interface are moert/devices.py."""
+"""The GPUs a backend gives: `get_devices("sim" | "cupy" | "auto" | "none", sizes)` -> sim:N (moert/devices/sim.py)
+or cuda:N (CudaDevice, CuPy underneath: moert/devices/cuda.py). The host and the device interface: base.py."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ from typing import Any
 import numpy as np
 
 from moert.devices import Device, DeviceMismatchError, check_host, parse_sizes, where
+from moert.devices.sim import DEFAULT_SIM_MEMORY, SimDevice
 from moert.errors import DeviceOutOfMemory, PlacementError
-from moert.sim import DEFAULT_SIM_MEMORY, SimDevice
 
 GPU_BACKENDS = ("auto", "cupy", "sim", "none")
 
@@ -22,7 +22,7 @@ class CudaDevice(Device):
 
     def __init__(self, index: int, capacity: int):
         super().__init__(index, int(capacity))
-        from moert import _cuda
+        from moert.devices import cuda as _cuda
         self._cp = _cuda.cupy()
         self.xp = self._cp
         self._ctx: list = []
@@ -102,7 +102,7 @@ def get_devices(gpu_backend: str = "auto", gpu_memory: str | int | list | None =
         return []
     if backend == "sim":
         return [SimDevice(i, c) for i, c in enumerate(sizes or [DEFAULT_SIM_MEMORY])]
-    from moert import _cuda
+    from moert.devices import cuda as _cuda
     n = _cuda.device_count()
     if n == 0:
         if backend == "cupy":

@@ -8,7 +8,7 @@ pairs) and gets one back (its experts' weighted sum). So it has no put / to_host
     dev.collect(handle, timeout) -> (T, D)         wait for it (a RemoteDeviceError past the timeout)
 
 This module has what planning needs: the device's name, its counters (`RemoteStats`) and `RemoteDevice`,
-a placeholder that plans (`moert inspect`, `moert.predict`) use without a cluster. moert/cluster.py
+a placeholder that plans (`moert inspect`, `moert.predict`) use without a cluster. moert/cluster/actors.py
 implements it on Ray actors.
 """
 

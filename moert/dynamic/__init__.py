@@ -8,6 +8,9 @@
     predict.py    moert.predict(plan, hw, cache=, trace=): hits on the GPU, misses on the CPU, copies, prefetch
     kernels.py    the replay's Numba fast path (policies.py's classes are its twins)
     formats.py    traces of other tools (llama.cpp's llama-moe-trace CSVs) read as moert.Trace; moert's format
+
+Part of the runtime (runtime.py runs a cache inside a model); predict.py and compare.py price caches with the
+cost model (moert/cost/), the only modules here that import it.
 """
 
 from moert.dynamic.cache import CacheError, ExpertCache, expert_bytes

@@ -5,6 +5,9 @@ Each module defines `Config` (a frozen dataclass built from GGUF keys, see moert
 moert/models/spec.py) and `forward(m, tokens) -> logits`, written against the runtime `m` (moert/model.py:
 weights on their devices, explicit moves, KV cache, phases for the stats). Adding an architecture is
 adding a file and a line here.
+
+Part of the runtime: an architecture imports moert/layers.py, moert/moe.py and moert/config.py, and is
+written against the contract in runtime.py; nothing of the wings (serve, cluster, explain, cost, cli).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Sub-blocks several architectures share, written against the runtime `m` (moert/runtime.py; weights by
+"""Sub-blocks several architectures share, written against the runtime `m` (moert/models/runtime.py; weights by
 their GGUF names), each beside the declaration of the tensors it reads.
 
 Dimension legend: T tokens, D hidden, H query heads, Hk KV heads, Dh head dim, Dv value head dim.

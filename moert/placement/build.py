@@ -15,10 +15,11 @@ from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any
 
-from moert.device_config import accepts_device_config
 from moert.devices import Device
+from moert.devices.config import accepts_device_config
+from moert.devices.gpus import get_devices
+from moert.devices.remote import RemoteDevice
 from moert.errors import PlacementError, PlacementWarning
-from moert.gpus import get_devices
 from moert.placement.plan import (
     _LAYER_RE,
     _OUTPUT_RE,
@@ -30,7 +31,6 @@ from moert.placement.plan import (
     model_info,
 )
 from moert.placement.rules import TensorOverride, format_overrides, literal_name, moe_rules, normalize_overrides
-from moert.remote import RemoteDevice
 
 SPLIT_MODES = ("layer", "none")
 MATCH_BUDGET_S = 5.0   # all rules against all names (each search is bounded too: rules.MATCH_TIMEOUT_S)
@@ -121,7 +121,7 @@ def build(info: _Model, rules: list[TensorOverride], n_gpu: int, gpu_backend: st
     fallback = False
     if not gpus:
         if wants_gpu and backend == "auto":
-            from moert import _cuda
+            from moert.devices import cuda as _cuda
 
             _cuda.device_count()
             messages.append(f"no usable GPU backend ({_cuda.why_unavailable()}): every tensor is placed on the "

@@ -13,8 +13,8 @@ import warnings
 from dataclasses import dataclass, field
 from typing import Any
 
-from moert.device_config import accepts_device_config
 from moert.devices import Device, format_size, parse_size
+from moert.devices.config import accepts_device_config
 from moert.errors import PlacementError, PlacementWarning
 from moert.kvcache import DEFAULT_KV_TYPE
 from moert.placement.build import build, gpu_layer_count, main_gpu_split, parse_split

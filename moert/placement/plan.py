@@ -133,7 +133,7 @@ class Plan:
         self.entries = entries            # whole tensors: name -> Placement
         self.split_tensors = split_tensors or {}   # tensors split over experts: name -> pieces, each a Placement
         self.devices = devices            # the GPU devices (cpu is moert.devices.CPU)
-        self.remote = list(remote or [])  # ray:N workers holding experts (moert/remote.py; load connects them)
+        self.remote = list(remote or [])  # ray:N workers holding experts (moert/devices/remote.py; load connects them)
         self.gpu_layers = gpu_layers      # layers (of n_layer + 1) whose default device is a GPU
         self.gpu_backend = gpu_backend    # "cupy", "sim" or "none" (what is actually used)
         self.split = split                # "layer" or "none"

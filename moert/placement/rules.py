@@ -102,7 +102,7 @@ def _parse_device(spec: str | int) -> tuple[str, str | None]:
     kind, index = m.group(1).lower(), int(m.group(2) or 0)
     if kind == "cpu":
         return "cpu", None
-    if kind == "ray":                    # a worker of a Ray cluster (moert/cluster.py), not a GPU
+    if kind == "ray":                    # a worker of a Ray cluster (moert/cluster/actors.py), not a GPU
         return f"ray:{index}", "ray"
     return f"gpu:{index}", {"cuda": "cuda", "sim": "sim", "gpu": None}[kind]
 

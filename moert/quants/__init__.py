@@ -4,6 +4,8 @@
     dequantize_fast(raw, type, shape)       Numba kernel when there is one (kernels/), else the reference
     quantize(x, type)                       float32 -> GGML blocks, for synthetic models (quantize.py)
     slice_rows / slice_expert               (bytes, shape) of a row range / one expert: a view
+
+The runtime's base with moert/gguf.py: it imports moert.errors, NumPy and (for the fast path) moert.kernels.
 """
 
 from __future__ import annotations

@@ -25,9 +25,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 
 from moert.errors import MoertError
-from moert.server import Done, Piece, QueueFull, Server, stats_dict
-from moert.server import Request as Job
-from moert.server_openai import (
+from moert.serve.openai_api import (
     BadRequest,
     TooLarge,
     body_of,
@@ -41,6 +39,8 @@ from moert.server_openai import (
     probs_llama,
     prompt_ids,
 )
+from moert.serve.server import Done, Piece, QueueFull, Server, stats_dict
+from moert.serve.server import Request as Job
 
 
 def error(status: int, message: str) -> JSONResponse:
@@ -101,7 +101,7 @@ async def run(server: Server, request: Request, job: Job, *, stream: bool, chunk
 def _status(e: Exception) -> int:
     """The HTTP status of a failed generation: 503 when a remote expert device (a Ray worker) is lost (the server
     itself is fine and keeps serving), 400 for moert's other errors, 500 for a bug."""
-    from moert.remote import RemoteDeviceError
+    from moert.devices.remote import RemoteDeviceError
 
     return 503 if isinstance(e, RemoteDeviceError) else 400 if isinstance(e, MoertError) else 500
 

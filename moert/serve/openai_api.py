@@ -15,8 +15,8 @@ from __future__ import annotations
 import json
 
 from moert.errors import MoertError
-from moert.sampling import SamplingParams
-from moert.server import Request as Job
+from moert.serve.server import Request as Job
+from moert.text.sampling import SamplingParams
 
 
 class BadRequest(MoertError):
@@ -189,8 +189,8 @@ def message_text(i: int, content) -> str:
 
 def chat_ids(server, body: dict) -> list[int]:
     """The conversation in `messages` through the chat template, as token ids."""
-    from moert.chat import ChatTemplateError
-    from moert.generate import chat_prompt
+    from moert.text.chat import ChatTemplateError
+    from moert.text.generate import chat_prompt
 
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages or not all(

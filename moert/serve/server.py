@@ -7,11 +7,11 @@
 
 n_parallel=1: one worker thread, the only one touching the model, so nothing races on its KV cache.
 n_parallel=N: a worker per slot, each generating against its own part of the cache, and one Batcher thread
-running every forward over all the slots' tokens together (moert/server_slots.py, moert/batch.py). Each
+running every forward over all the slots' tokens together (moert/serve/slots.py, moert/batch.py). Each
 request starts with the longest prefix of its prompt that is still in its cache (with slots, it takes the free
 one holding the longest), so a chat that resends its history only runs the new turn. The HTTP routes live in
-moert/server_app.py, the reading of requests in moert/server_openai.py. With experts on Ray workers, their compiled
-graph is released after `ray_idle_s` without a request (moert/server_idle.py): idle workers stop polling.
+moert/serve/app.py, the reading of requests in moert/serve/openai_api.py. With experts on Ray workers, their compiled
+graph is released after `ray_idle_s` without a request (moert/serve/idle.py): idle workers stop polling.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from functools import cached_property
 
 from moert.errors import MoertError
-from moert.sampling import SamplingParams
+from moert.text.sampling import SamplingParams
 
 MAX_BODY = 8 << 20   # --max-body's default: 8 MiB, a 128K-token conversation's JSON with room to spare
 MIN_SLOT_CONTEXT = 16   # tokens a slot must hold at least (-np divides -c among the slots)
@@ -52,7 +52,7 @@ class Piece:
     """Text the client may show now, and the logprobs of the tokens drawn since the last piece (if asked)."""
 
     text: str
-    logprobs: list = field(default_factory=list)      # moert.sampling.TokenLogprob
+    logprobs: list = field(default_factory=list)      # moert.text.sampling.TokenLogprob
 
 
 @dataclass
@@ -134,7 +134,7 @@ class Server:
                  ray_idle_s: float = IDLE_S):
         import numba
 
-        from moert.server_idle import IdleRelease
+        from moert.serve.idle import IdleRelease
 
         if queue_size < 1:
             raise MoertError(f"queue size (--queue) must be >= 1, got {queue_size}")
@@ -165,7 +165,7 @@ class Server:
         self.batcher, slots = None, [None]
         if n_parallel > 1:                        # a thread per slot, and one that runs their forwards together
             from moert.batch import sequences
-            from moert.server_slots import Batcher, SlotModel
+            from moert.serve.slots import Batcher, SlotModel
 
             self.batcher = Batcher(model, self._threads)
             self._free = sequences(model, n_parallel)  # contexts not in use: a job takes the one it shares most with
@@ -269,7 +269,7 @@ class Server:
         return seq
 
     def _generate(self, job: Job, model=None) -> None:
-        from moert.generate import TextStream
+        from moert.text.generate import TextStream
 
         r = job.request
         model = model or self.model

@@ -3,7 +3,7 @@
     batcher = Batcher(model, n_slots)          # its thread runs every forward: one per step, all slots' tokens
     slot    = SlotModel(model, seq, batcher)   # what generate.TextStream sees of slot i: a Model of its own
 
-Each slot is a worker thread running the ordinary generation loop (moert/generate.py: sampling, stop strings,
+Each slot is a worker thread running the ordinary generation loop (moert/text/generate.py: sampling, stop strings,
 logprobs, a reused prompt prefix) against its SlotModel; SlotModel.forward hands its tokens to the Batcher and
 waits. The Batcher waits until every slot inside a generation has handed in its next tokens (a new prompt, or
 one sampled token), runs Model.forward_batch over all of them once, and hands each slot its logits. So a step

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from functools import cached_property
 
 from moert.errors import ContextOverflowError, GenerationError
-from moert.sampling import Sampler, SamplingParams
+from moert.text.sampling import Sampler, SamplingParams
 
 
 @dataclass
@@ -278,7 +278,7 @@ def generate_ids(model, prompt: str | Sequence[int], max_tokens: int | None = 12
 def chat_prompt(model, messages: Sequence[Mapping[str, object]], template: str | None = None,
                 add_generation_prompt: bool = True) -> tuple[str, bool | None]:
     """The conversation rendered with the model's chat template, and the add_bos to tokenize it with."""
-    from moert.chat import render, resolve_template
+    from moert.text.chat import render, resolve_template
 
     tok = getattr(model, "tokenizer", None)
     bos = getattr(tok, "bos_token", "") or ""
@@ -304,8 +304,8 @@ class TextAPI:
 
     @cached_property
     def tokenizer(self):
-        """The GGUF's vocabulary (moert/tokenizer.py), built on first use; NoVocab for 'none'."""
-        from moert.tokenizer import Tokenizer
+        """The GGUF's vocabulary (moert/text/tokenizer.py), built on first use; NoVocab for 'none'."""
+        from moert.text.tokenizer import Tokenizer
 
         return Tokenizer.from_gguf(self.gguf.metadata)
 
@@ -327,7 +327,7 @@ class TextAPI:
         return self.tokenizer.detokenize(ids, special=special)
 
     def generate(self, prompt, max_tokens: int | None = 128, **kwargs) -> str:
-        """Generated text for a prompt (str or ids); sampling options as moert.generate.generate."""
+        """Generated text for a prompt (str or ids); sampling options as moert.text.generate.generate."""
         return generate(self, prompt, max_tokens, **kwargs)
 
     def stream(self, prompt, max_tokens: int | None = 128, **kwargs):

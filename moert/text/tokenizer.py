@@ -26,8 +26,8 @@ from collections.abc import Iterable, Mapping, Sequence
 
 import numpy as np
 
-from moert import tokenizer_keys
 from moert.errors import TokenizerError
+from moert.text import tokenizer_keys
 
 MAX_TOKEN_CHARS = 1024   # longest token accepted (Gemma 3's longest is 31 characters)
 

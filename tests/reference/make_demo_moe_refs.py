@@ -110,7 +110,7 @@ def transformers_side(windows: np.ndarray, work: Path) -> dict | None:
 
 def main() -> None:
     from moert import gguf
-    from moert.tokenizer import Tokenizer
+    from moert.text.tokenizer import Tokenizer
 
     with gguf.open(GGUF_PATH) as f:
         tok = Tokenizer(f.metadata)

@@ -233,7 +233,7 @@ def main(argv=None) -> None:
     a, T = ARCH, ARCH["context_length"]
 
     from moert.testing import gpt2_vocab_metadata
-    from moert.tokenizer import Tokenizer
+    from moert.text.tokenizer import Tokenizer
 
     train, held = corpus_files()
     t0 = time.time()

@@ -5,10 +5,10 @@
                                                bytes once) and keeps views of exactly its experts
     moert/experts.py                           per MoE layer: one call per worker with all its (token, expert,
                                                weight) pairs, all workers at once, partial sums added on the host
-    moert/cluster_graph.py                     those calls as one Ray Compiled Graph (shared-memory channels, no
+    moert/cluster/graph.py                     those calls as one Ray Compiled Graph (shared-memory channels, no
                                                scheduler per call); MOERT_RAY_CALLS=plain: plain actor calls
 
-Workers are Ray actors (moert/cluster_worker.py) running the host's own kernels: results equal the all-CPU
+Workers are Ray actors (moert/cluster/worker.py) running the host's own kernels: results equal the all-CPU
 run's up to the order of a sum. With "local:N" the N workers run on this machine (how the tests run); with an
 address or "auto" moert joins a cluster started with `ray start` and puts worker N on the N-th node (sorted by
 address, this host's own node last), so each other host serves the experts its rules give it.
@@ -27,11 +27,11 @@ from typing import Any
 
 import numpy as np
 
-from moert.cluster_graph import Batch, CompiledCalls
-from moert.cluster_graph import enabled as compiled_graphs
-from moert.cluster_worker import ExpertWorker, pack, unreply
+from moert.cluster.graph import Batch, CompiledCalls
+from moert.cluster.graph import enabled as compiled_graphs
+from moert.cluster.worker import ExpertWorker, pack, unreply
+from moert.devices.remote import RemoteDevice, RemoteDeviceError
 from moert.errors import ArgumentError
-from moert.remote import RemoteDevice, RemoteDeviceError
 
 EXTRA = "pip install 'moert[cluster]' (or pip install ray)"
 SETUP_TIMEOUT_S = 120.0        # workers start, import moert and map their file within this
