@@ -20,6 +20,7 @@ import math
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
+from moert.cost import kinds
 from moert.errors import MoertError
 
 
@@ -76,9 +77,17 @@ class CPU:
     kernel_gflops: tuple[tuple[str, float], ...] = ()
     bw_1thread_gbs: float = 0.0         # measured read bandwidth of one thread (0: not measured)
     source: str = ""                    # where the figures come from
+    # What kind of part it is (moert/cost/kinds.py; "" = not stated): terms of a kind apply to any CPU of it, and
+    # moert's coverage classes (moert/cost/coverage.py) say how many published figures a kind has.
+    vendor: str = ""                    # "amd", "intel"
+    generation: str = ""                # microarchitecture: "zen4", "cascade-lake", "granite-rapids", ...
+    isa: str = ""                       # widest int8 dot path llama.cpp takes: "avx2", "avx512", "avx512-vnni", "amx"
+    tier: str = ""                      # "consumer", "workstation", "server"
+    sockets: int = 1                    # CPU packages (`sockets(cpu, n)` makes n of one)
 
     def __post_init__(self):
-        _positive(self, "cores", "mem_bw_gbs", "ghz", "flops_per_cycle", "numa_nodes")
+        _positive(self, "cores", "mem_bw_gbs", "ghz", "flops_per_cycle", "numa_nodes", "sockets")
+        kinds.check(self, kinds.CPU_FIELDS, HardwareError)
         _share(self, "bw_efficiency", "compute_efficiency")
         _not_negative(self, "mem_channels", "mem_mts", "mem_gib", "call_us", "layer_us", "token_us",
                       "bw_1thread_gbs", "ccds", "fclk_ghz")
@@ -157,9 +166,9 @@ class GPU:
     int8_tops: float = 0.0              # dense INT8 tensor-core TOPS (llama.cpp's MMQ kernels use these)
     pcie_gen: int = 4                   # the slot generation the card speaks
     pcie_lanes: int = 16                # electrical lanes (the RTX 4060 has 8)
-    # The share of peak bandwidth decode kernels get: llama.cpp's CUDA mat-vec kernels reach ~75-85% of the
-    # data-sheet figure on large matrices (and a STREAM-like copy ~90%); 0.8 is the assumption.
-    bw_efficiency: float = 0.8
+    # The share of peak bandwidth decode kernels get; 0: the share of the card's kind (kinds.gpu_bw_share of its api
+    # and arch: 0.8 for CUDA, ROCm's 0.58 on RDNA3), set when the GPU is made.
+    bw_efficiency: float = 0.0
     # The share of dense tensor-core peak a prefill GEMM of quantized weights gets (llama.cpp's MMQ: dequantize +
     # int8 mma, activation quantization, the MoE gather) at full tiles: 0.21, fitted by bench/validate_published.py (its
     # gpu_compute factor, 0.52 x the earlier assumed 0.4) on the all-GPU prefill figures of bench/published.json (21
@@ -178,8 +187,16 @@ class GPU:
     # (what nvidia-smi shows for an idle llama.cpp process); moert.fit keeps 512MiB free on CUDA for the same.
     reserved_gib: float = 0.5
     source: str = ""
+    # What kind of card it is (moert/cost/kinds.py; "" = not stated): terms of a kind apply to any GPU of it.
+    api: str = ""                       # llama.cpp's backend for it: "cuda", "rocm", "vulkan", "metal"
+    arch: str = ""                      # "ampere", "ada", "hopper", "blackwell", "rdna3", ...
+    memory: str = ""                    # "gddr6", "gddr6x", "gddr7", "hbm2e", "hbm3", "lpddr5x", "unified"
+    tier: str = ""                      # "consumer", "workstation", "datacenter"
 
     def __post_init__(self):
+        kinds.check(self, kinds.GPU_FIELDS, HardwareError)
+        if self.bw_efficiency == 0:                          # not given: the share of the card's kind
+            object.__setattr__(self, "bw_efficiency", kinds.gpu_bw_share(self.api, self.arch))
         _positive(self, "mem_gib", "bw_gbs", "fp16_tflops", "launch_us_nograph", "pcie_lanes")
         _share(self, "bw_efficiency", "compute_efficiency")
         _not_negative(self, "int8_tops", "launch_us", "reserved_gib")
@@ -217,8 +234,8 @@ def sockets(cpu: CPU, n: int) -> CPU:
     if n == 1:
         return cpu
     return replace(cpu, name=f"{n}x {cpu.name}", cores=cpu.cores * n, mem_bw_gbs=cpu.mem_bw_gbs * n,
-                   mem_channels=cpu.mem_channels * n, mem_gib=cpu.mem_gib * n, ccds=cpu.ccds * n,
-                   numa_nodes=cpu.numa_nodes * n, source=f"{n} sockets of: {cpu.source}")
+                   sockets=cpu.sockets * n, mem_channels=cpu.mem_channels * n, mem_gib=cpu.mem_gib * n,
+                   ccds=cpu.ccds * n, numa_nodes=cpu.numa_nodes * n, source=f"{n} sockets of: {cpu.source}")
 
 
 def numa_view(cpu: CPU, numa: str = "none") -> CPU:
@@ -240,7 +257,8 @@ def numa_view(cpu: CPU, numa: str = "none") -> CPU:
         return cpu
     node = dict(mem_bw_gbs=cpu.mem_bw_gbs / k, mem_channels=cpu.mem_channels // k, numa_nodes=1)
     if numa in ("isolate", "numactl"):
-        node.update(cores=max(1, cpu.cores // k), ccds=cpu.ccds // k, mem_gib=cpu.mem_gib / k)
+        node.update(cores=max(1, cpu.cores // k), ccds=cpu.ccds // k, mem_gib=cpu.mem_gib / k,
+                    sockets=max(1, cpu.sockets // k))
     return replace(cpu, **node)
 
 

@@ -8,7 +8,6 @@ from __future__ import annotations
 from dataclasses import asdict, replace
 
 from moert.cost import kinds
-
 from moert.cost.hardware import CPU, GPU, Link, ddr_gbs, pcie_gbs
 
 # ------------------------------------------------------------------------------------------- presets
@@ -116,8 +115,9 @@ GPU_KINDS = {
     "rtx-pro-6000": "cuda blackwell gddr7 workstation", "h100-pcie": "cuda hopper hbm2e datacenter",
     "a100-sxm-80gb": "cuda ampere hbm2e datacenter",
 }
-GPUS = {k: replace(g, bw_efficiency=0.0, **dict(zip(kinds.GPU_FIELDS, GPU_KINDS[k].split())))
-        if k in GPU_KINDS and g.bw_efficiency == kinds.GPU_BW_SHARE else g for k, g in GPUS.items()}
+GPUS = {k: replace(g, **dict(zip(kinds.GPU_FIELDS, GPU_KINDS[k].split())),   # 0: the kind's share, unless set
+                   bw_efficiency=0.0 if g.bw_efficiency == kinds.GPU_BW_SHARE else g.bw_efficiency)
+        if k in GPU_KINDS else g for k, g in GPUS.items()}
 
 # The share of peak DRAM bandwidth the cores of an 8-12 channel server or workstation part read (EPYC, Threadripper
 # PRO): 0.45, read from a published Intel mlc figure: "dual socket AMD EPYC 9965 192-Core [...] mlc clocks it at around
@@ -224,6 +224,8 @@ CPU_KINDS = {
     "ryzen-ai-max-395": "amd zen5 avx512-vnni consumer", "epyc-9b14": "amd zen4 avx512-vnni server",
     "epyc-9374f": "amd zen4 avx512-vnni server", "xeon-6980p": "intel granite-rapids amx server",
     "epyc-9554": "amd zen4 avx512-vnni server", "epyc-9354": "amd zen4 avx512-vnni server",
+    "xeon-gold-6138": "intel skylake-sp avx512 server", "epyc-9355": "amd zen5 avx512-vnni server",
+    "xeon-8480-qyfs": "intel sapphire-rapids amx server",
 }
 CPUS = {k: replace(c, **dict(zip(kinds.CPU_FIELDS, CPU_KINDS[k].split()))) if k in CPU_KINDS else c
         for k, c in CPUS.items()}

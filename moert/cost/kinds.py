@@ -1,0 +1,67 @@
+"""Kinds of parts: what a spec sheet says a part is, and the cost terms that belong to such a kind, not to one part.
+
+    GPU(..., api="rocm", arch="rdna3", memory="gddr6", tier="consumer")    # reads ROCm's share at decode
+    CPU(..., vendor="intel", generation="cascade-lake", isa="avx512", tier="server")
+
+A GPU's `api` is the backend llama.cpp's build for it uses, `arch` its architecture, `memory` its memory type and
+`tier` its market; a CPU's `vendor`, `generation` (microarchitecture), `isa` (the widest int8 dot-product path
+llama.cpp's CPU kernels take on it) and `tier`. Empty: not stated (then no kind term applies, and moert's coverage
+classes, moert/cost/coverage.py, say "unknown"). A term keyed on these fields reaches a part described by its own
+spec sheet or a JSON file (moert/cost/machines.py) exactly as it reaches a preset of the same kind.
+"""
+
+from __future__ import annotations
+
+GPU_APIS = ("cuda", "rocm", "vulkan", "metal", "sycl")
+GPU_ARCHS = ("turing", "ampere", "ada", "hopper", "blackwell", "gcn5", "rdna2", "rdna3", "rdna3.5", "cdna2", "cdna3",
+             "apple-m2", "intel-xe")
+GPU_MEMORY = ("gddr6", "gddr6x", "gddr7", "hbm2", "hbm2e", "hbm3", "hbm3e", "lpddr5x", "unified")
+GPU_TIERS = ("consumer", "workstation", "datacenter")
+CPU_VENDORS = ("amd", "intel")
+CPU_GENERATIONS = ("zen2", "zen3", "zen4", "zen5", "skylake-x", "skylake-sp", "cascade-lake", "ice-lake",
+                   "sapphire-rapids", "emerald-rapids", "granite-rapids", "alder-lake", "raptor-lake")
+# llama.cpp's CPU int8 dot products (ggml-cpu/arch/x86/quants.c, ggml_vec_dot_q4_K_q8_K and kin): AVX2's
+# _mm256_maddubs_epi16 + _mm256_madd_epi16, AVX-512BW's 512-bit forms of the same, AVX512-VNNI's one
+# _mm512_dpbusd_epi32, and AMX-INT8 tiles (ggml-cpu/amx/mmq.cpp) for a batch's matmuls.
+CPU_ISAS = ("avx2", "avx512", "avx512-vnni", "amx")
+CPU_TIERS = ("consumer", "workstation", "server")
+
+GPU_FIELDS = {"api": GPU_APIS, "arch": GPU_ARCHS, "memory": GPU_MEMORY, "tier": GPU_TIERS}
+CPU_FIELDS = {"vendor": CPU_VENDORS, "generation": CPU_GENERATIONS, "isa": CPU_ISAS, "tier": CPU_TIERS}
+
+# The share of the data sheet's bandwidth decode kernels read, by the GPU's kind. The default: llama.cpp's CUDA
+# mat-vec kernels reach ~75-85% of the data-sheet figure on large matrices (and a STREAM-like copy ~90%); 0.8 is the
+# assumption. Read the same way as below, CUDA on NVIDIA gives about that: llama.cpp PR 15802, RTX 3090, llama 8B Q4_0
+# (4.33 GiB) at one token 155-156 t/s, 0.77 of 936.
+GPU_BW_SHARE = 0.8
+# ROCm's decode kernels on discrete RDNA3 (Navi 31/32: RX 7900 XT / XTX, PRO W7800, GDDR6) read a smaller share of the
+# data sheet than CUDA's. Dense llama.cpp decode read as the file's bytes over the token's time (a dense model at
+# one token is its weights read once; launches overlap them):
+#   llama.cpp #4763, RX 7900 XT, HIP 5.7: llama 7B Q8_0 (7.17 GiB), tg128 67.20 t/s: 517 GB/s, 0.65 of 800;
+#   llama.cpp #20934, RX 7900 XTX, ROCm: Llama-7B Q4_0 (3.56 GiB), 129-144 t/s: 493-550 GB/s, 0.51-0.57 of 960;
+#   llama.cpp PR 26284, RX 7900 XTX, ROCm: llama 8B Q4_K_M (4.58 GiB), tg64 105.75 t/s: 520 GB/s, 0.54 of 960.
+# Geometric mean 0.58 (0.54 for the middle of #20934's range). Read from those dense figures only, none of them in
+# bench/published.json; its two figures on these cards (gh15396's RX 7900 XT, gg24546's W7800) were not used to set
+# it (though 0.6 was tried on them first: RESULTS.md, "The RDNA3 term"). Not applied to RDNA 3.5 (the Radeon 8060S:
+# another chip and LPDDR5X, no such reading), nor to Vulkan builds on the same cards (no such reading either).
+RDNA3_DGPU_BW = 0.58
+_GPU_BW_BY_KIND = {("rocm", "rdna3"): RDNA3_DGPU_BW}
+
+
+def gpu_bw_share(api: str, arch: str) -> float:
+    """The share of peak bandwidth decode kernels read on a GPU of this api and arch (GPU_BW_SHARE unless a kind
+    term says otherwise)."""
+    return _GPU_BW_BY_KIND.get((api, arch), GPU_BW_SHARE)
+
+
+def check(part, allowed: dict[str, tuple[str, ...]], error) -> None:
+    """`error` (an exception class) if a kind field of `part` is neither empty nor one of its allowed values."""
+    for name, values in allowed.items():
+        v = getattr(part, name)
+        if v and v not in values:
+            raise error(f"{type(part).__name__} {part.name!r}: {name}={v!r} is not a kind moert knows; use one of "
+                        f"{', '.join(values)} (or leave it empty: not stated)")
+
+
+__all__ = ["CPU_FIELDS", "CPU_GENERATIONS", "CPU_ISAS", "CPU_TIERS", "CPU_VENDORS", "GPU_APIS", "GPU_ARCHS",
+           "GPU_BW_SHARE", "GPU_FIELDS", "GPU_MEMORY", "GPU_TIERS", "RDNA3_DGPU_BW", "check", "gpu_bw_share"]
