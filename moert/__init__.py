@@ -48,6 +48,8 @@ _LAZY = {
     "TensorOverride": "moert.placement",
     "parse_overrides": "moert.placement",
     "DeviceConfig": "moert.devices.config",
+    "KVConfig": "moert.kvcache",
+    "RayConfig": "moert.cluster",
     "plan": "moert.placement",
     "Plan": "moert.placement",
     "estimate": "moert.placement",

@@ -267,8 +267,8 @@ def allocate_kv_cache(plan: Any, n_ctx: int, dtype: Any = DEFAULT_KV_TYPE, confi
 
 
 
-__all__ = ["DEFAULT_KV_TYPE", "KV_TYPES", "KVCache", "KVSpec", "Rows", "TypedKV", "allocate_kv_cache", "kv_bytes",
-           "kv_cache_bytes", "kv_spec", "kv_type", "load", "rows", "store"]
+__all__ = ["DEFAULT_KV_TYPE", "KV_TYPES", "KVCache", "KVConfig", "KVSpec", "Rows", "TypedKV", "allocate_kv_cache",
+           "kv_bytes", "kv_cache_bytes", "kv_spec", "kv_type", "load", "rows", "store"]
 
 
 def flash_mode(value: str | bool, kv_types: tuple[str, str]) -> bool:
@@ -277,6 +277,35 @@ def flash_mode(value: str | bool, kv_types: tuple[str, str]) -> bool:
     if v not in ("on", "off", "auto"):
         raise ArgumentError(f"flash_attn {value!r}: give on, off or auto (-fa)")
     return v == "on" or (v == "auto" and kv_types != ("f32", "f32"))
+
+
+@dataclass(frozen=True)
+class KVConfig:
+    """The KV cache's options, one value: `moert.load(path, kv=KVConfig("q8_0"))` (llama.cpp's -ctk / -ctv / -fa).
+
+    type_k / type_v: "f16" (default, llama.cpp's), "f32" (exact: what a float oracle needs), "bf16" or "q8_0".
+    flash_attn: "on" (attention holds the scores of 256 keys at a time, never (T, n_ctx)),
+    "off", or "auto" (default: on when a cache type is not f32, since those are read back a chunk at a time)."""
+
+    type_k: str = DEFAULT_KV_TYPE
+    type_v: str = DEFAULT_KV_TYPE
+    flash_attn: str | bool = "auto"
+
+    def types(self) -> tuple[str, str]:
+        """(k, v) cache types, checked (an unknown name: PlacementError naming the choices)."""
+        return kv_type(self.type_k), kv_type(self.type_v)
+
+    @classmethod
+    def of(cls, value: Any) -> KVConfig:
+        """A KVConfig from a KVConfig, None (the defaults) or one type name for both caches ("q8_0")."""
+        if value is None:
+            return cls()
+        if isinstance(value, cls):
+            return value
+        if isinstance(value, str):
+            return cls(value, value)
+        raise ArgumentError(f"kv= takes a moert.KVConfig or a cache type name ({', '.join(KV_TYPES)}), "
+                            f"not {type(value).__name__}")
 
 
 def has_kv(md: dict, il: int) -> bool:

@@ -1,5 +1,5 @@
-"""`moert.load(path, plan=None, **runtime) -> Model`: open the file, place it (or take your plan), load the weights,
-build the runtime, warm it up, then apply the passes asked for.
+"""`moert.load(path, plan=None, *, kv=, ray=, ...) -> Model`: open the file, place it (or take your plan), load
+the weights, build the runtime, warm it up, then apply the passes asked for.
 
     g    = gguf.open(path)                        the file (moert/gguf.py)
     plan = placement.auto_plan(g, n_ctx, ...)     unless you pass plan= (the CLI builds it once, prints it with -v)
@@ -7,8 +7,8 @@ build the runtime, warm it up, then apply the passes asked for.
     m    = Model(g, arch, config, plan, w, ...)   KV cache, forward, stats (moert/model.py)
     vclock.attach(m, hardware)                    a pass: sim GPUs timed as `hardware`'s (moert/cost/vclock.py)
 
-The runtime (model.py, experts.py, weights.py, devices.py) imports nothing from the cost model; this module
-composes the two, as gpt-fast's generate.py applies `apply_tp` to a finished model.
+The runtime (model.py, experts.py, weights.py, devices/) imports nothing from the cost model or the cluster; this
+module composes them, as gpt-fast's generate.py applies `apply_tp` to a finished model.
 """
 
 from __future__ import annotations
@@ -20,50 +20,49 @@ from moert import models
 from moert.config import DEFAULT_CONTEXT, MAX_CONTEXT
 from moert.devices.config import accepts_device_config
 from moert.errors import ArgumentError, ContextWarning, KernelOptionError, check_int
-from moert.kvcache import DEFAULT_KV_TYPE, flash_mode, kv_type
+from moert.kvcache import KVConfig, flash_mode
 from moert.model import MAX_BATCH, Model
 from moert.threads import set_threads
+
+# The flat keywords of earlier releases, still accepted: each is one field of a grouped option.
+_FLAT_KV = {"cache_type_k": "type_k", "cache_type_v": "type_v", "flash_attn": "flash_attn"}
+_FLAT_RAY = {"ray_model": "model", "ray_fallback": "fallback", "ray_threads": "threads", "ray_timeout": "timeout",
+             "ray_calls": "calls"}
 
 
 @accepts_device_config
 def load(model: Any, plan: Any = None, *, context_size: int | None = None, threads: int | None = None,
-         progress: Any = None, n_batch: int = 512, warmup: bool = True, act_quant: str | None = None,
-         mmap: bool = True, trace: bool | str = False, cache_type_k: str = DEFAULT_KV_TYPE,
-         cache_type_v: str = DEFAULT_KV_TYPE, flash_attn: str | bool = "auto", hardware: Any = None,
-         repack: bool = False, ray: str | None = None, ray_model: str | None = None, ray_fallback: str | None = None,
-         ray_threads: int | None = None, ray_timeout: float | None = None, ray_calls: str | None = None,
-         expert_cache: Any = None, stall_guard: bool = True, **placement: Any) -> Model:
+         n_batch: int = 512, act_quant: str | None = None, repack: bool = False, kv: Any = None, ray: Any = None,
+         hardware: Any = None, expert_cache: Any = None, trace: bool | str = False, mmap: bool = True,
+         warmup: bool = True, progress: Any = None, stall_guard: bool = True, **placement: Any) -> Model:
     """Open a GGUF model, place its tensors (`plan`, a moert.Plan of this file; else moert.plan's keywords in
-    `placement`: overrides, gpu_layers, cpu_moe, n_cpu_moe, gpu_backend, gpu_memory, ...), load them onto their
-    devices, allocate the KV cache, and (warmup=True, llama.cpp's default too) run a few tokens through it and
-    forget them, so the first real ones do not pay for compiling the kernels (`Model.warmup`).
+    `placement`: overrides, gpu_layers, cpu_moe, n_cpu_moe, gpu_backend, gpu_memory, ..., or device_config=
+    moert.DeviceConfig(...)), load them onto their devices, allocate the KV cache, and (warmup=True, llama.cpp's
+    default too) run a few tokens through it and forget them, so the first real ones do not pay for compiling the
+    kernels (`Model.warmup`).
+    context_size (-c): the KV cache's tokens; not given, 4096 (llama.cpp's default) or the trained context if that
+    is smaller; 0, the trained context; more than it is honoured with a ContextWarning, as llama.cpp does.
+    threads (-t), n_batch (-b): kernel threads; the most tokens one forward takes.
     act_quant="int16": CPU one-token matmuls of Q4_K/Q6_K weights round x to int16 per 256-block; "int8": every
     CPU matmul of those types rounds x to int8 (llama.cpp's scheme; needs AVX2); see kernels/matmul_q.py. None
     (default): float. repack=True (--repack, with act_quant="int8"): CPU Q4_K weights are copied at load into
     kernels/repack.py's layout (the same int32 sums, results equal to float rounding, faster kernels, +2.8% of
     those bytes in memory: `Model.repacked_bytes`).
-    context_size: the KV cache's tokens; not given, 4096 (llama.cpp's default) or the trained context if that is
-    smaller; 0, the trained context; more than it is honoured with a ContextWarning, as llama.cpp does.
-    mmap=False (--no-mmap) reads the file into memory instead of mapping it, so a file truncated or
-    rewritten while the model is loaded cannot crash it (see README, "Bad input"). trace=True records every
-    token's routing (`Model.trace`, moert/trace.py); trace="full" the router logits too.
-    cache_type_k / cache_type_v (-ctk / -ctv): "f16" (default, llama.cpp's), "f32" (exact: what a float oracle
-    needs), "bf16" or "q8_0", the KV cache's storage. flash_attn (-fa) "on": attention holds the scores of 256
-    keys at a time, never (T, n_ctx); "auto" (default): on when a cache type is not f32 (those are read back a
-    chunk at a time, so on by default), else off.
+    kv= a moert.KVConfig (cache types and flash attention: -ctk / -ctv / -fa), or one cache type name for both.
+    ray= a moert.RayConfig, or its address ("local:N", "HOST:PORT", "auto"): the cluster whose workers hold the
+    experts that RAY<N> rules place (moert/cluster/).
     hardware= (a moert.Hardware or a preset name, "rtx3090+ryzen-7950x"): time the sim GPUs as that hardware's
     (moert/cost/vclock.py; implies gpu_backend="sim" over "auto", and that hardware's GPU sizes unless gpu_memory=
-    is given).
-    ray= ("local:N", "HOST:PORT" or "auto"): the cluster whose workers hold the experts that RAY<N> rules place
-    (moert/cluster/actors.py); ray_model: the file's path on the workers (default: the same path; a worker without it is
-    sent its experts' bytes); ray_fallback="cpu": a lost worker's experts run on this host; ray_threads: kernel
-    threads per worker; ray_timeout: seconds a layer call may take before its worker counts as hung; ray_calls:
-    "compiled" (default: one Ray Compiled Graph execute a layer, moert/cluster/graph.py) or "plain" (one actor call
-    per worker and layer: better where other jobs hold the cores, as the graph's channels spin; MOERT_RAY_CALLS).
-    stall_guard=False (--no-stall-guard): every decode step runs on the threads set, even when another process
-    stalls them (default True: moert/threads.py StallGuard sends the steps after a stalled one to one thread).
-    expert_cache= (a moert.ExpertCache): copies of some CPU experts on a GPU, moved as the routing asks
-    (moert/dynamic/runtime.py; it caches the experts the plan put on the CPU: cpu_moe=True, or n_cpu_moe=N)."""
+    is given). expert_cache= (a moert.ExpertCache): copies of some CPU experts on a GPU, moved as the routing asks
+    (moert/dynamic/runtime.py; it caches the experts the plan put on the CPU: cpu_moe=True, or n_cpu_moe=N).
+    trace=True records every token's routing (`Model.trace`, moert/trace.py); trace="full" the router logits too.
+    mmap=False (--no-mmap) reads the file into memory instead of mapping it, so a file truncated or rewritten while
+    the model is loaded cannot crash it (docs/bad-input.md). stall_guard=False (--no-stall-guard): every decode
+    step runs on the threads set, even when another process stalls them (default True: moert/threads.py
+    StallGuard sends the steps after a stalled one to one thread).
+    The flat keywords cache_type_k / cache_type_v / flash_attn and ray_model / ray_fallback / ray_threads /
+    ray_timeout / ray_calls are still accepted, each standing for its field of kv= or ray=."""
+    kv, ray = _grouped(kv, ray, placement)
     from moert import gguf
     from moert.cluster import attach, use_cluster
     from moert.errors import DeviceOutOfMemory
@@ -81,8 +80,8 @@ def load(model: Any, plan: Any = None, *, context_size: int | None = None, threa
     if matmul_q.mode(act_quant) != 2 and repack:  # a bad or unsupported act_quant fails before any loading
         raise KernelOptionError(f"repack=True (--repack) applies to act_quant='int8' (the kernels that read the "
                                 f"repacked layout), not act_quant={act_quant!r}: add act_quant='int8' or drop repack")
-    kv_types = (kv_type(cache_type_k), kv_type(cache_type_v))
-    flash = flash_mode(flash_attn, kv_types)
+    kv_types = kv.types()
+    flash = flash_mode(kv.flash_attn, kv_types)
     if context_size is not None:
         context_size = check_int("context_size", context_size, 0, MAX_CONTEXT)
     n_batch = check_int("n_batch", n_batch, 1, MAX_BATCH)
@@ -113,10 +112,11 @@ def load(model: Any, plan: Any = None, *, context_size: int | None = None, threa
                                          f"past {config.n_ctx_train})"), stacklevel=3)
         plan = auto_plan(g, n_ctx, kv_dtype=kv_types, flash_attn=flash, **placement) if plan is None else plan
         # RAY<N> devices: the cluster's workers started and answering
-        plan = use_cluster(plan, ray, ray_threads, ray_timeout, ray_fallback, ray_calls)
+        plan = use_cluster(plan, ray.address if ray else None, *((ray.threads, ray.timeout, ray.fallback, ray.calls)
+                                                                  if ray else ()))
         try:
             weights = load_weights(g, plan, progress=progress)
-            attach(weights, plan.remote, ray_model or g.path, act_quant, repack)
+            attach(weights, plan.remote, (ray.model if ray else None) or g.path, act_quant, repack)
         except DeviceOutOfMemory as err:
             raise with_fit_suggestion(err, plan, n_ctx, kv_types, flash) from None
         try:
@@ -152,3 +152,29 @@ def load(model: Any, plan: Any = None, *, context_size: int | None = None, threa
     if trace:
         m.trace_start(full=trace == "full")
     return m
+
+
+def _grouped(kv: Any, ray: Any, flat: dict) -> tuple[KVConfig, Any]:
+    """kv= and ray= as their values, with the flat keywords of earlier releases (taken out of `flat`) folded in."""
+    from dataclasses import replace
+
+    from moert.cluster import RayConfig
+
+    grouped = {"kv": kv is not None and not isinstance(kv, str), "ray": isinstance(ray, RayConfig)}
+    kv = KVConfig.of(kv)
+    ray = RayConfig.of(ray)
+    for group, names in (("kv", _FLAT_KV), ("ray", _FLAT_RAY)):
+        given = {field: v for name, field in names.items() if (v := flat.pop(name, None)) is not None}
+        if not given:
+            continue
+        if grouped[group]:
+            raise ArgumentError(f"{group}= and {', '.join(n for n, f in names.items() if f in given)} both given: "
+                                f"give the fields in {group}= only")
+        if group == "kv":
+            kv = replace(kv, **given)
+        elif ray is None:
+            raise ArgumentError(f"{', '.join('ray_' + k for k in given)} given without a cluster: add "
+                                f"ray='local:N' (or ray=moert.RayConfig(...))")
+        else:
+            ray = replace(ray, **given)
+    return kv, ray

@@ -166,11 +166,13 @@ def add_ray_args(parser: argparse.ArgumentParser) -> None:
 
 
 def ray_options(args: argparse.Namespace) -> dict:
-    """moert.load's ray keywords from the --ray flags (none when the command has no such flags)."""
+    """moert.load's ray= (a moert.RayConfig) from the --ray flags (none when the command has no such flags)."""
     if getattr(args, "ray", None) is None:
         return {}
-    return dict(ray=args.ray, ray_model=args.ray_model, ray_fallback=None if args.ray_fallback == "none" else "cpu",
-                ray_timeout=args.ray_timeout, ray_threads=args.ray_threads, ray_calls=args.ray_calls)
+    from moert.cluster import RayConfig
+
+    return dict(ray=RayConfig(args.ray, model=args.ray_model, fallback=None if args.ray_fallback == "none" else "cpu",
+                              timeout=args.ray_timeout, threads=args.ray_threads, calls=args.ray_calls))
 
 
 def flagify(message: str) -> str:

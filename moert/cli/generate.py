@@ -19,6 +19,7 @@ def load_from_args(model: str, args: argparse.Namespace, **load_options):
     from moert import gguf, models
     from moert.cli.common import physical_cores, planned_context, ray_options
     from moert.cli.placement import fitted, placement_from_args, print_overrides
+    from moert.kvcache import KVConfig
     from moert.loader import load
     from moert.placement.strategies import auto_plan
 
@@ -56,8 +57,9 @@ def load_from_args(model: str, args: argparse.Namespace, **load_options):
                                                        not args.cache_pool, args.prefetch)
         return load(g, plan, context_size=ctx, threads=args.threads or physical_cores(), n_batch=n_batch,
                     warmup=getattr(args, "warmup", True), act_quant=getattr(args, "act_quant", "none"),
-                    repack=getattr(args, "repack", False), cache_type_k=getattr(args, "cache_type_k", "f16"),
-                    cache_type_v=getattr(args, "cache_type_v", "f16"), flash_attn=getattr(args, "flash_attn", "auto"),
+                    repack=getattr(args, "repack", False),
+                    kv=KVConfig(getattr(args, "cache_type_k", "f16"), getattr(args, "cache_type_v", "f16"),
+                                getattr(args, "flash_attn", "auto")),
                     stall_guard=getattr(args, "stall_guard", True), **ray_options(args), **load_options)
     except BaseException:
         g.close()

@@ -8,6 +8,17 @@ A wing above the runtime: it imports the runtime's devices (moert/devices/remote
 kernels; the runtime imports nothing from here (moert/loader.py composes the two).
 """
 
-from moert.cluster.actors import RayDevice, attach, close_all, connect, parse_address, start, started, use_cluster
+from moert.cluster.actors import (
+    RayConfig,
+    RayDevice,
+    attach,
+    close_all,
+    connect,
+    parse_address,
+    start,
+    started,
+    use_cluster,
+)
 
-__all__ = ["RayDevice", "attach", "close_all", "connect", "parse_address", "start", "started", "use_cluster"]
+__all__ = ["RayConfig", "RayDevice", "attach", "close_all", "connect", "parse_address", "start", "started",
+           "use_cluster"]

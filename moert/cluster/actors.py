@@ -22,6 +22,7 @@ import re
 import socket
 import time
 import weakref
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -161,6 +162,35 @@ def close_all(keep: set = frozenset()) -> None:
     for d in list(_started):
         if d not in keep:
             d.close()
+
+
+@dataclass(frozen=True)
+class RayConfig:
+    """Where the experts that RAY<N> rules place run, one value: `moert.load(path, ray=RayConfig("local:2"))`
+    (or ray="local:2" for the defaults; the CLI's --ray, --ray-model, --ray-fallback, --ray-threads, ...).
+
+    address: "local:N" (N workers on this machine), "HOST:PORT" or "auto" (a cluster started with `ray start`).
+    model: the file's path on the workers (default: the same path; a worker without it is sent its experts' bytes).
+    fallback="cpu": a lost worker's experts run on this host. threads: kernel threads per worker. timeout: seconds a
+    layer call may take before its worker counts as hung. calls: "compiled" (default: one Ray Compiled Graph execute
+    a layer, moert/cluster/graph.py) or "plain" (one actor call per worker and layer; MOERT_RAY_CALLS)."""
+
+    address: str
+    model: str | None = None
+    fallback: str | None = None
+    threads: int | None = None
+    timeout: float | None = None
+    calls: str | None = None
+
+    @classmethod
+    def of(cls, value: Any) -> RayConfig | None:
+        """A RayConfig from a RayConfig, an address string, or None (no cluster)."""
+        if value is None or isinstance(value, cls):
+            return value
+        if isinstance(value, str):
+            return cls(value)
+        raise ArgumentError(f"ray= takes a moert.RayConfig or an address ('local:N', 'HOST:PORT', 'auto'), "
+                            f"not {type(value).__name__}")
 
 
 def use_cluster(plan: Any, ray: str | None, threads: int | None = None, timeout: float | None = None,
@@ -333,4 +363,4 @@ class RayDevice(RemoteDevice):
             pass
 
 
-__all__ = ["RayDevice", "attach", "close_all", "connect", "parse_address", "started", "use_cluster"]
+__all__ = ["RayConfig", "RayDevice", "attach", "close_all", "connect", "parse_address", "started", "use_cluster"]
