@@ -27,6 +27,13 @@ def bandwidth(threads: int | None = None, mib: int = 512, rounds: int = 5) -> di
     return bw.measure(mib, rounds, threads)
 
 
+# The Qwen3-30B-A3B-shaped benchmark file's shapes (e2e.py writes it with moert's quantizer, llama_quantized.py
+# with llama.cpp's), both named by this version.
+SHAPES = dict(n_embd=2048, n_head=32, n_head_kv=4, head_dim=128, n_expert=128, n_expert_used=8, n_ff_exp=768,
+              n_vocab=4096, context_length=4096, qtype="Q4_K", types={r"attn_v|ffn_down": "Q6_K"}, seed=30)
+MODEL_VERSION = 1  # bump when SHAPES or the writer changes
+
+
 def machine(threads: int | None = None, with_bandwidth: bool = True) -> dict:
     """CPU model, cores, threads used, versions, load average (moert.bench.machine_info), and the measured
     read bandwidth."""

@@ -41,11 +41,7 @@ from moert.bench import bytes_per_token  # weight bytes one decoded token reads 
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import common  # noqa: E402
-
-SHAPES = dict(n_embd=2048, n_head=32, n_head_kv=4, head_dim=128, n_expert=128, n_expert_used=8, n_ff_exp=768,
-              n_vocab=4096, context_length=4096, qtype="Q4_K", types={r"attn_v|ffn_down": "Q6_K"}, seed=30)
-MODEL_VERSION = 1  # bump when SHAPES or the writer changes
-
+from common import MODEL_VERSION, SHAPES  # noqa: E402
 
 GPT_OSS = dict(D=2880, H=64, Hkv=8, Dh=64, E=32, K=4, F=2880, V=4096, ctx=4096, window=128, seed=20)
 

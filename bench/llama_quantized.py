@@ -11,7 +11,7 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from e2e import MODEL_VERSION, SHAPES
+from common import MODEL_VERSION, SHAPES
 
 
 def llama_quantized_path(layers: int, threads: int) -> Path:

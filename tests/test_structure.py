@@ -188,3 +188,21 @@ def test_the_cli_builds_each_plan_once(monkeypatch, fit):
             "--gpu-mem", "64MiB", "--no-warmup"] + (["--fit", "on"] if fit else [])
     assert main(args) == 0
     assert calls == ({"plan": 0, "fit": 1} if fit else {"plan": 1, "fit": 0}), calls
+
+
+def test_the_bench_scripts_import_no_cycle():
+    """bench/*.py import each other as plain modules (`import common`); those imports form no cycle either."""
+    bench = ROOT / "bench"
+    names = {f.stem for f in bench.glob("*.py")}
+    edges = {}
+    for f in bench.glob("*.py"):
+        out = edges.setdefault(f.stem, set())
+        for node in ast.walk(ast.parse(f.read_text(), str(f))):
+            if isinstance(node, ast.Import):
+                out.update(a.name for a in node.names if a.name in names)
+            elif isinstance(node, ast.ImportFrom) and not node.level and node.module in names:
+                out.add(node.module)
+        out.discard(f.stem)
+    assert {"common"} <= edges["e2e"] and "common" in edges["llama_quantized"]
+    cycle = _a_cycle(edges)
+    assert cycle is None, "import cycle in bench/: " + " -> ".join(cycle)
