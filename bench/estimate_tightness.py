@@ -1,4 +1,4 @@
-"""The memory estimate against the measured peak at long contexts (issue 30: within 1.3x at full context).
+"""The memory estimate against the measured peak at long contexts (the goal: within 1.3x at full context).
 
     python bench/estimate_tightness.py [--model PATH] [--ctx 8192,16384,32768] [--kv f16] [-t 2] [--json]
 

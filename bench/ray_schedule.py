@@ -10,7 +10,8 @@ the host's `execute` (writing the channels), the wait until the first worker sta
 end and the next one's start when both sat on one CPU, and the wait from the last worker's end until the host has
 the outputs. Per (workers, work): the share of calls whose workers all ran on one CPU, and the round trip (median
 and min, us) in each of the two placements the scheduler chose. The first 100 calls of each graph are not counted.
-No moert code runs here: this is Ray and the Linux scheduler on this machine (bench/RESULTS.md, issue 29).
+No moert code runs here: this is Ray and the Linux scheduler on this machine (bench/RESULTS.md, "Experts on Ray
+workers").
 """
 
 from __future__ import annotations

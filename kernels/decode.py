@@ -3,10 +3,10 @@
     layer_kernels(mm, moe, f16_cache) -> (attention half, experts half)   made on first use per types
     layer_kernels_n(group, mm_o, moe, f16_cache)                           the same on several threads
 
-A small model's decode step is mostly Python around microsecond kernels (bench/RESULTS.md, "The demo model's
-per-token glue"): ~10 kernel calls a layer, each with its wrapper, checks and phase timer. These run the same
-kernels, in the same order, from two calls, with the router's one matmul between them in NumPy (the block's own
-`h @ W.T`, so its BLAS sums are the same ones):
+A small model's decode step is mostly Python around microsecond kernels (bench/RESULTS.md, overhead.py;
+bench/HISTORY.md, "The demo model's per-token glue"): ~10 kernel calls a layer, each with its wrapper, checks and
+phase timer. These run the same kernels, in the same order, from two calls, with the router's one matmul between
+them in NumPy (the block's own `h @ W.T`, so its BLAS sums are the same ones):
 
     h = rms_norm(x) * attn_norm                                      kernels/layers.py _rms_norm
     q, k, v = h @ Wq.T, h @ Wk.T, h @ Wv.T                           the weights' serial matmul drivers

@@ -50,8 +50,8 @@ def blas_one_thread():
     """A context in which NumPy's BLAS runs on one thread, while the kernels run on several (a no-op on one).
     Both pools spin-wait between calls, so with a core each they take turns on the cores instead of working:
     an int8 pp64 of the Qwen3-30B-A3B-shaped benchmark file on 2 threads went 170 -> 325 tok/s (its
-    attention, router and experts all faster; bench/RESULTS.md). Model.forward runs in it, so the setting
-    is scoped to moert's forward passes, not the process. The libraries' own get/set calls (~6 us a forward),
+    attention, router and experts all faster; bench/HISTORY.md, 2026-11-23 run J). Model.forward runs in it, so the
+    setting is scoped to moert's forward passes, not the process. The libraries' own get/set calls (~6 us a forward),
     not threadpoolctl's `limit` context (15-30 us: 5% of a small model's decode step)."""
     global _BLAS
     if threads() < 2:

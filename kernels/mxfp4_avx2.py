@@ -275,4 +275,5 @@ def rows_q8_avx2(w, x8, xd, out, r0, r1, b0, b1, e8m0):
 
 
 # What the table entry, the drivers below and the fused MoE layer call: the AVX2 rows where the CPU has AVX2, else
-# the portable ones (measured on a 4096 x 4096 matvec, one thread: 4.9 GB/s against 0.6-1.2; bench/RESULTS.md).
+# the portable ones (measured on a 4096 x 4096 matvec, one thread: 4.9 GB/s against 0.6-1.2; bench/HISTORY.md,
+# 2026-11-23).

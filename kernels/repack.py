@@ -1,7 +1,7 @@
 """Load-time repack of Q4_K weights for the int8 kernels (act_quant="int8", opt-in with repack=True): each
 144-byte GGUF block becomes a 148-byte one whose 8 scales and 8 mins are one byte each and whose nibbles
 are laid out for the kernel (kernels/simd.py q4kr_row), which then needs a quarter fewer instructions
-and half the scale shuffles of the kernel over GGUF's blocks (bench/RESULTS.md, run M).
+and half the scale shuffles of the kernel over GGUF's blocks (bench/HISTORY.md, 2026-11-24 run M).
 
     GGUF Q4_K   | d f16 | dmin f16 | scales[12] (6-bit sc, m packed) | qs[128]           |   144 bytes
     repacked    | d f16 | dmin f16 | sc[8] u8 | m[8] u8             | qs[128] (paired)  |   148 bytes (+2.8%)

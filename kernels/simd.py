@@ -94,9 +94,10 @@ def _at(builder, base, k):
 
 # Software prefetch this many bytes ahead of the block being read: the row kernels read one sequential stream,
 # but spend ~100 instructions per block, and the hardware prefetcher alone kept them at 60-70% of one thread's
-# read bandwidth (16384 x 8192, 1 thread, same run, bench/RESULTS.md run L: int8 Q4_K repacked 13.7 -> 16.7 GB/s,
-# Q6_K 14.7 -> 19.8, 2 threads 26.6 -> 33.2 and 26.9 -> 34.9; 4, 8, 16 and 32 KB ahead measured alike, 0.5-2 KB
-# with one line per block did nothing). A prefetch never faults, so reading past the array's end is harmless.
+# read bandwidth (16384 x 8192, 1 thread, same run, bench/HISTORY.md, 2026-11-24 run L: int8 Q4_K repacked
+# 13.7 -> 16.7 GB/s, Q6_K 14.7 -> 19.8, 2 threads 26.6 -> 33.2 and 26.9 -> 34.9; 4, 8, 16 and 32 KB ahead
+# measured alike, 0.5-2 KB with one line per block did nothing). A prefetch never faults, so reading past the
+# array's end is harmless.
 PF_BYTES = 4096
 
 
@@ -245,7 +246,7 @@ def _offsets(builder, c, ld, n):
 # A row of nb blocks in one call: each block's <8 x i32> sums are converted and multiplied by the block's
 # float scales into <8 x float> accumulators, one horizontal sum per row and token at the end (ggml's
 # layout). One call per block, with an integer horizontal sum and a scalar float tail per block, measured
-# about 25% slower (bench/RESULTS.md).
+# about 25% slower (bench/HISTORY.md, 2026-11-23 runs E-H).
 
 _F32x8 = ir.VectorType(ir.FloatType(), 8)
 

@@ -11,7 +11,7 @@ through shuffles and multiplies every weight by its sub-block's scale. Here each
            8 lanes sign-extended, converted and FMA'd with x; one FMA per 16 weights for the scale d*sc_g.
     Q8_0   4 x 8 int8 sign-extended (vpmovsxbd), converted, times d (exact: the weight as dequantized) and FMA'd
            with x into 32 lanes: 2x Numba's loop on the short rows of a small model's ffn_down (4 blocks a row;
-           bench/RESULTS.md).
+           bench/HISTORY.md, 2026-11-24).
 
 The sums are float32, grouped differently from the reference (within the kernels' 1e-5 of sum|w x|, checked
 in tests/test_kernels_matmul.py with every other kernel).

@@ -1,6 +1,7 @@
 """x86 AVX-512 one-token float dots for Q4_K and Q6_K: kernels/simd_f32.py's AVX2 dots with 16 float lanes (zmm)
 instead of 8, on a CPU with AVX-512F (the kernel table picks them, kernels/ktypes.py). The float path's decode
-is compute-bound (AVX2: ~13 GB/s a thread, a third of the read bandwidth on the AMD EPYC box; bench/RESULTS.md):
+is compute-bound (AVX2: ~13 GB/s a thread, a third of the read bandwidth on the AMD EPYC box; bench/HISTORY.md,
+2026-11-25):
 each weight is widened, converted and FMA'd, and a 512-bit instruction does twice an AVX2 one's weights.
 
     Q4_K   16 bytes -> 16 x i32 in one vpmovzxbd (from memory), their low and high nibbles 32 weights of sub-blocks
