@@ -39,7 +39,7 @@ def test_the_cache_holds_the_latent_and_the_rope_key_and_the_estimate_counts_it(
 
 
 def test_glm_4_7_flash_latent_cache_per_token():
-    """The README's figure, from the zoo twin's GGUF keys: 47 layers * (512 + 64) floats per token, against
+    """docs/architectures.md's figure, from the zoo twin's GGUF keys: 47 layers * (512 + 64) floats per token, against
     47 * 20 heads * (192 + 64 + 256) for a cache of full keys and values."""
     from moert.cost.zoo import TWINS, _metadata
 

@@ -39,7 +39,7 @@ def add_thread_batch_args(g) -> None:
                    help="CPU threads for the kernels (default: the physical cores, as llama.cpp). A call reading "
                         "under 512 KB of weights runs on one thread at any -t, and decode steps that stall on a "
                         "busy core (a worker thread descheduled) send the next ones to one thread for a while "
-                        "(README, 'Threads')")
+                        "(docs/cli.md, 'Threads')")
     g.add_argument("--no-stall-guard", dest="stall_guard", action="store_false",
                    help="every decode step on -t threads even when another process stalls them (for benchmarks that "
                         "must measure exactly -t; moert's own flag: llama.cpp has no guard)")
