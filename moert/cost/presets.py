@@ -209,6 +209,27 @@ CPUS: dict[str, CPU] = {c.name: c for c in (
     # (amd.com EPYC 9354 specifications); a common node of a multi-host cluster (moert/cost/cluster.py)
     CPU("epyc-9354", 32, ddr_gbs(12, 4800), 12, 4800, ghz=3.5, bw_efficiency=0.75, ccds=8, fclk_ghz=2.0,
         source="amd.com EPYC 9354 / 9004 series product brief"),
+    # Intel Xeon Gold 6138 (Skylake-SP, 1st gen Xeon Scalable): "20 cores and 40 threads, a base frequency of 2.0GHz,
+    # a maximum turbo frequency of 3.7GHz", "six-channel DDR4-2666" (m.jtti.cc/supports/2997.html); AVX-512 without
+    # VNNI (the published run's system info: "AVX512 = 1 | ... | AVX512_VNNI = 0"). Two FMA units (64 fp32 FLOPs a
+    # cycle) and the 2.0 GHz base as the AVX-512 all-core clock are assumptions, not on the page. Per socket.
+    CPU("xeon-gold-6138", 20, ddr_gbs(6, 2666), 6, 2666, ddr=4, ghz=2.0, flops_per_cycle=64,
+        bw_efficiency=SERVER_BW_EFFICIENCY, source="m.jtti.cc Xeon Gold 6138 vs Platinum 8176 (cores, clocks, memory)"),
+    # AMD EPYC 9355 (Turin, Zen 5): 32 cores on 8 CCDs, "clocks up to 4.4 GHz", 12 memory controllers, each CCD on a
+    # "GMI-Wide" 64 B/cycle link (chipsandcheese.com "AMD's EPYC 9355P: Inside a 32 Core Zen 5 Server Chip"); Zen 5's
+    # 512-bit FMA datapath: 64 fp32 FLOPs a cycle. DDR5-6400 (AMD's EPYC 9005 rating; not on that page: an assumption
+    # where a run states no speed) and ~4.0 GHz all-core (an assumption below the boost). The 32 B-per-FCLK link
+    # model caps the cores at 8 x 64 GB/s, above the DRAM share, so it never binds (GMI-Wide doubles it anyway).
+    CPU("epyc-9355", 32, ddr_gbs(12, 6400), 12, 6400, ghz=4.0, flops_per_cycle=64, bw_efficiency=SERVER_BW_EFFICIENCY,
+        ccds=8, fclk_ghz=2.0, source="chipsandcheese.com EPYC 9355P (cores, CCDs, boost, 12 channels); DDR5-6400 "
+        "assumed"),
+    # Intel Xeon engineering sample QYFS (Sapphire Rapids, 4th gen Xeon Scalable; "Xeon 8480 equivalent" as the
+    # published run says): "56 core e 112 thread", base 1.9 GHz, "Boost Clock [...] 3,3GHz" (tomshw.it on the ES2
+    # QYFS); 8 channels DDR5-4800 (wccftech.com Sapphire Rapids-SP; the runs state "8x48GB @ 4800" and "DDR5 4800");
+    # AVX-512 with VNNI and AMX, two FMA units (64 fp32 FLOPs a cycle: an assumption). Per socket.
+    CPU("xeon-8480-qyfs", 56, ddr_gbs(8, 4800), 8, 4800, ghz=3.3, flops_per_cycle=64,
+        bw_efficiency=SERVER_BW_EFFICIENCY, source="tomshw.it Sapphire Rapids-SP ES2 QYFS; wccftech.com Sapphire "
+        "Rapids-SP (8 x DDR5-4800)"),
 )}
 
 # Each preset CPU's kind (moert/cost/kinds.py): "vendor generation isa tier". isa: the widest int8 dot path llama.cpp
@@ -240,12 +261,13 @@ LINKS: dict[str, Link] = {
 
 # The CPUs' platforms: AM5 (Ryzen 7000/9000), LGA1700 (12th-14th gen) and SP5 (EPYC 9004) have PCIe 5.0 x16; AM4
 # (Ryzen 5000), WRX80 (Threadripper PRO 3000/5000) and SP3 (EPYC 7003) PCIe 4.0 (Strix Halo: x4 lanes of 4.0 for a card,
-# unused here, the entries with it are CPU-only); X299 (Core i9-10900X) PCIe 3.0.
+# unused here, the entries with it are CPU-only); X299 (Core i9-10900X) PCIe 3.0; SP5 with EPYC 9005 and LGA4677
+# (Sapphire Rapids) PCIe 5.0, LGA3647 (Skylake-SP) 3.0. A two-socket part keys on its "2x " name (sockets()).
 _PLATFORM_PCIE = {"ryzen-7600": 5, "epyc-9374f": 5, "xeon-6980p": 5, "ryzen-ai-9-hx-pro-370": 4,
                   "ryzen-7900": 5, "ryzen-7950x": 5, "ryzen-9950x": 5, "i9-14900k": 5, "epyc-9554": 5,
                   "i5-12600k": 5, "epyc-9b14": 5, "ryzen-ai-max-395": 4,
                   "ryzen-5900x": 4, "threadripper-pro-5975wx": 4, "threadripper-pro-3995wx": 4, "epyc-7343": 4,
-                  "i9-10900x": 3}
+                  "i9-10900x": 3, "epyc-9355": 5, "2x epyc-9355": 5, "xeon-8480-qyfs": 5, "xeon-gold-6138": 3}
 
 
 def preset_link(cpu: CPU, gpus) -> Link:
