@@ -4,9 +4,9 @@ Numba runs a `prange` loop as one parallel region of its threading layer (here G
 default libgomp's threads spin for a while after a region before they sleep (GOMP_SPINCOUNT), and so does
 the calling thread at a region's end, waiting for the others. On a quiet machine that saves a wake-up per
 region. On a machine that is not idle the spinning threads use up their share of the busy core, the OS takes
-the worker off it, and a region then waits for it to get a core back (bench/busy.py; bench/RESULTS.md,
-issue 31: the benchmark file's decode on 2 threads at 240 ms a token against 89 on one thread, with one core
-kept busy and other jobs running).
+the worker off it, and a region then waits for it to get a core back (bench/busy.py; bench/HISTORY.md,
+2026-11-24, "A machine that is not idle": the benchmark file's decode on 2 threads at 240 ms a token against 89 on
+one thread, with one core kept busy and other jobs running).
 
 OMP_WAIT_POLICY=passive (set in the environment before the process starts) makes the workers sleep at once:
 under load no region stalls (the same decode 10-12 ms against 65-73), but on a quiet moment of this box it

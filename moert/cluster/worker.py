@@ -16,7 +16,7 @@ One bytes object each way: Ray moves bytes with the least work (measured: 2 work
 ms per round trip against 1.2-1.4 ms for three NumPy arrays; bench/bench_cluster.py). A compiled graph's step gets
 its layer key inside the bytes too (`keyed`): a channel writes bytes raw, where a (key, payload) tuple goes through
 msgpack and pickle on both sides (measured here, a compiled graph of 2 echo actors: 62-127 us at best with
-bytes, 119 us with a tuple; bench/RESULTS.md, issue 29's third pass).
+bytes, 119 us with a tuple; bench/HISTORY.md, 2026-11-25 01:37-02:18).
 
 Dimension legend: T tokens, K experts per token, D hidden, E experts, F expert hidden.
 """

@@ -22,7 +22,7 @@ are clean and the kernel may drop them, so they take no RAM. The model here:
 
 Checked against published runs of gpt-oss-120b (61 GiB) with its experts on the CPU and 64 GB of RAM
 (tests/test_compare_capacity.py): Linux users report 18-25 tok/s, where the model pages nothing (25.8 tok/s on an
-RTX 3090 + 7950X, 4 GiB for the OS); the run in issue 27 measured 1.4-1.8 tok/s, which the model reaches only
+RTX 3090 + 7950X, 4 GiB for the OS); one published run measured 1.4-1.8 tok/s, which the model reaches only
 when other programs hold 8-16 GiB and the file is on a SATA SSD (1.2-3.3 tok/s), or ~24 GiB on a PCIe 3.0 NVMe
 (1.8). The run's free RAM and disk were not published, so this brackets it rather than reproduces it.
 """

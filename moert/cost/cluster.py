@@ -197,7 +197,8 @@ def local_added(workers: int, D: int, K: int, E: int, expert_s: float, fused_s: 
       glue      glue_s: the host's own work per layer call (masks, one message per worker, the partial sums).
     expert_s, fused_s and glue_s are moert's own CPU work on the machine, measured apart from the added cost.
     Ray's figures are from a machine with a core for each process: on one with fewer cores than the host and its
-    workers, the measured cost is several times this (bench/RESULTS.md, issue 29's third pass)."""
+    workers, the measured cost is several times this (bench/RESULTS.md, ray_schedule.py; bench/HISTORY.md,
+    2026-11-25 01:37-02:18)."""
     t = dict(ray=network_seconds(NETS["local"], workers, D, K, 1, calls=calls),
              kernels=(busiest_share(E, K, workers) - K) * expert_s, fused=fused_s, glue=glue_s)
     t["total"] = sum(t.values())

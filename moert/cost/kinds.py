@@ -40,10 +40,11 @@ GPU_BW_SHARE = 0.8
 #   llama.cpp #4763, RX 7900 XT, HIP 5.7: llama 7B Q8_0 (7.17 GiB), tg128 67.20 t/s: 517 GB/s, 0.65 of 800;
 #   llama.cpp #20934, RX 7900 XTX, ROCm: Llama-7B Q4_0 (3.56 GiB), 129-144 t/s: 493-550 GB/s, 0.51-0.57 of 960;
 #   llama.cpp PR 26284, RX 7900 XTX, ROCm: llama 8B Q4_K_M (4.58 GiB), tg64 105.75 t/s: 520 GB/s, 0.54 of 960.
-# Geometric mean 0.58 (0.54 for the middle of #20934's range). Read from those dense figures only, none of them in
-# bench/published.json; its two figures on these cards (gh15396's RX 7900 XT, gg24546's W7800) were not used to set
-# it (though 0.6 was tried on them first: RESULTS.md, "The RDNA3 term"). Not applied to RDNA 3.5 (the Radeon 8060S:
-# another chip and LPDDR5X, no such reading), nor to Vulkan builds on the same cards (no such reading either).
+# Geometric mean 0.58 (0.54 for the middle of llama.cpp #20934's range). Read from those dense figures only, none of
+# them in bench/published.json; its two figures on these cards (gh15396's RX 7900 XT, gg24546's W7800) were not used
+# to set it (though 0.6 was tried on them first: bench/HISTORY.md, 2026-11-25 04:09-04:19, "The RDNA3 term"). Not
+# applied to RDNA 3.5 (the Radeon 8060S: another chip and LPDDR5X, no such reading), nor to Vulkan builds on the same
+# cards (no such reading either).
 RDNA3_DGPU_BW = 0.58
 _GPU_BW_BY_KIND = {("rocm", "rdna3"): RDNA3_DGPU_BW}
 
