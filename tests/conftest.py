@@ -27,7 +27,7 @@ def one_numba_thread():
 @pytest.fixture(scope="session")
 def ray_cluster():
     """A real local Ray cluster (separate worker processes; never Ray's deprecated local_mode), started once per
-    test session: moert.load(..., ray="local:N") then starts its N workers as actors on it."""
+    pytest session: moert.load(..., ray="local:N") then starts its N workers as actors on it."""
     ray = pytest.importorskip("ray", reason="the cluster extra (pip install -e '.[cluster]') is not installed")
     started = not ray.is_initialized()
     if started:

@@ -208,7 +208,7 @@ def test_ctk_and_fa_lists_sweep(tmp_path, capsys):
     import csv
     import io
 
-    p = write_qwen3moe(tmp_path / "h32.gguf", n_layer=1, n_expert=E, n_expert_used=K, n_vocab=V, head_dim=32)
+    p = write_qwen3moe(tmp_path / "sweep.gguf", n_layer=1, n_expert=E, n_expert_used=K, n_vocab=V, head_dim=32)
     rc, out, err = bench(capsys, p, "-p", 4, "-n", 2, "-r", 1, "-ngl", 0, "-ctk", "f16,q8_0", "-fa", "0,1")
     assert rc == 0, err
     cells = [[c.strip() for c in ln.strip("|").split("|")] for ln in out.splitlines()

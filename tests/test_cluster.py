@@ -1,7 +1,7 @@
-"""Experts on Ray workers (moert/cluster/actors.py), on a real local Ray cluster started once per session (conftest's
-ray_cluster): RAY<N> rules and expert sets, logits and routing equal to the all-CPU run on three architectures
-(cpu / sim / ray mixes), the counters per remote device, errors before the first token, a killed or hung worker
-(typed error in bounded time, or the CPU fallback with the same tokens)."""
+"""Experts on Ray workers (moert/cluster/actors.py), on a real local Ray cluster started once per pytest session
+(conftest's ray_cluster): RAY<N> rules and expert sets, logits and routing equal to the all-CPU run on three
+architectures (cpu / sim / ray mixes), the counters per remote device, errors before the first token, a killed or
+hung worker (typed error in bounded time, or the CPU fallback with the same tokens)."""
 
 from __future__ import annotations
 
@@ -352,7 +352,7 @@ def test_int8_activations_on_a_worker_equal_the_host_s(ray_cluster, tmp_path):
 
 
 def test_joining_a_running_cluster_by_its_address_puts_one_worker_per_node(ray_cluster, paths):
-    address = ray_cluster.get_runtime_context().gcs_address          # the session's cluster: one node
+    address = ray_cluster.get_runtime_context().gcs_address          # the pytest session's cluster: one node
     devs = connect(address, 1)
     try:
         assert devs[0].pid > 0 and devs[0].name == "ray:0"
@@ -366,7 +366,8 @@ def test_joining_a_running_cluster_by_its_address_puts_one_worker_per_node(ray_c
 
 
 def test_auto_joins_the_running_cluster_that_RAY_ADDRESS_names(ray_cluster):
-    """ray="auto" in a process not yet in a cluster: Ray's own discovery (RAY_ADDRESS first) finds the session's."""
+    """ray="auto" in a process not yet in a cluster: Ray's own discovery (RAY_ADDRESS first) finds the pytest
+    session's."""
     import os
     import subprocess
     import sys

@@ -1,7 +1,7 @@
 """moert serve with experts on Ray workers (moert/serve/idle.py): an idle server releases the workers' compiled
 graph (they stop polling), the next request compiles it again and gives the same tokens, with -np slots and
 requests at once; a worker's death is reported once, without Ray's own traceback (cluster_graph._LossReported).
-On the session's real local Ray cluster (conftest's ray_cluster)."""
+On the pytest session's real local Ray cluster (conftest's ray_cluster)."""
 
 from __future__ import annotations
 

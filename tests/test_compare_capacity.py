@@ -181,7 +181,7 @@ def test_two_gpu_rows_show_each_gpu_and_a_tensor_split_that_parses_back(capsys):
 
 
 def test_paging_spans_the_published_gpt_oss_120b_runs_on_64_gb():
-    # gpt-oss-120b, --cpu-moe, 64 GB: Linux users report 18-25 tok/s (the experts just fit), the run
+    # gpt-oss-120b, --cpu-moe, 64 GB: Linux users report 18-25 tok/s (the experts just fit), one published run
     # 1.4-1.8 tok/s; the model puts the first where nothing is paged and the second where other programs
     # hold 8-16 GiB and the file is on a SATA SSD (which of these that run had, it did not say)
     import warnings

@@ -265,7 +265,7 @@ def test_the_estimate_is_tight_at_full_context(tmp_path, name, kw, kv, one_numba
 
 @pytest.mark.slow
 def test_the_estimate_is_tight_for_gemma_3_270m(gemma_path, one_numba_thread):
-    """The dense model of issue 30 (241 MiB of weights; a 262k vocabulary whose tied output is the biggest
+    """The dense model of the long-context goal (241 MiB of weights; a 262k vocabulary whose tied output is the biggest
     weight): measured at 2048 tokens, since filling its 32k context takes minutes here; longer contexts are
     bench/estimate_tightness.py's (bench/RESULTS.md)."""
     est, peak = full_context_peak(gemma_path, 2048)

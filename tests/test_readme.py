@@ -1,5 +1,5 @@
 """The documentation's snippets run: every fenced Python block, and every command line (`$ moert ...` in a
-session, and the `moert` / `python -c` lines of a bash block), of README.md and of every docs/*.md, in the
+shell session, and the `moert` / `python -c` lines of a bash block), of README.md and of every docs/*.md, in the
 suite, on the shipped demo model or a zoo twin; and every relative link between them points at a file that
 exists (and, for a `#anchor` into a Markdown file, at one of its headings).
 
@@ -77,7 +77,7 @@ def files_of(directive: str) -> dict[str, str]:
 
 
 def commands(lang: str, text: str) -> list[str]:
-    """The command lines of a block: `$ ...` session lines (after them, output), and in a bash block the
+    """The command lines of a block: `$ ...` lines of a shell session (after them, output), and in a bash block the
     moert and python -c commands. A block in no language is output or a synopsis (placeholders in capitals)."""
     out = []
     for line in text.split("\n"):

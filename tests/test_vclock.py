@@ -100,7 +100,7 @@ def test_a_faster_gpu_gives_less_virtual_time_and_gpu_experts_beat_cpu_ones(path
         times[hw.gpus[0].name] = m.stats.last.time["experts"]["sim:0"]
         m.close()
     assert times["fast"] < 0.6 * times["slow"]                        # a memory-bound op: twice the bandwidth
-    # the issue's complaint: moving experts onto the sim GPU made decode slower (NumPy's time); on the clock
+    # the complaint this answers: moving experts onto the sim GPU made decode slower (NumPy's time); on the clock
     # of an RTX 4090 the same move makes the experts' share of a token faster than moert's CPU experts. The
     # experts' phase is compared, not the whole token: a token's host-side time (Python between the phases,
     # measured in both runs) moves by milliseconds on a loaded machine, more than this tiny model's experts.
