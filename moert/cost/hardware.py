@@ -49,7 +49,7 @@ class CPU:
     # 60-65 GB/s of 83-90 GB/s peak (a one-CCD part is capped by its CCD link as well: `ccds` below).
     # Checked on bench/published.json: CPU-only llama.cpp / ik_llama.cpp decode on a Ryzen 7950X and an EPYC
     # 9B14 lands at -19%..+13% of it; with a GPU beside it decode is slower, by box-dependent amounts no single
-    # factor captures (bench/RESULTS.md, "Published figures"), so 0.7 stays.
+    # factor captures (bench/HISTORY.md, published figures, 2026-11-23 to 2026-11-24), so 0.7 stays.
     bw_efficiency: float = 0.7
     # AMD chiplet CPUs: the cores read DRAM through one link per CCD to the I/O die, 32 bytes per fabric clock
     # (FCLK) each way (AMD's Zen 2-5 Infinity Fabric; "32 bytes per cycle in both directions" for Strix Halo's
@@ -181,7 +181,7 @@ class GPU:
     # Per-kernel cost when decode cannot replay a graph (moert/cost/launch.py: llama.cpp before PR 18934 turns
     # graphs off for a token with CPU splits): a plain launch, the top of the ~2-5 us above. Launches overlap the
     # kernels, so a split costs max(its replayed time, its kernels x this). An assumption, not fitted on any figure
-    # (llama.cpp PR 18934's graph/no-graph deltas would want 6-9 us; bench/RESULTS.md, "Published figures").
+    # (llama.cpp PR 18934's graph/no-graph deltas would want 6-9 us; bench/HISTORY.md, published figures, 2026-11-24).
     launch_us_nograph: float = 5.0
     # Memory the CUDA context, cuBLAS workspace and driver take before any tensor: ~0.3-0.6 GiB on these cards
     # (what nvidia-smi shows for an idle llama.cpp process); moert.fit keeps 512MiB free on CUDA for the same.

@@ -5,8 +5,9 @@
     idle.close()
 
 A Ray Compiled Graph's workers wait for the next layer by polling their shared-memory channel: an idle loaded
-model's workers each use about a third of a core (bench/RESULTS.md, "Experts on Ray workers"). So once no request
-has run for `seconds`, the graph is torn down (cluster_graph.CompiledCalls.release) and the workers sleep; the next
+model's workers each use a third of a core on a loaded box, nearly a whole one on a quiet one (bench/RESULTS.md,
+"Experts on Ray workers"; bench/HISTORY.md, 2026-11-24 23:29-23:54). So once no request has run for `seconds`,
+the graph is torn down (moert/cluster/graph.py CompiledCalls.release) and the workers sleep; the next
 request's first MoE layer compiles it again (0.1-0.2 s on that request's first token here, 0.5-1 s
 with other jobs on the cores: bench/bench_cluster_idle.py).
 
