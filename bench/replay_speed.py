@@ -2,7 +2,7 @@
 
     python bench/replay_speed.py [--tokens 10000] [--layers 48] [--experts 128] [--k 8] [--prefetch]
 
-A synthetic trace (Zipf-like skew per layer, decode tokens only) of the issue's size: 10,000 tokens x 48 layers,
+A synthetic trace (Zipf-like skew per layer, decode tokens only) of the goal's size: 10,000 tokens x 48 layers,
 top-8 of 128; 20 cache sizes (4 to 80 per layer) per policy, the request sequence built once. The twin
 (fast=False, policies.py stepped in Python) runs 1,000 tokens of it at one size, for the ratio. --prefetch: the
 caches prefetch (prefetch="next-router") with synthetic guesses in the trace (Trace.prefetch): for each token
