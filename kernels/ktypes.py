@@ -5,6 +5,8 @@ and its reference dequantizer from moert.quants.dequant, so each fact lives once
 
     TYPES[name]          the KernelType of a GGML type name ("Q4_K"): its dequantize kernel and its matmul
                          kernels; DEQUANT_TYPES and MATMUL_TYPES the types that have each
+    entry.gpu            the same type's GPU kernels side by side (kernels/gpu/table.py, Triton): .matvec,
+                         .moe_gate_up, .moe_down, .tiled, .dequant name them; None for a type without
     entry.rows           the type's serial row kernel, generated from the templates below:
                          rows(w, x, xs, out, r0, r1, b0, b1, f16): out[t, r] = row r's blocks [b0, b1) . x[t]
     variant(template, name, **bind)
@@ -44,6 +46,7 @@ from moert.kernels import mxfp4, q8_0, repack, simd, simd_f32, simd_f32z, simd_z
 from moert.kernels import qblocks as qb
 from moert.kernels.blockdot import FM, PRANGE_ONLY, block_dot, block_dot2, no_sums, stack_f32, sums32
 from moert.kernels.dequant import BF16_TO_F32, F16_TO_F32
+from moert.kernels.gpu.table import GPU_TYPES, GpuType
 from moert.kernels.jit import variant
 from moert.quants.dequant import DEQUANT
 from moert.quants.types import TYPES as GGML_TYPES
@@ -85,6 +88,12 @@ class KernelType:
     @property
     def block_bytes(self) -> int:
         return GGML_TYPES[self.name].type_size
+
+    @property
+    def gpu(self) -> GpuType | None:
+        """The type's GPU kernels (kernels/gpu/table.py: their names in kernels/gpu/src/ and launch configuration),
+        or None; moert.kernels.gpu runs them."""
+        return GPU_TYPES.get(self.name)
 
     @property
     def ref(self) -> Callable:
