@@ -53,6 +53,7 @@ def build_parser() -> argparse.ArgumentParser:
     from moert.cli import hardware as cli_hardware
     from moert.cli import serve as cli_serve
     from moert.cli import trace as cli_trace
+    from moert.cli import twin as cli_twin
     from moert.cli.common import LlamaArgumentParser, VersionAction, add_model_arg, refuse_other_llama_flags
     from moert.cli.generate import add_commands
     from moert.cli.placement import add_fit_args, add_placement_args
@@ -82,6 +83,7 @@ def build_parser() -> argparse.ArgumentParser:
     cli_hardware.add_commands(sub)
     cli_compare.add_commands(sub)
     cli_cache_sim.add_commands(sub)
+    cli_twin.add_commands(sub)
     for name, parser in sub.choices.items():
         refuse_other_llama_flags(parser, name)
     return p

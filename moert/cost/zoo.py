@@ -56,7 +56,7 @@ from __future__ import annotations
 
 import os
 import struct
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from moert.cost import zoo_arch
@@ -275,10 +275,10 @@ def names() -> list[str]:
     return list(TWINS)
 
 
-def layout(name: str, quant: str | None = None, imatrix: bool = False) -> list[tuple[str, str, tuple[int, ...]]]:
-    """(tensor name, GGML type, NumPy shape) of a twin in file order, each tensor's type as llama-quantize
-    chooses it for `quant` (moert/cost/quant_mix.py; imatrix: as made with an importance matrix)."""
-    tw = _twin(name)
+def layout(name: str | Twin, quant: str | None = None, imatrix: bool = False) -> list[tuple[str, str, tuple[int, ...]]]:
+    """(tensor name, GGML type, NumPy shape) of a twin (a name or a Twin) in file order, each tensor's type as
+    llama-quantize chooses it for `quant` (moert/cost/quant_mix.py; imatrix: as made with an importance matrix)."""
+    tw = name if isinstance(name, Twin) else _twin(name)
     try:
         h = tw.hp
         n_gqa = h["H"] / (1 if tw.arch in zoo_arch.MLA else h["Hkv"])       # MLA: one KV head
@@ -301,11 +301,18 @@ def data_bytes(name: str, quant: str | None = None) -> int:
     return sum(nbytes(t, s) for _, t, s in layout(name, quant))
 
 
-def _twin(name: str) -> Twin:
+def twin(name: str, layers: int | None = None) -> Twin:
+    """The zoo entry `name`; layers=N: the same model cut to its first N layers (block_count N)."""
     key = name.lower().removeprefix("zoo:")
     if key not in TWINS:
         raise ZooError(f"no zoo model {name!r}; the zoo has: {', '.join(TWINS)}")
-    return TWINS[key]
+    tw, L = TWINS[key], TWINS[key].hp["L"]
+    if layers is not None and (isinstance(layers, bool) or not isinstance(layers, int) or not 1 <= layers <= L):
+        raise ZooError(f"layers={layers!r}: {tw.name} has {L} layers; give 1..{L}")
+    return tw if layers is None else replace(tw, hp={**tw.hp, "L": layers})
+
+
+_twin = twin
 
 
 def cache_dir() -> Path:
@@ -321,8 +328,7 @@ def path(name: str, quant: str | None = None, folder: str | os.PathLike | None =
     an older one from the cache."""
     import hashlib
 
-    tw = _twin(name)
-    q = (quant or tw.quant).upper()
+    tw, q = _twin(name), (quant or _twin(name).quant).upper()
     tag = hashlib.sha256(repr((sorted(_metadata(tw).items()), layout(name, q))).encode()).hexdigest()[:8]
     p = Path(folder or cache_dir()) / f"{tw.name}-{q}-{tag}.gguf"
     if not p.exists():
@@ -355,30 +361,40 @@ def _kv(key: str, v) -> bytes:
     return _str(key) + struct.pack("<I", 8) + _str(str(v))
 
 
-def write_twin(p: str | os.PathLike, tw: Twin, quant: str) -> Path:
-    """Write the header (metadata, tensor infos with aligned offsets), then extend the file to full length."""
-    p = Path(p)
-    p.parent.mkdir(parents=True, exist_ok=True)
+def header(tw: Twin, quant: str, **keys) -> tuple[bytes, list[tuple[str, str, tuple[int, ...], int]]]:
+    """The GGUF header of a twin (metadata, tensor infos with aligned offsets, padded to the alignment), with
+    `keys` added to or replacing its metadata, and its tensors as (name, type, shape, offset in the data)."""
     md = _metadata(tw)
     md["general.file_type"] = MIXES[quant][1]                  # llama.h LLAMA_FTYPE_MOSTLY_*
-    tensors = layout(tw.name, quant)
+    md.update(keys)
+    tensors = layout(tw, quant)
     head = bytearray(b"GGUF" + struct.pack("<IQQ", 3, len(tensors), len(md)))
     for k, v in md.items():
         head += _kv(k, v)
-    offset = 0
+    offset, placed = 0, []
     for n, t, shape in tensors:
         ne = tuple(reversed(shape))
         head += _str(n) + struct.pack("<I", len(ne)) + struct.pack(f"<{len(ne)}Q", *ne)
         head += struct.pack("<IQ", ggml_type(t).id, offset)
+        placed.append((n, t, shape, offset))
         offset += -(-nbytes(t, shape) // ALIGNMENT) * ALIGNMENT
     head += b"\0" * (-len(head) % ALIGNMENT)
+    return bytes(head), placed
+
+
+def write_twin(p: str | os.PathLike, tw: Twin, quant: str) -> Path:
+    """Write the header (metadata, tensor infos with aligned offsets), then extend the file to full length."""
+    p = Path(p)
+    p.parent.mkdir(parents=True, exist_ok=True)
+    head, placed = header(tw, quant)
+    n, t, shape, offset = placed[-1]
     tmp = p.with_name(p.name + ".tmp")
     with open(tmp, "wb") as f:
         f.write(head)
-        f.truncate(len(head) + offset)                           # a hole: no data blocks are allocated
+        f.truncate(len(head) + offset + -(-nbytes(t, shape) // ALIGNMENT) * ALIGNMENT)   # a hole: no data blocks
     tmp.replace(p)
     return p
 
 
-__all__ = ["TWINS", "TWIN_KEY", "Twin", "ZooError", "cache_dir", "data_bytes", "layout", "names", "path",
-           "resolve", "use_more_bits", "write_twin"]
+__all__ = ["TWINS", "TWIN_KEY", "Twin", "ZooError", "cache_dir", "data_bytes", "header", "layout", "names", "path",
+           "resolve", "twin", "use_more_bits", "write_twin"]
