@@ -150,7 +150,7 @@ class CrossValidation:
             out.append({"class": label, "n": len(oos), "n_held_out": len(g["held_out"]),
                         "in_sample": geomean_abs(g["in_sample"]), "out_of_sample": geomean_abs(oos),
                         "spread68": quantile_abs(oos), "worst": math.exp(max(map(abs, oos))) if oos else None,
-                        "held_out": geomean_abs(g["held_out"]),
+                        "held_out": geomean_abs(g["held_out"]), "held_out_spread68": quantile_abs(g["held_out"]),
                         "held_out_worst": math.exp(max(map(abs, g["held_out"]))) if g["held_out"] else None})
         return out
 
@@ -194,5 +194,35 @@ def placement_pairs(rows: list[dict], noise: float) -> list[dict]:
     return out
 
 
-__all__ = ["GRID", "KEYS", "CrossValidation", "geomean_abs", "held_out", "key_for", "kind", "log_err",
-           "placement_pairs", "quantile_abs", "source"]
+# What each metric of a figure depends on in its test: two placements on one box compare on a metric only when these
+# agree (decode does not see the u-batch, so a u-batch sweep's placements still compare at decode).
+DEPENDS = {"prompt": ("n_prompt", "n_ubatch", "depth", "threads"), "gen": ("depth", "threads", "kv_bytes")}
+
+
+def ratio_pairs(rows: list[dict]) -> list[dict]:
+    """Every two counted figures of one metric on one box (a 'pair' group) whose placements differ and whose tests
+    agree on what the metric depends on (DEPENDS): ln(predicted ratio / measured ratio), the error of the *ratio*
+    between two placements, which shares most of what is wrong with each (the box's bandwidth, the build's kernels).
+    Predictions as shipped (the factors fitted on every training figure move both figures of a box alike)."""
+    groups: dict[str, list[dict]] = {}
+    for r in rows:
+        if r["pair"] and r["use"] != "excluded":
+            groups.setdefault(r["pair"], []).append(r)
+    out = []
+    for g, rs in groups.items():
+        for i, a in enumerate(rs):
+            for b in rs[i + 1:]:
+                if a["placement"] == b["placement"]:
+                    continue
+                for m, keys in DEPENDS.items():
+                    ma, mb, pa, pb = a[m]["measured"], b[m]["measured"], a[m].get("predicted"), b[m].get("predicted")
+                    if not (ma and mb and pa and pb) or any(a["test"].get(k) != b["test"].get(k) for k in keys):
+                        continue
+                    out.append({"pair": g, "a": a["id"], "b": b["id"], "metric": m, "measured": ma / mb,
+                                "predicted": pa / pb, "ln_error": math.log((pa / pb) / (ma / mb)),
+                                "held_out": bool(a["held_out"] or b["held_out"])})
+    return out
+
+
+__all__ = ["DEPENDS", "GRID", "KEYS", "CrossValidation", "geomean_abs", "held_out", "key_for", "kind", "log_err",
+           "placement_pairs", "quantile_abs", "ratio_pairs", "source"]

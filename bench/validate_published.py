@@ -39,7 +39,20 @@ import moert.cost.launch
 from moert import cost, zoo
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from published_cv import CrossValidation, held_out, kind, log_err, placement_pairs, source  # noqa: E402
+from published_cv import (  # noqa: E402
+    PHASES,
+    CrossValidation,
+    geomean_abs,
+    held_out,
+    kind,
+    log_err,
+    placement_pairs,
+    quantile_abs,
+    ratio_pairs,
+    source,
+)
+
+from moert.cost import coverage  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
 GRAPHS = os.environ.get("MOERT_GRAPHS", "auto")   # --graphs: moert.predict's CUDA-graph policy; auto: each entry's
@@ -162,7 +175,9 @@ def run(entries: list[dict], show_held_out: bool = False) -> dict:
                "engine": e["engine"], "pair": e.get("pair"), "placement": e["placement"],
                "test": {k: v for k, v in e["test"].items() if k not in ("note", "tool", "n_gen")}, "source": source(e),
                "bound": p0["bound"], "term": p0["term"], "fits": p0["fits"], "kind": kind(e),
-               "n_ubatch": e["test"].get("n_ubatch", 512), "held_out": held_out(e)}
+               "n_ubatch": e["test"].get("n_ubatch", 512), "held_out": held_out(e),
+               "classes": coverage.classes(machine(e), e["test"].get("depth", 0), e.get("quant", ""), e["engine"],
+                                           kind(e))}
         for m in ("prompt", "gen"):
             meas = e.get(f"{m}_tok_s")
             row[m] = {"measured": meas, "predicted": p0[m], "error": _pct(log_err(p0[m], meas))}
@@ -171,6 +186,8 @@ def run(entries: list[dict], show_held_out: bool = False) -> dict:
                     row[m][how] = _pct(errs[how][m])
         rows.append(row)
     classes = cv["classes"]
+    ratios = [x for x in ratio_pairs(rows) if show_held_out or not x["held_out"]]
+    by_class = class_table(rows, show_held_out)
     if not show_held_out:                          # frozen figures: no error of theirs is shown while shaping terms
         for r in rows:
             if r["held_out"]:
@@ -180,7 +197,43 @@ def run(entries: list[dict], show_held_out: bool = False) -> dict:
     ranking = placement_pairs([r for r in rows if not r["held_out"] or show_held_out], NOISE)
     return {"census": census(entries), "factors": cv["factors"], "sources": cv["sources"], "rows": rows,
             "classes": classes,
-            "ranking": ranking, "worst": worst(rows)}
+            "ranking": ranking, "worst": worst(rows), "by_class": by_class,
+            "coverage": {a: {v["value"]: v["n"] for v in vs} for a, vs in by_class.items()},
+            "ratios": {"pairs": ratios, **ratio_summary([x for x in ratios if not x["held_out"]]),
+                       "held_out": ratio_summary([x for x in ratios if x["held_out"]])}}
+
+
+def ratio_summary(pairs: list[dict]) -> dict:
+    """n, geometric-mean |error| and 68% spread of |ln| of same-box placement ratios (published_cv.ratio_pairs)."""
+    logs = [x["ln_error"] for x in pairs]
+    return {"n": len(logs), "error": geomean_abs(logs), "spread68": quantile_abs(logs)}
+
+
+def class_table(rows: list[dict], show_held_out: bool) -> dict:
+    """Per coverage axis (moert/cost/coverage.py) and value: n training figures, their out-of-sample error and 68%
+    spread, and the held-out figures' n (their error with show_held_out only); the kind axis per phase."""
+    out: dict = {}
+    for axis in coverage.AXES:
+        groups: dict = {}
+        for r in rows:
+            v = r["classes"][axis]
+            if v is None or r["use"] != "error":
+                continue
+            for m, phase in PHASES:
+                c = r[m]
+                if c["measured"] is None:
+                    continue
+                g = groups.setdefault(f"{phase}, {v}" if axis == "kind" else v, {"oos": [], "held": []})
+                if r["held_out"]:
+                    if c.get("held_out") is not None or not show_held_out:
+                        g["held"].append(math.log1p(c["held_out"]) if show_held_out else 0.0)
+                elif c.get("out_of_sample") is not None:
+                    g["oos"].append(math.log1p(c["out_of_sample"]))
+        out[axis] = [{"value": v, "n": len(g["oos"]), "out_of_sample": geomean_abs(g["oos"]),
+                      "spread68": quantile_abs(g["oos"]), "n_held_out": len(g["held"]),
+                      **({"held_out": geomean_abs(g["held"])} if show_held_out else {})}
+                     for v, g in sorted(groups.items(), key=lambda kv: (-len(kv[1]["oos"]), kv[0]))]
+    return out
 
 
 def census(entries: list[dict]) -> dict:
@@ -214,6 +267,10 @@ def _f(x: float | None, pct: bool = False) -> str:
     if x is None:
         return "-"
     return f"{100 * x:+.0f}%" if pct else (f"{x:,.0f}" if x >= 100 else f"{x:.1f}")
+
+
+def _f2(x: float | None) -> str:
+    return "-" if x is None else f"{x:.2f}"
 
 
 def table(res: dict) -> str:
@@ -252,6 +309,19 @@ def table(res: dict) -> str:
     lines.append("worst figures out of sample (error, the term dominating their predicted time):")
     lines += [f"  {w['id']:<40} {'pp' if w['metric'] == 'prompt' else 'tg'} {_f(w['error'], True):>6}  {w['term']}"
               for w in res["worst"]]
+    lines.append(f"by coverage class (training figures: n, out of sample, 68% |ln|; held out: n"
+                 f"{', error' if any('held_out' in v for vs in res['by_class'].values() for v in vs) else ''}; "
+                 f"fewer than {coverage.MIN_FIGURES} training figures: a prediction there extrapolates):")
+    for axis, vs in res["by_class"].items():
+        for v in vs:
+            held = f"{v['n_held_out']}" + (f", {_f(v['held_out'], True).lstrip('+')}" if "held_out" in v else "")
+            lines.append(f"  {axis:<8} {v['value']:<26} {v['n']:>3} {_f(v['out_of_sample'], True).lstrip('+'):>6} "
+                         f"{_f2(v['spread68']):>5}   held out {held}{'' if v['n'] >= coverage.MIN_FIGURES else '  *'}")
+    ra = res["ratios"]
+    lines.append(f"same-box placement ratios (predicted / measured): {ra['n']} pairs, off by "
+                 f"{_f(ra['error'], True).lstrip('+')}, 68% |ln| {_f2(ra['spread68'])}" +
+                 (f"; held out {ra['held_out']['n']}, {_f(ra['held_out']['error'], True).lstrip('+')}"
+                  if ra["held_out"]["n"] else ""))
     rk = res["ranking"]
     big = [x for x in rk if x["gain"] > 1.5]
     lines.append(f"placements on the same box (pairs that change the placement, > {NOISE:.0%} apart): "

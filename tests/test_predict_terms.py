@@ -11,9 +11,9 @@ import pytest
 
 import moert
 from moert import cost
+from moert.cost import coverage, zoo
 from moert.cost import predict as cost_predict
 from moert.cost import range as cost_range
-from moert.cost import zoo
 
 
 @pytest.fixture(autouse=True)
@@ -75,19 +75,21 @@ def test_every_prediction_carries_its_classes_range():
         assert r.kind() == kind
         for phase, v in (("decode", r.decode_tok_s), ("prefill", r.prefill_tok_s)):
             lo, hi = r.likely(phase)
-            s = cost_range.VALIDATION["classes"][f"{phase}, {kind}"]["spread68"]
+            s = coverage.widened(cost_range.VALIDATION["classes"][f"{phase}, {kind}"]["spread68"],
+                                 len(r.extrapolating_in((phase,))), cost_range.VALIDATION["held_out"]["spread68"])
             assert lo < v < hi and math.log(hi / v) == pytest.approx(s) and math.log(v / lo) == pytest.approx(s)
         assert "likely" in r.table() and r.to_dict()["likely"]["decode"] == list(r.likely("decode"))
     hw = cost.preset("rtx4090+ryzen-7950x")
     assert moert.predict(_plan(hw, cpu_moe=True), hw).kind() == "hybrid"
 
 
-def test_a_best_is_named_only_beyond_the_range_else_the_simplest_flags_of_the_tie():
-    def row(name, tg, ot, s=0.3):
-        return {"strategy": name, "tg": tg, "fits": True, "ot": ot, "tg_range": (tg * math.exp(-s), tg * math.exp(s))}
-    far = [row("fast", 100, "x" * 50), row("slow", 50, "")]
-    assert cost_range.choose(far)["strategy"] == "fast" and "beyond" in far[0]["why"]
-    near = [row("fast", 100, "x" * 50), row("close", 90, "xx"), row("slow", 50, "")]
+def test_a_best_is_named_only_beyond_the_same_box_ratio_spread_else_the_simplest_flags_of_the_tie():
+    def row(name, tg, ot):
+        return {"strategy": name, "tg": tg, "fits": True, "ot": ot}
+    s = cost_range.VALIDATION["ratio_spread68"]
+    far = [row("fast", 100, "x" * 50), row("slow", 100 * math.exp(-2 * s), "")]
+    assert cost_range.choose(far)["strategy"] == "fast" and "by more than" in far[0]["why"]
+    near = [row("fast", 100, "x" * 50), row("close", 100 * math.exp(-s / 2), "xx"), row("slow", 50, "")]
     best = cost_range.choose(near)
     assert best["strategy"] == "close" and "ties" in best["why"]
     assert [r["tied"] for r in near] == [True, True, False]

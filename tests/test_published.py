@@ -142,12 +142,18 @@ def test_what_compare_says_of_the_models_error_is_what_the_validator_finds(tmp_p
     for name, v in VALIDATION["classes"].items():
         assert (v["n"], v["error"], v["spread68"]) == (c[name]["n"], round(c[name]["out_of_sample"], 2),
                                                        round(c[name]["spread68"], 2)), name
-    assert (VALIDATION["ranked"], VALIDATION["pairs"]) == (sum(r["right"] for r in res["ranking"]), len(res["ranking"]))
+    assert (VALIDATION["ranked"], VALIDATION["ranked_of"]) == (sum(r["right"] for r in res["ranking"]),
+                                                               len(res["ranking"]))
+    ra = res["ratios"]                                          # same-box placement ratios, training figures
+    assert (VALIDATION["pairs"], VALIDATION["ratio_error"], VALIDATION["ratio_spread68"]) == (
+        ra["n"], round(ra["error"], 3), round(ra["spread68"], 3))
+    assert VALIDATION["coverage"] == res["coverage"]            # training figures per coverage class value
     assert f"off by {round(100 * c['all']['out_of_sample'])}%" in trust()
     all_ = {x["class"]: x for x in validate_published.run(validate_published.load(), show_held_out=True)["classes"]}
     h = VALIDATION["held_out"]                                   # (the predictions are cached: this run is quick)
-    assert (h["figures"], h["error"], h["worst"]) == (all_["all"]["n_held_out"], round(all_["all"]["held_out"], 2),
-                                                       round(all_["all"]["held_out_worst"], 2))
+    assert (h["figures"], h["error"], h["worst"], h["spread68"]) == (
+        all_["all"]["n_held_out"], round(all_["all"]["held_out"], 2), round(all_["all"]["held_out_worst"], 2),
+        round(all_["all"]["held_out_spread68"], 2))
     assert f"{h['figures']} figures held out of every fit: off by {round(100 * h['error'])}%" in trust()
     held = [r for r in res["rows"] if r["held_out"]]              # frozen entries: no error printed without --held-out
     assert held and all(r[m].get("hidden") for r in held for m in ("prompt", "gen") if r[m]["measured"])

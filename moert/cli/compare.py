@@ -98,7 +98,9 @@ def compare(model: str, hw, context: int, policy: str = "llama.cpp", trace=None,
             ram_gib=(c.weights + c.other) / 2**30, paged=not c.fits, disk_gb_per_token=disk_gb,
             gpu_share=_gpu_share(r, p), pp=pp, tg=tg, bound="disk (page-ins)" if not c.fits else r.bound("decode"),
             ot=compact_ot(rules) if rules else "", flags=flags, note=note,
-            pp_range=likely(pp, "prefill", r.kind()), tg_range=likely(tg, "decode", r.kind())))
+            pp_range=likely(pp, "prefill", r.kind(), len(r.extrapolating_in(("prefill",)))),
+            tg_range=likely(tg, "decode", r.kind(), len(r.extrapolating_in(("decode",)))),
+            extrapolating=r.extrapolating))
     choose(rows, "tg")                  # moert/cost/range.py: "best" only beyond the likely range, else a tie
     return rows
 
@@ -140,6 +142,11 @@ def _opts(args: argparse.Namespace) -> tuple[dict, dict | None]:
     return opts, yours
 
 
+def extrapolating(rows: list[dict]) -> list[str]:
+    """Every row's extrapolation reasons (Prediction.extrapolating), each once, in the order first met."""
+    return list(dict.fromkeys(x for r in rows for x in r.get("extrapolating") or []))
+
+
 def _print_rows(rows: list[dict], ram_note: str) -> None:
     print(f"{'row':<50} {'fits':<5} {'GPU GiB':>11} {'RAM GiB':>8} {'GPU exp%':>8} {'pp':>9} {'tg':>8} "
           f"{'tg likely':>13}  decode bound")
@@ -161,6 +168,7 @@ def _print_rows(rows: list[dict], ram_note: str) -> None:
 
 def cmd_compare(args: argparse.Namespace) -> int:
     from moert.cost import capacity, commandline, zoo
+    from moert.cost.coverage import MIN_FIGURES
     from moert.cost.machines import preset
     from moert.cost.predict import VALIDATION, trust
     from moert.cost.range import choose
@@ -245,7 +253,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
         print(json.dumps(dict(model=label, hardware=hw.name, context=ctx, policy=args.policy, ram_gib=ram_gib,
                               numa=opts["numa"], numa_nodes=hw.cpu.numa_nodes,
                               disk=opts["disk"], fit_margin_mib=args.fit_margin, rows=rows, commands=commands,
-                              validation=VALIDATION), indent=1))
+                              extrapolating=extrapolating(rows), validation=VALIDATION), indent=1))
     else:
         print(f"{label} on {hw.name}, context {ctx}, pp{opts['n_prompt']} tg{opts['n_gen']} at depth "
               f"{opts['depth']}, prefill policy {args.policy}; predicted by moert.predict (llama.cpp-class "
@@ -260,6 +268,10 @@ def cmd_compare(args: argparse.Namespace) -> int:
         else:
             print("\nnothing fits: give the GPU more memory, or a smaller context (-c)")
         print(f"how far to trust it: {trust()}")
+        ex = extrapolating(rows)
+        if ex:
+            print(f"extrapolating (fewer than {MIN_FIGURES} published figures checked the model here, so the likely "
+                  f"ranges above are wider: moert/cost/coverage.py):" + "".join(f"\n  {r}" for r in ex))
     if args.plot:
         from moert.plots import compare_bars
 
@@ -332,4 +344,4 @@ def add_commands(sub) -> None:
     c.set_defaults(func=cmd_compare)
 
 
-__all__ = ["add_commands", "cmd_compare", "compare", "context_of"]
+__all__ = ["add_commands", "cmd_compare", "compare", "context_of", "extrapolating"]

@@ -45,7 +45,7 @@ from dataclasses import replace
 
 import numpy as np
 
-from moert.cost import launch
+from moert.cost import coverage, launch
 from moert.cost.hardware import Hardware, numa_view
 from moert.cost.prediction import Part, Prediction
 from moert.cost.range import VALIDATION, trust
@@ -149,6 +149,7 @@ def predict(plan, hardware: Hardware, n_prompt: int = 512, n_gen: int = 128, dep
     pred = Prediction(1.0 / decode_s if decode_s else math.inf, n_prompt / prefill_s if prefill_s else 0.0,
                       decode_s, prefill_s, parts, all(v["need"] <= v["capacity"] for v in memory.values()),
                       memory, settings)
+    pred.classes = coverage.of(pred, plan, hardware)
     ram = hardware.cpu.mem_gib if ram_gib is None else ram_gib
     if not ram:
         return pred
@@ -392,8 +393,7 @@ def _gpu_memory(plan, m: Shape, hw: Hardware, n_ctx: int, n_ubatch: int) -> dict
     return out
 
 
-# `moert.predict` is this function; what a user reads beside it hangs on it too (`moert.predict.VALIDATION`).
-predict.VALIDATION = VALIDATION
+predict.VALIDATION = VALIDATION      # what a user reads beside moert.predict hangs on it (moert.predict.VALIDATION)
 predict.trust = trust
 
 

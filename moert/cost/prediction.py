@@ -6,8 +6,9 @@ from __future__ import annotations
 from collections import defaultdict
 from dataclasses import asdict, dataclass, field
 
+from moert.cost import coverage
+from moert.cost.range import VALIDATION, likely
 from moert.cost.range import kind as _kind
-from moert.cost.range import likely
 
 
 @dataclass(frozen=True)
@@ -37,6 +38,7 @@ class Prediction:
     fits: bool
     memory: dict[str, dict]      # per GPU: need, capacity (bytes)
     settings: dict = field(default_factory=dict)
+    classes: dict = field(default_factory=dict)     # its coverage class per axis (moert/cost/coverage.py)
 
     def seconds_by(self, phase: str, key: str = "device") -> dict[str, float]:
         """Seconds of a phase summed by "device", "stage", "bound" or "layer"."""
@@ -52,8 +54,20 @@ class Prediction:
 
     def likely(self, phase: str) -> tuple[float, float]:
         """(low, high) tok/s of a phase ("prefill" or "decode"): the prediction times and divided by the 68%
-        out-of-sample spread of its class on published figures (moert/cost/range.py)."""
-        return likely(self.prefill_tok_s if phase == "prefill" else self.decode_tok_s, phase, self.kind())
+        out-of-sample spread of its class on published figures (moert/cost/range.py), widened where the machine or
+        setting is in a class of few figures (`extrapolating`; coverage.widened)."""
+        return likely(self.prefill_tok_s if phase == "prefill" else self.decode_tok_s, phase, self.kind(),
+                      len(self.extrapolating_in((phase,))))
+
+    @property
+    def extrapolating(self) -> list[str]:
+        """Why this prediction is outside what published figures checked: one reason per class with fewer than
+        coverage.MIN_FIGURES training figures ("no figure from a 2-socket box", "2 figures at depth >32k")."""
+        return self.extrapolating_in(("prefill", "decode") if self.settings.get("n_prompt") else ("decode",))
+
+    def extrapolating_in(self, phases) -> list[str]:
+        """The reasons of `extrapolating` for these phases."""
+        return coverage.reasons(self.classes, VALIDATION["coverage"], phases) if self.classes else []
 
     def bound(self, phase: str) -> str:
         """The device and resource taking most of a phase's time, e.g. "cpu memory"."""
@@ -78,6 +92,7 @@ class Prediction:
             lines.append(f"  {phase:<8} bound by {self.bound(phase):<16} {cells}")
         for d, m in self.memory.items():
             lines.append(f"  {d}: needs {m['need'] / 2**30:.2f} GiB of {m['capacity'] / 2**30:.2f} GiB")
+        lines += [f"  extrapolating: {r}" for r in self.extrapolating]
         return "\n".join(lines)
 
     def to_dict(self) -> dict:
@@ -85,6 +100,7 @@ class Prediction:
                 "prefill_s": self.prefill_s, "fits": self.fits, "memory": self.memory, "settings": self.settings,
                 "bound": {ph: self.bound(ph) for ph in ("prefill", "decode")}, "kind": self.kind(),
                 "likely": {ph: list(self.likely(ph)) for ph in ("prefill", "decode")},
+                "classes": self.classes, "extrapolating": self.extrapolating,
                 "parts": [asdict(p) for p in self.parts]}
 
 
