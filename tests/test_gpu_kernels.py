@@ -145,6 +145,22 @@ def test_moe_matches_twin(name, act, bias):
     assert not np.all(np.abs(swapped - want) <= bound)        # the ids are read: other experts, other output
 
 
+def test_interpreting_leaves_triton_language_as_it_was():
+    """An interpreted run patches triton.language; what it left patched a later triton.compile would meet. (It
+    may add names: the interpreter copies its globals into the modules it runs, and a restored tensor.__repr__
+    lands on the class itself; none of those shadows anything.)"""
+    import triton.language as tl
+
+    spaces = (tl, tl.core, tl.standard, tl.math, tl.tensor, tl.dtype)
+    before = [dict(vars(m)) for m in spaces]
+    rng = np.random.default_rng(7)
+    raw = _weights(rng, "Q4_K", (8, 256))
+    gpu.matvec(raw, "Q4_K", (8, 256), rng.standard_normal((1, 256), dtype=np.float32), backend="interpret")
+    for m, b in zip(spaces, before):
+        after = dict(vars(m))
+        assert [k for k in b if after.get(k) is not b[k]] == [], m
+
+
 def test_twin_backend_and_errors():
     rng = np.random.default_rng(6)
     raw = _weights(rng, "Q8_0", (4, 64))
@@ -163,9 +179,11 @@ def test_twin_backend_and_errors():
 # ------------------------------------------------------------------------------------------ cubins, no GPU
 
 def _sm(cubin: bytes) -> int:
-    """The SM version a cubin was built for: the low byte of its ELF header's e_flags."""
+    """The SM version a cubin was built for, from its ELF header's e_flags: the low byte up to ELF ABI version 7,
+    the second byte from version 8 on (Triton 3.9's ptxas writes 8 for sm_90, 7 for sm_80)."""
     assert cubin[:4] == b"\x7fELF"
-    return struct.unpack_from("<I", cubin, 0x30)[0] & 0xFF
+    flags = struct.unpack_from("<I", cubin, 0x30)[0]
+    return (flags >> 8) & 0xFF if cubin[8] >= 8 else flags & 0xFF
 
 
 @pytest.mark.parametrize("cc", (80, 90))

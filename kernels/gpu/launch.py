@@ -122,14 +122,27 @@ def _lang_jit_functions() -> tuple:
                  if isinstance(v, JITFunction))
 
 
+class _Deferred:
+    """A patch scope whose restore waits for _interpreted_lang's exit."""
+
+    def restore(self) -> None:
+        pass
+
+
 @contextlib.contextmanager
 def _interpreted_lang():
-    """For the duration of an interpreted grid, triton.language's @jit functions are their interpreted twins
-    (restored after, as the interpreter restores its own patches of triton.language)."""
+    """For the duration of an interpreted grid, triton.language's @jit functions are their interpreted twins, and
+    every patch the interpreter makes to triton.language is undone at the end, last first. Triton undoes the
+    grid's own patches but not those of each interpreted call into triton.language (it expects a process that
+    never compiles), and a later triton.compile would then meet interpreter builtins."""
     from triton.runtime import interpreter as ti
 
     swaps = [] if triton_interpret_env() else _lang_jit_functions()   # TRITON_INTERPRET=1 at import: none needed
-    patch_tensor = ti._patch_lang_tensor
+    patch_lang, patch_tensor, scopes = ti._patch_lang, ti._patch_lang_tensor, []
+
+    def _patch_lang(fn):
+        scopes.append(patch_lang(fn))
+        return _Deferred()
 
     def _patch_lang_tensor(tensor, scope):
         # A scalar in the interpreter is a 1-element 1-d array, and NumPy >= 2.4 refuses int() of one (Triton
@@ -139,11 +152,13 @@ def _interpreted_lang():
 
     for m, k, _jit, interp in swaps:
         setattr(m, k, interp)
-    ti._patch_lang_tensor = _patch_lang_tensor
+    ti._patch_lang, ti._patch_lang_tensor = _patch_lang, _patch_lang_tensor
     try:
         yield
     finally:
-        ti._patch_lang_tensor = patch_tensor
+        for scope in reversed(scopes):
+            scope.restore()
+        ti._patch_lang, ti._patch_lang_tensor = patch_lang, patch_tensor
         for m, k, jit, _interp in swaps:
             setattr(m, k, jit)
 
@@ -184,7 +199,8 @@ def compile_cubin(name: str, signature: dict[str, str], constexprs: dict, capabi
                   num_stages: int = 2, aligned: frozenset[str] = frozenset()) -> Compiled:
     """Compile kernel `name` for compute capability `capability` (80, 90) with triton.compile: no GPU needed.
     signature maps each runtime argument to its Triton type ("*u8", "*fp32", "i32", "i64", "fp32"); `aligned`
-    names the arguments known to be multiples of 16 (addresses, sizes), which lets loads vectorize."""
+    names the arguments known to be multiples of 16 (addresses, sizes), which lets loads vectorize. Multiply-adds
+    fuse (FMA), as Triton's default up to 3.9 (said explicitly: 3.10 turns the default off)."""
     triton = _triton()
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
@@ -197,7 +213,7 @@ def compile_cubin(name: str, signature: dict[str, str], constexprs: dict, capabi
     attrs = {(i,): [["tt.divisibility", 16]] for i, a in enumerate(fn.arg_names) if a in aligned}
     src = ASTSource(fn=fn, signature=sig, constexprs=constexprs, attrs=attrs)
     ck = triton.compile(src, target=GPUTarget("cuda", capability, 32),
-                        options={"num_warps": num_warps, "num_stages": num_stages})
+                        options={"num_warps": num_warps, "num_stages": num_stages, "enable_fp_fusion": True})
     return from_compiled(ck, [sig[a] for a in fn.arg_names if sig[a] != "constexpr"])
 
 

@@ -27,7 +27,9 @@ def _rows_dot(wp, roff, xp, stride_x, T, K, QT: tl.constexpr, R: tl.constexpr, S
         w = deq(wp, roff, c, K, s, l, QT)                                    # (R, S, L)
         k = c * (S * L) + k_in
         for t in tl.static_range(TP):
-            xt = tl.load(xp + t * stride_x + k, mask=(k < K) & (t < T), other=0.0).to(tl.float32)
+            # tokens t >= T read nothing: their columns end at 0 (a block & scalar mask would do, but Triton's
+            # interpreter makes it int32, which Triton 3.9's tl.load refuses)
+            xt = tl.load(xp + t * stride_x + k, mask=k < tl.where(t < T, K, 0), other=0.0).to(tl.float32)
             dot = tl.sum(tl.sum(w * xt, axis=2), axis=1)                     # (R,)
             acc += tl.where(tcol == t, dot[:, None], 0.0)
     return acc
