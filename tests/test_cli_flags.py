@@ -159,7 +159,8 @@ def test_load_warnings_are_one_line_naming_flags_before_the_progress_bar(model):
     r = subprocess.run([sys.executable, "-m", "moert", "run", str(model), "-p", "1 2 3", "-n", "2", "-t", "1"],
                        capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr
-    first = r.stderr.splitlines()[0]
+    gpu, first = r.stderr.splitlines()[:2]                # the GPU line, then the plan's warning
+    assert gpu.startswith("GPU: none (no CUDA device: ") and "--gpu-backend sim" in gpu, r.stderr
     assert first.startswith("warning: no usable GPU backend") and "--gpu-backend sim" in first, r.stderr
     assert "PlacementWarning" not in r.stderr and "gpu_backend=" not in r.stderr and ".py:" not in r.stderr
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 
 
 def _counts(value: str) -> list[int]:
@@ -96,8 +97,12 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
     from moert import bench_records, gguf
     from moert.bench import check_fits, format_table, machine_info, model_info, placement_info, run_test
+    from moert.cli.common import gpu_line
     from moert.cli.generate import load_from_args
 
+    cpu_only = {str(c["gpu_layers"]) for c in configurations(args)} == {"0"}
+    print(gpu_line(argparse.Namespace(**{**vars(args), "gpu_layers": "0" if cpu_only else "all"})),
+          file=sys.stderr, flush=True)
     with gguf.open(args.model) as g:
         info = model_info(g)
     tests = [(p, 0, d) for d in args.depth for p in args.n_prompt if p] + \

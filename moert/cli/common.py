@@ -207,6 +207,22 @@ def sim_if_no_gpu(args: argparse.Namespace) -> None:
               f"{args.gpu_mem}", file=sys.stderr)
 
 
+def gpu_line(args: argparse.Namespace, fallback: str = "none") -> str:
+    """The first line of run, chat, bench and serve (demo: fallback "sim"): which GPU backend and device the command
+    uses, or why none ("GPU: cuda:0 NVIDIA H200 (CuPy 14.2.0)", "GPU: none (no CUDA device: CuPy is not
+    installed; ...)"); --hardware times a simulated GPU."""
+    from moert.devices.gpus import describe
+
+    backend = getattr(args, "gpu_backend", "auto")
+    if getattr(args, "hardware", None) and backend == "auto":
+        backend = "sim"
+    line = describe(backend, fallback)
+    if str(getattr(args, "gpu_layers", "all")) == "0" and not getattr(args, "override_tensor", None) \
+            and not line.startswith("GPU: none"):
+        line += "; -ngl 0: the CPU runs every layer"
+    return line
+
+
 def fit_context(model, args: argparse.Namespace) -> int:
     """The context fit starts from: -c N, -c 0 the largest that fits (up to the trained one), else -c's default."""
     return planned_context(model, None) if args.ctx is None else args.ctx
@@ -295,6 +311,6 @@ class VersionAction(argparse.Action):
 
 
 __all__ = ["DEFAULT_CTX", "LLAMA_COMMON_FLAGS", "LlamaArgumentParser", "UsageError", "VersionAction",
-           "add_hardware_arg", "add_model_arg", "add_ray_args", "did_you_mean", "fit_context", "flagify",
+           "add_hardware_arg", "add_model_arg", "add_ray_args", "did_you_mean", "fit_context", "flagify", "gpu_line",
            "list_devices", "one_line_warnings", "physical_cores", "planned_context", "ray_options",
            "refuse_other_llama_flags", "resolve_model", "sim_if_no_gpu"]

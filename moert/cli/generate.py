@@ -170,6 +170,9 @@ def cmd_run(args: argparse.Namespace) -> int:
     prompt = read_prompt_file(args.file) if args.file else args.prompt
     if prompt is None:
         raise MoertError("no prompt: give one with -p TEXT or -f FILE")
+    from moert.cli.common import gpu_line
+
+    print(gpu_line(args), file=sys.stderr, flush=True)
     model = load_from_args(args.model, args, trace=bool(getattr(args, "trace", None)))
     if not model.tokenizer.has_vocab:  # a vocabulary-less model runs from token ids
         return _run_ids(model, prompt, args)
@@ -215,8 +218,11 @@ def _run_ids(model, prompt: str, args: argparse.Namespace) -> int:
 
 
 def cmd_chat(args: argparse.Namespace) -> int:
+    from moert.cli.common import gpu_line
+
     check_n_predict(args.n_predict)
     llama_flags.apply_escapes(args)
+    print(gpu_line(args), file=sys.stderr, flush=True)
     model = load_from_args(args.model, args)
     messages = [{"role": "system", "content": args.system_prompt}] if args.system_prompt else []
     interactive = sys.stdin.isatty()
@@ -241,26 +247,23 @@ def cmd_chat(args: argparse.Namespace) -> int:
             print_stats(model, stats)
 
 
-def _demo_backend() -> str:
-    """CuPy when it sees a CUDA device, else the simulated GPU."""
-    from moert.devices import cuda as _cuda
-
-    return "cupy" if _cuda.device_count() > 0 else "sim"
-
-
 def cmd_demo(args: argparse.Namespace) -> int:
+    from moert.cli.common import gpu_line
     from moert.demo import DEMO_PROMPT, demo_model_path, expert_table
+    from moert.devices.gpus import resolve
     from moert.explain.summary import format_summary, summarize
     from moert.gguf import open as open_gguf
     from moert.placement.memory import estimate
 
     t0 = time.perf_counter()
+    backend = resolve(args.gpu_backend, fallback="sim")       # CuPy when it sees a CUDA device, else the sim
+    print(gpu_line(args, fallback="sim"), flush=True)
     path = demo_model_path()
     with open_gguf(path) as f:
         print(format_summary(summarize(f), tensors=False))
-    backend = _demo_backend()
-    print(f"\n== placement: experts on the CPU (--cpu-moe), everything else on {backend}:0 "
-          f"({'a real GPU' if backend == 'cupy' else 'the simulated GPU: no CUDA device found'})\n")
+    gpu = "cuda:0" if backend == "cupy" else "sim:0"
+    print(f"\n== placement: experts on the CPU (--cpu-moe), everything else on {gpu} "
+          f"({'a real GPU' if backend == 'cupy' else 'the simulated GPU'})\n")
     if args.threads is None:   # its experts are 128x256: a parallel region costs more than the work
         args.threads = 1
     t1 = time.perf_counter()

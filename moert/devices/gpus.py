@@ -106,8 +106,8 @@ def get_devices(gpu_backend: str = "auto", gpu_memory: str | int | list | None =
     n = _cuda.device_count()
     if n == 0:
         if backend == "cupy":
-            raise PlacementError(f"gpu_backend='cupy' but {_cuda.why_unavailable()}; install the `gpu` "
-                                 f"extra (pip install 'moert[gpu]'), or use gpu_backend='sim' to simulate")
+            raise PlacementError(f"gpu_backend='cupy' but {_cuda.why_unavailable()}; {_cuda.INSTALL}, or use "
+                                 f"gpu_backend='sim' to simulate")
         return []
     if len(sizes) > n:
         raise PlacementError(f"gpu_memory lists {len(sizes)} GPUs but CuPy sees {n} "
@@ -116,4 +116,37 @@ def get_devices(gpu_backend: str = "auto", gpu_memory: str | int | list | None =
             for i in range(n)]
 
 
-__all__ = ["GPU_BACKENDS", "CudaDevice", "get_devices"]
+def resolve(gpu_backend: str = "auto", fallback: str = "none") -> str:
+    """The backend "auto" stands for here: "cupy" when CuPy sees a CUDA device, else `fallback` ("none": the CPU
+    runs everything, as moert.plan/load do; "sim": a simulated GPU, as `moert demo` does); others as given."""
+    backend = (gpu_backend or "auto").lower()
+    if backend != "auto":
+        return backend
+    from moert.devices import cuda as _cuda
+
+    return "cupy" if _cuda.device_count() > 0 else fallback
+
+
+def describe(gpu_backend: str = "auto", fallback: str = "none") -> str:
+    """The line a command starts with: which GPU backend and device it uses, and if none, the real reason.
+
+    "GPU: cuda:0 NVIDIA H200 (CuPy 14.2.0)", "GPU: sim:0 (simulated: no CUDA device: CuPy is not installed ...)",
+    "GPU: none (no CUDA device: ...; --gpu-backend sim simulates one)", "GPU: none (--gpu-backend none)"."""
+    from moert.devices import cuda as _cuda
+
+    backend = resolve(gpu_backend, fallback)
+    if backend == "cupy":
+        p = _cuda.probe()
+        if not p.count:
+            return f"GPU: none (--gpu-backend cupy, but no CUDA device: {p.reason})"
+        return "GPU: " + ", ".join(f"cuda:{i} {n}" for i, n in enumerate(p.names)) + f" (CuPy {p.cupy})"
+    if backend == "sim":
+        if _cuda.device_count():
+            return f"GPU: sim:0 (simulated, --gpu-backend sim; {_cuda.why_unavailable()})"
+        return f"GPU: sim:0 (simulated: no CUDA device: {_cuda.why_unavailable()})"
+    if (gpu_backend or "auto").lower() == "none":
+        return "GPU: none (--gpu-backend none)"
+    return f"GPU: none (no CUDA device: {_cuda.why_unavailable()}; --gpu-backend sim simulates one)"
+
+
+__all__ = ["GPU_BACKENDS", "CudaDevice", "describe", "get_devices", "resolve"]
