@@ -269,3 +269,42 @@ def test_cupy_launcher_with_a_fake_cupy(monkeypatch):
            ("k", (5, 2, 1), (128, 1, 1), 64 * 1024, "s")
     assert calls["fn"].max_dynamic_shared_size_bytes == 64 * 1024       # over 48 KB: opted in
     assert calls["args"][5] == ("scratch", 128 * 10) and calls["args"][6] == 0   # 10 programs' scratch; null
+
+
+def test_cuda_path_compiles_for_the_device_and_launches(monkeypatch):
+    """ops.run on device arrays: the signature from the arrays' dtypes, multiples of 16 marked (as Triton's JIT
+    does), i64 for sizes past int32, one compile per signature, the launch on the given stream."""
+    made, launched = [], []
+
+    class Launcher:
+        def __init__(self, compiled):
+            self.c = compiled
+
+        def __call__(self, grid, args, stream=None):
+            launched.append((self.c, grid, args, stream))
+
+    compile_cubin = launch.compile_cubin
+
+    def spy(name, sig, const, cc, warps, aligned=frozenset()):
+        made.append((cc, aligned))
+        return compile_cubin(name, sig, const, cc, warps, aligned=aligned)
+
+    def dev(dtype, ptr):
+        return types.SimpleNamespace(dtype=np.dtype(dtype), ndim=1, data=types.SimpleNamespace(ptr=ptr))
+
+    monkeypatch.setattr(launch, "CupyLauncher", Launcher)
+    monkeypatch.setattr(launch, "compile_cubin", spy)
+    monkeypatch.setattr(gpu.ops, "_capability", lambda: 90)
+    gpu.ops._launcher.cache_clear()
+    args = dict(w_ptr=dev(np.uint8, 256), x_ptr=dev(np.float32, 4096), out_ptr=dev(np.float32, 4100), N=64, K=4096,
+                T=1, row_bytes=2304, stride_x=4096, stride_o=64)
+    const = dict(QT=7, R=8, S=8, L=32, TP=1)
+    for _ in range(2):
+        gpu.ops.run("matvec_kernel", (8,), args, const, 4, "cuda", stream="s")
+    assert made == [(90, frozenset({"w_ptr", "x_ptr", "N", "K", "row_bytes", "stride_x", "stride_o"}))]   # once
+    c, grid, passed, stream = launched[-1]
+    assert (grid, stream, passed) == ((8,), "s", list(args.values())) and len(launched) == 2
+    assert c.params[:9] == ("*u8", "*fp32", "*fp32") + ("i32",) * 6 and _sm(c.cubin) == 90
+    gpu.ops.run("matvec_kernel", (8,), dict(args, row_bytes=2**31 + 16), const, 4, "cuda")
+    assert launched[-1][0].params[6] == "i64"
+    gpu.ops._launcher.cache_clear()
