@@ -12,7 +12,7 @@ marked `moert.twin = true`; `moert.load` refuses it (TwinError). What a twin lac
 (a few MB of header in the real file) and the chat template.
 
 Size check: the twin's tensor bytes vs the published file of the same quant, GB (1e9 bytes). The published
-figures are the Hugging Face listings named in TWINS (recalled, except Mixtral's, re-read this session);
+figures are the Hugging Face listings named in TWINS (recalled, except Mixtral's, re-read 2026-11-23);
 tests/test_zoo.py holds the twins to these within 1.5%, the two exceptions to 8%:
 
     twin                quant       twin GB   published GB   difference
