@@ -75,6 +75,7 @@ _LAZY = {
     "Link": "moert.cost.hardware",
     "HardwareError": "moert.cost.hardware",
     "predict": "moert.cost.predict",
+    "calibrate": "moert.cost.calibrate",
     "Prediction": "moert.cost.predict",
     "ExpertCache": "moert.dynamic",
     "replay": "moert.dynamic",

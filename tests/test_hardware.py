@@ -125,7 +125,7 @@ def test_calibrate_assembles_a_cpu_from_its_measurements(monkeypatch):
              "median_over_min": 1.2, "negative_slope": False}
     monkeypatch.setattr(cal, "model_overheads", lambda steps, detail=False: quiet)
     monkeypatch.setattr(cal, "attention_gflops", lambda rounds: 12.0)
-    cpu = cost.calibrate(threads=2)
+    cpu = cal.calibrate(threads=2)
     assert cpu.cores == 2 and cpu.mem_bw_gbs == 15.0 and cpu.bw_1thread_gbs == 10.0
     assert cpu.layer_us == 100.0 and cpu.token_us == 50.0 and cpu.call_us == 3.0
     assert "layer_us 100 (rounds 90-110)" in cpu.source and "busy" not in cpu.source
@@ -146,7 +146,7 @@ def test_calibrate_on_a_busy_machine_measures_again_keeps_the_calmer_run_and_war
     monkeypatch.setattr(cal, "model_overheads", lambda steps, detail=False: next(runs))
     monkeypatch.setattr(cal, "attention_gflops", lambda rounds: 12.0)
     with pytest.warns(UserWarning, match="busy"):
-        cpu = cost.calibrate(threads=1)
+        cpu = cal.calibrate(threads=1)
     assert cpu.layer_us == 120.0 and cpu.token_us == 40.0 and "busy" in cpu.source
 
 

@@ -2,8 +2,8 @@
 (hardware.py, presets.py, machines.py, calibrate.py), model twins (zoo.py), strategies that need hardware
 (strategies.py), and the virtual clock that times a real run's sim GPUs (vclock.py).
 
-A machine is described here: `moert.cost.preset("rtx3090+ryzen-7950x")`, `moert.cost.calibrate()` (this CPU,
-measured), or parts of your own (`moert.cost.CPU(...)`, `GPU(...)`, `Link(...)`, `Hardware(...)`).
+A machine is described here: `moert.cost.preset("rtx3090+ryzen-7950x")`, `moert.calibrate()` (this CPU,
+measured: calibrate.py), or parts of your own (`moert.cost.CPU(...)`, `GPU(...)`, `Link(...)`, `Hardware(...)`).
 
 A wing above the runtime: it reads plans, GGUF metadata and (calibrate) runs kernels; the runtime imports nothing
 from here (moert/loader.py applies the virtual clock as a pass).
@@ -19,7 +19,6 @@ _LAZY = {
                      "ddr_gbs", "numa_view", "pcie_gbs", "sockets"), "moert.cost.hardware"),
     **dict.fromkeys(("CPUS", "GPUS", "LINKS", "examples", "preset_link", "table", "to_dict"), "moert.cost.presets"),
     **dict.fromkeys(("preset", "with_cpu"), "moert.cost.machines"),
-    "calibrate": "moert.cost.calibrate",
 }
 
 __all__ = sorted(_LAZY)

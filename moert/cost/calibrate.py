@@ -1,6 +1,6 @@
 """Measure this machine's CPU side, so the CPU half of a prediction rests on measurement: `calibrate()`.
 
-    cpu = moert.cost.calibrate()            # ~5 s: a CPU with measured rates (long=True: ~4x the samples)
+    cpu = moert.calibrate()            # ~5 s: a CPU with measured rates (long=True: ~4x the samples)
 
 What it measures (best of a few rounds each: other jobs share the machine and can only slow a run down; on one
 thread in this process's CPU time, so the moments other jobs hold the core do not count):
@@ -275,7 +275,7 @@ def calibrate(long: bool = False, threads: int | None = None):
                call_us=round(call, 2), layer_us=round(layer, 1), token_us=round(token, 1),
                kernel_gbs=tuple(sorted(gbs.items())), kernel_gflops=tuple(sorted(gflops.items())),
                bw_1thread_gbs=round(bw1, 2),
-               source=f"moert.cost.calibrate(long={long}) on {platform.node() or os.uname().nodename}{note}")
+               source=f"moert.calibrate(long={long}) on {platform.node() or os.uname().nodename}{note}")
 
 
 __all__ = ["LAYER_COUNTS", "attention_gflops", "calibrate", "call_overhead_us", "fit_overheads", "kernel_rates",
