@@ -26,7 +26,9 @@ from moert.errors import PlacementError
 from moert.kernels.moe_fused import expert_layer
 from moert.kernels.qtensor import QTensor
 from moert.moe import dispatch
-from moert.weights import SplitWeight
+from moert.weights import SplitWeight, Weight
+
+OFFLOAD_MIN_BATCH = 32     # llama.cpp's GGML_OP_OFFLOAD_MIN_BATCH: a batch this big runs CPU experts on a GPU
 
 
 def run_experts(m, il: int, x, ids, weights, names: tuple[str, str, str], logits=None, act: str = "swiglu",
@@ -104,8 +106,12 @@ def _placed(m, il: int, layout: ExpertLayout, ffn, x, ids, ids_h, weights, count
 
 
 def _on(m, dev: Device, ffn, x, ids, weights, counts: np.ndarray, src: Device):
-    """The experts that `ids` selects (-1: skipped), all held by dev, run on dev; (T, D) on src."""
+    """The experts that `ids` selects (-1: skipped), all held by dev, run on dev (a big batch's CPU experts: on a
+    GPU, `offload_gpu`); (T, D) on src."""
     names, act, biases = ffn
+    gpu = offload_gpu(m, dev, src, ids.shape[0])
+    if gpu is not None:
+        return _offloaded(m, gpu, ffn, x, ids, weights, counts, src)
     if src is not dev:
         ids, weights, x = m.to(ids, dev, "expert ids"), m.to(weights, dev, "expert weights"), \
             m.to(x, dev, "hidden")
@@ -166,6 +172,44 @@ def _remote_finish(m, il: int, ffn, dev, handle, args) -> np.ndarray:
     with m.phase("experts", CPU):
         dev.remote.fallback_calls += 1
         return _cpu_layer(m, ffn, dev)(*args)
+
+
+def offload_gpu(m, dev: Device, src: Device, n_tokens: int) -> Device | None:
+    """The GPU a batch of n_tokens runs dev's experts on when dev is the CPU, a GPU exists and n_tokens >=
+    m.offload_min_batch (llama.cpp's ggml_backend_cuda_device_offload_op, GGML_OP_OFFLOAD_MIN_BATCH = 32; 0: never);
+    the attention's GPU if src is one, else the first. None: they run on dev."""
+    n = getattr(m, "offload_min_batch", OFFLOAD_MIN_BATCH)
+    if dev is not CPU or not n or n_tokens < n or getattr(m, "expert_cache", None) is not None:
+        return None
+    gpus = [d for d in m.plan.devices if d.kind in ("cuda", "sim")]
+    return (src if src in gpus else gpus[0]) if gpus else None
+
+
+def _offloaded(m, gpu: Device, ffn, x, ids, weights, counts: np.ndarray, src: Device):
+    """The CPU experts that `ids` selects, run on gpu: the blocks of each selected expert's tensors copied there for
+    this call only (counted as TransferStats.offload_bytes), the activations moved; (T, D) on src."""
+    names, act, biases = ffn
+    sel = np.flatnonzero(counts)                                    # (n,) the experts with tokens here
+
+    def copy(name: str) -> Weight:                                  # expert e of the copy is data[sel.index(e)]
+        w = m.weights[name]
+        host = np.ascontiguousarray(_cpu_view(w)[sel])              # (n, rows, row bytes) or (n, F) floats
+        data = m.copy_weights(host, gpu, f"{name} (offload)", kind="offload")
+        return Weight(name, w.type, tuple(w.shape), gpu, data, experts=tuple(sel.tolist()))
+
+    ts = [copy(n) for n in names]
+    bs = [copy(n) for n in biases] if biases else None
+    try:
+        x, ids, weights = m.to(x, gpu, "hidden"), m.to(ids, gpu, "expert ids"), m.to(weights, gpu, "expert weights")
+        with m.phase("experts", gpu):
+            def run(e: int, xs):
+                b = None if bs is None else tuple(t.dequantize_expert(e) for t in bs)
+                return glu_ffn(xs, *(t.dequantize_expert(e) for t in ts), act, b, gpu.xp)
+            y = dispatch(x, ids, weights, counts, run, gpu.xp)
+    finally:
+        for t in ts + (bs or []):
+            gpu.free(t.data)
+    return y if src is gpu else m.to(y, src, "expert output")
 
 
 def _by_matmul(m, ffn, src: Device):

@@ -20,6 +20,7 @@ from moert import models
 from moert.config import DEFAULT_CONTEXT, MAX_CONTEXT
 from moert.devices.config import accepts_device_config
 from moert.errors import ArgumentError, ContextWarning, KernelOptionError, check_int
+from moert.experts import OFFLOAD_MIN_BATCH
 from moert.kvcache import KVConfig, flash_mode
 from moert.model import MAX_BATCH, Model
 from moert.threads import set_threads
@@ -59,10 +60,14 @@ def load(model: Any, plan: Any = None, *, context_size: int | None = None, threa
     mmap=False (--no-mmap) reads the file into memory instead of mapping it, so a file truncated or rewritten while
     the model is loaded cannot crash it (docs/bad-input.md). stall_guard=False (--no-stall-guard): every decode
     step runs on the threads set, even when another process stalls them (default True: moert/threads.py
-    StallGuard sends the steps after a stalled one to one thread).
+    StallGuard sends the steps after a stalled one to one thread). offload_min_batch= (a placement keyword,
+    --offload-min-batch): a forward of at least this many tokens runs the CPU's experts on a GPU, copying the
+    selected experts' blocks there for the call (llama.cpp's op offload, GGML_OP_OFFLOAD_MIN_BATCH = 32, the
+    default; 0: never; counted in TransferStats.offload_bytes).
     The flat keywords cache_type_k / cache_type_v / flash_attn and ray_model / ray_fallback / ray_threads /
     ray_timeout / ray_calls are still accepted, each standing for its field of kv= or ray=."""
     kv, ray = _grouped(kv, ray, placement)
+    offload_min_batch = check_int("offload_min_batch", placement.pop("offload_min_batch", OFFLOAD_MIN_BATCH), 0)
     from moert import gguf
     from moert.cluster import attach, use_cluster
     from moert.errors import DeviceOutOfMemory
@@ -124,6 +129,7 @@ def load(model: Any, plan: Any = None, *, context_size: int | None = None, threa
                       flash_attn=flash, repack=repack)
             if not stall_guard:
                 m.stall_guard = None
+            m.offload_min_batch = offload_min_batch
             if hardware is not None:
                 from moert.cost import vclock
 

@@ -28,6 +28,7 @@ from moert.errors import (
     ModelClosedError,
     check_int,
 )
+from moert.experts import OFFLOAD_MIN_BATCH
 from moert.kernels.jit import blas_one_thread, threads
 from moert.model_runtime import ModelRuntime
 from moert.stats import PHASES, ModelStats, Phase, Stats  # noqa: F401  (PHASES, Stats: re-exported)
@@ -76,6 +77,7 @@ class Model(ModelRuntime, TextAPI, Tracing):
         # predicts the time of the devices it `covers` (sim GPUs timed as a named hardware's)
         self.clock = None
         self.expert_cache = None                  # a dynamic.runtime.RuntimeCache (use_expert_cache)
+        self.offload_min_batch = OFFLOAD_MIN_BATCH   # a batch this big runs CPU experts on a GPU (experts.py; 0: never)
         # decode steps stalled by a busy core go to one thread (threads.py); None: every step on the threads set
         self.stall_guard: StallGuard | None = StallGuard()
         # a one-token step runs each CPU layer as two kernel calls where it can (moert/fused.py; time counted as

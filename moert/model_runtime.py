@@ -51,14 +51,14 @@ class ModelRuntime:
         with Phase(self, "transfers", f"{src.name}->{dev.name}", predicted):
             return _devices.transfer(x, src, dev, what)
 
-    def copy_weights(self, host: np.ndarray, dev: Device, what: str = ""):
-        """Weight bytes from the host onto dev at run time (an expert cache admitting an expert): counted as
-        weights, apart from activations (TransferStats.weight_bytes), timed as a transfer (on a virtual clock:
-        the link's time)."""
+    def copy_weights(self, host: np.ndarray, dev: Device, what: str = "", kind: str = "weight"):
+        """Weight bytes from the host onto dev at run time (an expert cache admitting an expert; kind="offload": a
+        big batch's CPU experts): counted as weights, apart from activations (TransferStats.weight_bytes /
+        offload_bytes), timed as a transfer (on a virtual clock: the link's time)."""
         clock = self.clock
         predicted = clock.transfer_seconds(host.nbytes) if clock is not None and clock.covers(dev) else None
-        with Phase(self, "transfers", f"cpu->{dev.name} weights", predicted):
-            return dev.put_weights(host, what)
+        with Phase(self, "transfers", f"cpu->{dev.name} {'weights' if kind == 'weight' else kind}", predicted):
+            return dev.put_weights(host, what, kind)
 
     def use_expert_cache(self, cache) -> None:
         """Run with an expert cache (a moert.ExpertCache; None: none): moert/dynamic/runtime.py."""

@@ -132,6 +132,9 @@ class Stats:
                          f"{t.d2d_count:>6} {t.d2d_bytes:>12,}")
             if t.weight_count:                   # an expert cache's copies: weights, not activations
                 lines.append(f"{'':<8} and {t.weight_count} weight copies in at run time, {t.weight_bytes:,} bytes")
+            if t.offload_count:                  # a big batch's CPU experts copied in (op offload)
+                lines.append(f"{'':<8} and {t.offload_count} op-offload copies of CPU weights, "
+                             f"{t.offload_bytes:,} bytes")
         if self.remote:
             lines.append(f"{'remote':<8} {'calls':>6} {'sent':>12} {'received':>12} {'round trip ms':>14} "
                          f"{'worker ms':>10} {'overhead/call ms':>17} {'fallback':>8}")

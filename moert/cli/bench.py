@@ -150,7 +150,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
 def add_commands(sub) -> None:
     """Register bench on the top-level subparsers."""
     from moert.cli.args import add_act_quant_arg
-    from moert.cli.common import add_hardware_arg, add_model_arg, add_ray_args
+    from moert.cli.common import add_hardware_arg, add_model_arg, add_offload_arg, add_ray_args
     from moert.cli.placement import add_placement_args
 
     b = sub.add_parser("bench", help="measure prompt processing and generation speed (like llama-bench)",
@@ -187,6 +187,7 @@ def add_commands(sub) -> None:
     g.add_argument("--json", action="store_true", help="moert's own JSON object (machine, model, settings, every "
                    "sample of every test) instead of the table; -o json is llama-bench's list of records")
     add_placement_args(b, sweep=(_layer_list, _counts))
+    add_offload_arg(b)
     k = b.add_argument_group("KV cache and attention (comma lists sweep, as llama-bench's)")
     ctk, ctv = b.get_default("cache_type_k"), b.get_default("cache_type_v")    # the run/serve defaults
     k.add_argument("-ctk", "--cache-type-k", type=_kv_types, default=[ctk], metavar="TYPE[,TYPE...]",

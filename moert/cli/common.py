@@ -207,6 +207,16 @@ def sim_if_no_gpu(args: argparse.Namespace) -> None:
               f"{args.gpu_mem}", file=sys.stderr)
 
 
+def add_offload_arg(parser: argparse.ArgumentParser) -> None:
+    """--offload-min-batch N (run, chat, bench, serve): llama.cpp's op offload threshold for the CPU's experts."""
+    from moert.experts import OFFLOAD_MIN_BATCH
+
+    parser.add_argument("--offload-min-batch", type=int, default=OFFLOAD_MIN_BATCH, metavar="N",
+                        help=f"a batch of at least N tokens runs the CPU's experts on the GPU, copying the selected "
+                             f"experts' blocks there (llama.cpp's op offload; default {OFFLOAD_MIN_BATCH}, llama.cpp's "
+                             f"GGML_OP_OFFLOAD_MIN_BATCH; 0: never, as llama.cpp's --no-op-offload)")
+
+
 def gpu_line(args: argparse.Namespace, fallback: str = "none") -> str:
     """The first line of run, chat, bench and serve (demo: fallback "sim"): which GPU backend and device the command
     uses, or why none ("GPU: cuda:0 NVIDIA H200 (CuPy 14.2.0)", "GPU: none (no CUDA device: CuPy is not
@@ -311,6 +321,6 @@ class VersionAction(argparse.Action):
 
 
 __all__ = ["DEFAULT_CTX", "LLAMA_COMMON_FLAGS", "LlamaArgumentParser", "UsageError", "VersionAction",
-           "add_hardware_arg", "add_model_arg", "add_ray_args", "did_you_mean", "fit_context", "flagify", "gpu_line",
-           "list_devices", "one_line_warnings", "physical_cores", "planned_context", "ray_options",
-           "refuse_other_llama_flags", "resolve_model", "sim_if_no_gpu"]
+           "add_hardware_arg", "add_model_arg", "add_offload_arg", "add_ray_args", "did_you_mean", "fit_context",
+           "flagify", "gpu_line", "list_devices", "one_line_warnings", "physical_cores", "planned_context",
+           "ray_options", "refuse_other_llama_flags", "resolve_model", "sim_if_no_gpu"]

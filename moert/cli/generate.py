@@ -19,6 +19,7 @@ def load_from_args(model: str, args: argparse.Namespace, **load_options):
     from moert import gguf, models
     from moert.cli.common import physical_cores, planned_context, ray_options
     from moert.cli.placement import fitted, placement_from_args, print_overrides
+    from moert.experts import OFFLOAD_MIN_BATCH
     from moert.kvcache import KVConfig
     from moert.loader import load
     from moert.placement.strategies import auto_plan
@@ -60,7 +61,8 @@ def load_from_args(model: str, args: argparse.Namespace, **load_options):
                     repack=getattr(args, "repack", False),
                     kv=KVConfig(getattr(args, "cache_type_k", "f16"), getattr(args, "cache_type_v", "f16"),
                                 getattr(args, "flash_attn", "auto")),
-                    stall_guard=getattr(args, "stall_guard", True), **ray_options(args), **load_options)
+                    stall_guard=getattr(args, "stall_guard", True), **ray_options(args),
+                    **{"offload_min_batch": getattr(args, "offload_min_batch", OFFLOAD_MIN_BATCH), **load_options})
     except BaseException:
         g.close()
         raise
@@ -288,7 +290,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 def add_commands(sub) -> None:
     """Register run, chat and demo on the top-level subparsers."""
-    from moert.cli.common import add_hardware_arg, add_model_arg, add_ray_args
+    from moert.cli.common import add_hardware_arg, add_model_arg, add_offload_arg, add_ray_args
     from moert.cli.llama_flags import add_llama_flags
     from moert.cli.placement import add_placement_args
 
@@ -311,6 +313,7 @@ def add_commands(sub) -> None:
                    "router picks for layer l's input early")
     add_sampling_args(r)
     add_placement_args(r)
+    add_offload_arg(r)
     add_hardware_arg(r)
     add_ray_args(r)
     add_llama_flags(r)
@@ -322,6 +325,7 @@ def add_commands(sub) -> None:
     c.set_defaults(json=False)
     add_sampling_args(c)
     add_placement_args(c)
+    add_offload_arg(c)
     add_llama_flags(c, conversation=False)
     c.set_defaults(func=cmd_chat)
 

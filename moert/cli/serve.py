@@ -101,7 +101,7 @@ def _defaults(args: argparse.Namespace) -> dict:
 def add_commands(sub) -> None:
     """Register serve on the top-level subparsers."""
     from moert.cli.args import add_sampling_args, positive
-    from moert.cli.common import add_model_arg, add_ray_args
+    from moert.cli.common import add_model_arg, add_offload_arg, add_ray_args
     from moert.cli.llama_flags import add_chat_template_args, add_override_kv_arg
     from moert.cli.placement import add_placement_args
     from moert.serve.server import IDLE_S, MAX_BODY
@@ -139,6 +139,7 @@ def add_commands(sub) -> None:
     add_override_kv_arg(g)
     add_sampling_args(s, n_predict=-1)
     add_placement_args(s)
+    add_offload_arg(s)
     add_ray_args(s)
     s.set_defaults(func=cmd_serve, json=False)
 

@@ -115,6 +115,8 @@ class TransferStats:
     seconds: float = 0.0  # wall time spent inside transfer calls
     weight_count: int = 0  # weights copied in at run time (an expert cache's admissions): not activations,
     weight_bytes: int = 0  # so apart from h2d and out of `count` / `bytes`
+    offload_count: int = 0  # CPU weights' blocks copied in for one big batch's matmul (op offload), apart
+    offload_bytes: int = 0  # from h2d too: moert/experts.py OFFLOAD_MIN_BATCH
 
     def reset(self) -> None:
         """Zero every counter."""
@@ -213,7 +215,6 @@ class Device:
                 raise DeviceOutOfMemory(self.name, nbytes, 0, avail, f"{what} (in host memory: only "
                                         f"{format_size(avail)} available)")
 
-
     def _account(self, buf: Any, nbytes: int, what: str) -> None:
         key = id(buf)
         try:  # released when the buffer is garbage-collected, like CuPy's pool, or by free()
@@ -287,13 +288,13 @@ class Device:
         self.stats.seconds += time.perf_counter() - t0
         return out
 
-    def put_weights(self, host: np.ndarray, what: str = "") -> Any:
-        """Copy weight bytes from the host at run time (an expert cache admitting an expert): counted in
-        weight_count / weight_bytes, apart from the activations' h2d."""
+    def put_weights(self, host: np.ndarray, what: str = "", kind: str = "weight") -> Any:
+        """Copy weight bytes from the host at run time (kind "weight": an expert cache admitting an expert; "offload":
+        a big batch's CPU experts): counted in {kind}_count / {kind}_bytes, apart from the activations' h2d."""
         t0 = time.perf_counter()
         out = self._put_uncounted(host, what)
-        self.stats.weight_count += 1
-        self.stats.weight_bytes += int(host.nbytes)
+        setattr(self.stats, f"{kind}_count", getattr(self.stats, f"{kind}_count") + 1)
+        setattr(self.stats, f"{kind}_bytes", getattr(self.stats, f"{kind}_bytes") + int(host.nbytes))
         self.stats.seconds += time.perf_counter() - t0
         return out
 
@@ -354,8 +355,6 @@ class CpuDevice(Device):
 
 CPU = CpuDevice()
 
-
-# ----------------------------------------------------------------------------------------- CUDA GPU
 
 def transfer(arr: Any, src: Device, dst: Device, what: str = "") -> Any:
     """Move arr from src to dst (the only way across devices); counted on the GPU side."""
