@@ -68,3 +68,50 @@ def test_a_kind_moert_does_not_know_is_a_hardware_error_naming_the_choices(bad, 
     assert "use one of" in str(e.value)
     with pytest.raises(cost.HardwareError, match="isa='sse4'"):
         moert.CPU("x", 8, 80.0, isa="sse4")
+
+
+def test_the_int8_path_of_each_isa_sets_a_cpu_prefill_rate():
+    """kinds.int8_macs_per_cycle from the engines' sources: llama.cpp's 256-bit dpbusd (64 MACs a cycle) or
+    maddubs + madd without VNNI (32); ik_llama.cpp's 512-bit dpbusd on two 512-bit pipes (128); the fitted parts
+    (Zen 4: flops_per_cycle 32, VNNI) keep their fp32-based rate."""
+    zen4 = cost.CPUS["epyc-9374f"]
+    assert kinds.cpu_int8_x(zen4, "llama.cpp") == kinds.cpu_int8_x(zen4, "ik_llama.cpp") == 1.0
+    skx = cost.CPUS["xeon-gold-6138"]                                 # AVX-512 without VNNI, two 512-bit FMA units
+    assert skx.isa == "avx512" and skx.flops_per_cycle == 64
+    assert kinds.cpu_int8_x(skx, "llama.cpp") == kinds.cpu_int8_x(skx, "ik_llama.cpp") == 32 / 128
+    gnr = cost.CPUS["xeon-6980p"]                                     # AMX parts have VNNI: 128 in ik, 64 in mainline
+    assert (kinds.cpu_int8_x(gnr, "ik_llama.cpp"), kinds.cpu_int8_x(gnr, "llama.cpp")) == (1.0, 0.5)
+    assert kinds.cpu_int8_x(replace(skx, isa=""), "llama.cpp") == 1.0    # not stated: the fp32-based rate
+    hw = cost.preset("xeon-gold-6138")
+    p = moert.plan(moert.zoo.path("qwen3-30b-a3b"), gpu_layers=0)
+    experts = lambda h: sum(x.seconds for x in moert.predict(p, h, n_prompt=512).parts  # noqa: E731
+                            if x.phase == "prefill" and x.stage == "experts")
+    vnni = moert.Hardware(cpu=replace(hw.cpu, isa="avx512-vnni"))
+    assert experts(hw) == pytest.approx(2 * experts(vnni), rel=0.02)    # compute-bound: half the MACs, twice the time
+
+
+def test_cpu_decode_attention_at_depth_is_costed_by_its_flops():
+    """A DeepSeek-V3 token at depth 32768 on a CPU: each layer's attention does 2 x 32768 x 128 x (576 + 512) FLOPs
+    over 32768 x 576 f16 latents: at the CPU's float rate that outweighs the read, so the part is compute-bound and
+    takes FLOPs / (peak x compute_efficiency)."""
+    hw = cost.preset("epyc-9554")
+    p = moert.plan(moert.zoo.path("deepseek-v3"), gpu_layers=0)
+    r = moert.predict(p, hw, n_prompt=0, n_gen=1, depth=32768)
+    (att,) = [x for x in r.parts if x.phase == "decode" and x.layer == 5 and x.stage == "attention" and
+              x.flops > 1e9]
+    flops = 2 * 32768.5 * 128 * (576 + 512)
+    assert att.flops == pytest.approx(flops, rel=1e-3) and att.bound == "compute"
+    rate = hw.cpu.peak_gflops * hw.cpu.compute_efficiency * 1e9
+    assert att.seconds == pytest.approx(flops / rate + att.ops * hw.cpu.call_us * 1e-6, rel=1e-3)
+
+
+def test_the_other_sockets_read_through_the_links_without_numa():
+    """Without --numa the weights sit on one node and the other socket's half of the work reads through the links:
+    at most remote x s / (s - 1) = 2 x 34 GB/s on Skylake-SP (McCalpin's 8160), where a node's share is above it."""
+    one = replace(cost.CPUS["xeon-gold-6138"], bw_efficiency=0.87)     # ~112 of 128 GB/s, as McCalpin read locally
+    two = cost.sockets(one, 2)
+    assert kinds.remote_read_gbs(one) == pytest.approx(34.0)
+    assert cost.numa_view(two, "none").read_gbs() == pytest.approx(68.0)
+    assert cost.numa_view(two, "isolate").read_gbs() == pytest.approx(one.read_gbs())
+    assert cost.numa_view(two, "distribute").read_gbs() == pytest.approx(2 * one.read_gbs())
+    assert kinds.remote_read_gbs(cost.CPUS["ryzen-7950x"]) == 0.0          # a desktop part: no socket link

@@ -106,7 +106,8 @@ def test_cpu_decode_scales_with_threads_until_memory_saturates():
     p = _plan(hw=hw, gpu_layers=0)
     t = {n: moert.predict(p, hw, threads=n, n_prompt=0).decode_s for n in (1, 2, 4, 8, 16)}
     assert t[1] > t[2] > t[4] > t[8]
-    assert t[8] == pytest.approx(t[16])                                 # bandwidth-bound: more threads, same
+    # bandwidth-bound: more threads, the same (but for attention's FLOPs, which more threads do faster: < 1%)
+    assert t[16] <= t[8] and t[8] == pytest.approx(t[16], rel=0.01)
     assert t[1] / t[4] == pytest.approx(4, rel=0.1)                      # per-thread-bound: near linear
 
 

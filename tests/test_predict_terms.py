@@ -11,7 +11,7 @@ import pytest
 
 import moert
 from moert import cost
-from moert.cost import coverage, zoo
+from moert.cost import coverage, roofline, zoo
 from moert.cost import predict as cost_predict
 from moert.cost import range as cost_range
 
@@ -30,11 +30,11 @@ def _plan(hw, model="qwen3-30b-a3b", **kw):
 
 
 def test_tile_fill_is_half_at_16_tokens_per_expert_and_absent_for_mat_vec():
-    assert cost_predict.tile_fill(16, 512) == 0.5
-    assert cost_predict.tile_fill(1, 8) == 1.0                       # batch <= 8: MMVQ, bandwidth-bound
-    assert cost_predict.tile_fill(4, 512) < cost_predict.tile_fill(128, 512) < 1.0
+    assert roofline.tile_fill(16, 512) == 0.5
+    assert roofline.tile_fill(1, 8) == 1.0                       # batch <= 8: MMVQ, bandwidth-bound
+    assert roofline.tile_fill(4, 512) < roofline.tile_fill(128, 512) < 1.0
     # PR 26977's ratio it was read from: x2.49 from 4 to 16 columns per expert
-    assert cost_predict.tile_fill(16, 512) / cost_predict.tile_fill(4, 512) == pytest.approx(2.5, abs=0.05)
+    assert roofline.tile_fill(16, 512) / roofline.tile_fill(4, 512) == pytest.approx(2.5, abs=0.05)
 
 
 def test_all_gpu_prefill_pays_the_tile_fill_where_its_experts_are_compute_bound(monkeypatch):
@@ -44,7 +44,7 @@ def test_all_gpu_prefill_pays_the_tile_fill_where_its_experts_are_compute_bound(
     def speeds():
         return [moert.predict(p, hw, n_prompt=4096, n_ubatch=ub).prefill_tok_s for ub in (512, 4096)]
     with_fill = speeds()
-    monkeypatch.setattr(cost_predict, "MMQ_HALF_FILL_TOKENS", 0.0)      # every tile full: the term off
+    monkeypatch.setattr(roofline, "MMQ_HALF_FILL_TOKENS", 0.0)      # every tile full: the term off
     without = speeds()
     # never faster; at u-batch 4096 (256 tokens per expert, fill 0.94) the compute-bound experts slow by at most 1/0.94
     small, big = (w / o for w, o in zip(with_fill, without))

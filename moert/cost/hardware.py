@@ -242,14 +242,17 @@ def numa_view(cpu: CPU, numa: str = "none") -> CPU:
     """What a llama.cpp run sees of a CPU of several NUMA nodes, by its --numa mode (NUMA_MODES):
       * "isolate", "numactl" (pinned to one node, as `numactl -N 0 -m 0`): one node's cores, channels and RAM;
       * "none" (no --numa, the default): every core, but the mmap'd weights sit in the page cache where they were
-        first read, so the run reads at most one node's DRAM bandwidth; the other nodes' threads reach it through
-        the socket link (not modelled: the bound is optimistic);
+        first read, so the run reads at most one node's DRAM bandwidth; on several sockets the other sockets'
+        threads, (s - 1) / s of the work, reach it through the socket links (kinds.remote_read_gbs), so the whole
+        reads at most remote x s / (s - 1);
       * "distribute" with the pages first read by the threads that use them: every node's bandwidth.
     Read from: llama.cpp issue 11744 (dual EPYC 9175F, 16 x DDR5-6400, Llama-3.1-70B f16: tg 2.4 t/s by default,
     4.31 with --numa distribute and the page cache filled by the tg threads after drop_caches: x1.8 against this
     model's x2), and llamafile issue 765 (2 x Xeon 5218: 4 t/s spanning both sockets, 8 pinned to one with
-    numactl --cpunodebind=1 --membind=1: this model says equal, so spanning is predicted too fast there). Neither
-    is an entry of bench/published.json (dense models moert's zoo lacks); one node is the identity."""
+    numactl --cpunodebind=1 --membind=1: with the socket links, spanning two such sockets reads at most 2 x 34 =
+    68 GB/s where one socket's cores read ~112 locally (McCalpin's figures, kinds.py), so slower than pinned, as
+    measured, where the model without the links said equal; it binds only where a node's share is above it).
+    Neither is an entry of bench/published.json (dense models moert's zoo lacks); one node is the identity."""
     if numa not in NUMA_MODES:
         raise HardwareError(f"numa={numa!r}: one of {', '.join(NUMA_MODES)} (llama.cpp's --numa; none: not given)")
     k = cpu.numa_nodes
@@ -259,6 +262,9 @@ def numa_view(cpu: CPU, numa: str = "none") -> CPU:
     if numa in ("isolate", "numactl"):
         node.update(cores=max(1, cpu.cores // k), ccds=cpu.ccds // k, mem_gib=cpu.mem_gib / k,
                     sockets=max(1, cpu.sockets // k))
+    elif cpu.sockets > 1 and kinds.remote_read_gbs(cpu):        # the other sockets read through the links
+        cap = kinds.remote_read_gbs(cpu) * cpu.sockets / (cpu.sockets - 1) / cpu.bw_efficiency
+        node.update(mem_bw_gbs=min(node["mem_bw_gbs"], cap))
     return replace(cpu, **node)
 
 

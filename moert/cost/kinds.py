@@ -55,6 +55,51 @@ def gpu_bw_share(api: str, arch: str) -> float:
     return _GPU_BW_BY_KIND.get((api, arch), GPU_BW_SHARE)
 
 
+# The int8 multiply-accumulates a core does per cycle in the CPU kernels of a quantized matmul, by the path its engine's
+# build takes on the ISA (read from the sources, two vector multiply ports a core as on every part here):
+#   llama.cpp (ggml-cpu/arch/x86/quants.c, mul_sum_us8_pairs_float and kin): 256-bit vectors on every x86 part; with
+#     __AVX512VNNI__ + __AVX512VL__ (or __AVXVNNI__) one _mm256_dpbusd_epi32 multiplies and sums 32 byte pairs, else
+#     _mm256_maddubs_epi16 then _mm256_madd_epi16 take two multiply slots for the same 32: 64 or 32 a cycle;
+#   ik_llama.cpp (ggml/src/iqk: HAVE_FANCY_SIMD when AVX512F, VNNI, VL, BW and DQ are all there) 512-bit
+#     _mm512_dpbusd_epi32: 128 a cycle on a part with two 512-bit multiply pipes (Intel Xeon, Zen 5 desktop and server:
+#     flops_per_cycle 64), 64 where zmm runs in two 256-bit halves (Zen 4); without VNNI (Skylake-SP's AVX-512)
+#     its AVX2 path, as llama.cpp's: 32.
+# AMX-INT8 tiles (llama.cpp's ggml-cpu/amx buffer type) are not modelled: no published rate of them in llama.cpp here.
+# The model's CPU compute_efficiency was fitted on Zen 4 and Zen 5 figures (AVX512-VNNI), so a part's rate is
+# scaled by its MACs over those of an fp32 FMA datapath of the same width there (2 x flops_per_cycle).
+def int8_macs_per_cycle(isa: str, wide: bool, engine: str) -> int:
+    """int8 MACs a core does per cycle in `engine`'s quantized matmul on `isa` (wide: two 512-bit multiply pipes)."""
+    if isa in ("avx2", "avx512"):
+        return 32
+    return 128 if engine == "ik_llama.cpp" and wide else 64
+
+
+def cpu_int8_x(cpu, engine: str) -> float:
+    """The factor on a CPU's fp32-based matmul rate (peak_gflops x compute_efficiency) for its ISA's int8 path in
+    `engine` ("llama.cpp" or "ik_llama.cpp"); 1 where the ISA is not stated (the fitted parts' ratio)."""
+    if not cpu.isa:
+        return 1.0
+    return int8_macs_per_cycle(cpu.isa, cpu.flops_per_cycle >= 64, engine) / (2 * cpu.flops_per_cycle)
+
+
+# Reads from the other socket's memory cross the links between the sockets. John McCalpin's measurement on a 2-socket
+# Xeon Platinum 8160 (Skylake-SP, 2 UPI links between the chips): "Local Bandwidth for Reads (each socket) ~112 GB/s",
+# "Remote Bandwidth for Reads (one-direction at a time) ~34 GB/s" (stackoverflow.com question 47995130, "Memory
+# bandwidth for many channels x86 systems", answer). Two UPI links at 10.4 GT/s carry 2 x 20.8 GB/s each way (2 bytes a
+# transfer: Intel's Xeon Scalable platform brief), so remote reads get 34 / 41.6 = 0.82 of the links' peak; other
+# platforms get that share of theirs, from the data sheets' link counts and rates: Sapphire Rapids 4 UPI 2.0 links at
+# 16 GT/s, Granite Rapids-AP 6 at 24 GT/s (ark.intel.com Xeon 8480+ / 6980P), EPYC 9004/9005 4 xGMI links of 16 lanes
+# at 32 Gb/s (AMD EPYC 9004 architecture overview). Per direction, between two sockets; no entry: not modelled.
+REMOTE_READ_SHARE = 34 / 41.6
+SOCKET_LINK_GBS = {"skylake-sp": 41.6, "cascade-lake": 41.6, "sapphire-rapids": 4 * 32.0,
+                   "emerald-rapids": 4 * 32.0, "granite-rapids": 6 * 48.0, "zen4": 4 * 64.0, "zen5": 4 * 64.0}
+
+
+def remote_read_gbs(cpu) -> float:
+    """GB/s one socket's cores read from another socket's memory (0: not known for this generation)."""
+    return SOCKET_LINK_GBS.get(cpu.generation, 0.0) * REMOTE_READ_SHARE if cpu.tier == "server" else 0.0
+
+
 def check(part, allowed: dict[str, tuple[str, ...]], error) -> None:
     """`error` (an exception class) if a kind field of `part` is neither empty nor one of its allowed values."""
     for name, values in allowed.items():
@@ -65,4 +110,5 @@ def check(part, allowed: dict[str, tuple[str, ...]], error) -> None:
 
 
 __all__ = ["CPU_FIELDS", "CPU_GENERATIONS", "CPU_ISAS", "CPU_TIERS", "CPU_VENDORS", "GPU_APIS", "GPU_ARCHS",
-           "GPU_BW_SHARE", "GPU_FIELDS", "GPU_MEMORY", "GPU_TIERS", "RDNA3_DGPU_BW", "check", "gpu_bw_share"]
+           "GPU_BW_SHARE", "GPU_FIELDS", "GPU_MEMORY", "GPU_TIERS", "RDNA3_DGPU_BW", "REMOTE_READ_SHARE",
+           "SOCKET_LINK_GBS", "check", "cpu_int8_x", "gpu_bw_share", "int8_macs_per_cycle", "remote_read_gbs"]

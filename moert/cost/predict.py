@@ -45,10 +45,11 @@ from dataclasses import replace
 
 import numpy as np
 
-from moert.cost import coverage, launch
+from moert.cost import coverage, kinds, launch
 from moert.cost.hardware import Hardware, numa_view
 from moert.cost.prediction import Part, Prediction
 from moert.cost.range import VALIDATION, trust
+from moert.cost.roofline import part_time as _time
 from moert.cost.shape import ROUTER, Shape, elements, expert_load, expert_sets, md_value, selection
 from moert.errors import ArgumentError, PlacementError, check_float, check_int
 from moert.placement.memory import estimate
@@ -125,6 +126,8 @@ def predict(plan, hardware: Hardware, n_prompt: int = 512, n_gen: int = 128, dep
     cost = CostModel(plan, hardware, threads, act_quant=act_quant, kv_bytes=kv_bytes, experts=experts, mmap=mmap)
     if policy == "ik_llama.cpp" and not hardware.cpu.kernel_gflops:   # measured rates are moert's own kernels
         cost.cpu_gemm_x = IK_CPU_GEMM_X
+    if not hardware.cpu.kernel_gflops:                # the int8 dot path the engine's kernels take on this ISA
+        cost.cpu_int8_x = kinds.cpu_int8_x(hardware.cpu, policy)
     m = cost.shape
     q = selection(plan.metadata, trace, m.n_layer)
     parts: list[Part] = []
@@ -171,53 +174,6 @@ def _dev(dev: str) -> str:
     return "cpu" if dev == "cpu" else f"gpu{_gpu_index(dev)}"
 
 
-def _time(dev: str, items, ops: float, cost: CostModel, batch: int) -> tuple[float, str]:
-    """Seconds and bound of `items` [(GGML type, bytes read, FLOPs[, tokens per matmul]), ...] and `ops` ops
-    on `dev` (plan name); tokens per matmul defaults to the batch (experts see fewer: B K / E each)."""
-    hw = cost.hw
-    nbytes = sum(i[1] for i in items)
-    if dev == "cpu":
-        cpu, n, aq = hw.cpu, cost.threads, cost.act_quant
-        if batch == 1:                       # a kernel's streaming rate per type (or DRAM when not measured)
-            t_mem = sum(i[1] / (1e9 * cpu.matvec_gbs(i[0], n, aq)) for i in items)
-            t_cmp = 0.0
-        else:
-            t_mem = nbytes / (1e9 * cpu.read_gbs(n))
-            t_cmp = sum(i[2] / (1e9 * cpu.matmul_gflops(i[0], n, aq, i[3] if len(i) > 3 else batch))
-                        for i in items) / cost.cpu_gemm_x
-        t_fix = 0.0 if cpu.layer_us else ops * cpu.call_us * 1e-6
-        bound = "kernel" if batch == 1 and t_mem > 1.05 * nbytes / (1e9 * cpu.read_gbs(n)) else "memory"
-    else:
-        g = hw.gpus[_gpu_index(dev)]
-        t_mem = nbytes / (1e9 * g.read_gbs())
-        t_cmp = sum(i[2] / (1e12 * g.matmul_tflops() * tile_fill(i[3] if len(i) > 3 else batch, batch))
-                    for i in items)
-        t_fix = ops * g.launch_us * 1e-6
-        bound = "memory"
-    if t_cmp > t_mem:
-        bound = "compute"
-    if t_fix > max(t_mem, t_cmp):
-        bound = "overhead"
-    return max(t_mem, t_cmp) + t_fix, bound
-
-
-# A GPU matmul of few tokens per expert runs at a fraction of the tiled kernel's rate: llama.cpp's MMQ tiles are up to
-# 128 tokens wide and a routed expert sees only B K / E of a u-batch's tokens. The fraction is t / (t + 16) for t tokens
-# per expert, read from llama.cpp PR 26977's table (Qwen3-30B-A3B Q4_K_M, MMQ before the PR, "mean cols/expert" 4 ->
-# 2402.76 t/s, 8 -> 3603.79, 16 -> 5993.91: x2.49 from 4 to 16 columns, which t / (t + 16) gives). A mat-vec kernel
-# (batch <= 8: ggml-cuda's MMVQ_MAX_BATCH_SIZE) is bandwidth-bound and gets no such factor. Not fitted on any entry of
-# bench/published.json.
-MMQ_HALF_FILL_TOKENS = 16.0
-MMVQ_MAX_BATCH = 8
-
-
-def tile_fill(tokens: float, batch: int) -> float:
-    """The share of a GPU's matmul rate a (routed-expert) matmul of `tokens` tokens reaches in a batch of `batch`."""
-    if batch <= MMVQ_MAX_BATCH:
-        return 1.0
-    return tokens / (tokens + MMQ_HALF_FILL_TOKENS)
-
-
 def _items(ents, B: int) -> list[tuple[str, float, float]]:
     """(type, bytes, FLOPs) of dense tensors read once and applied to B tokens."""
     return [(e.type, float(e.nbytes), 2.0 * B * elements(e)) for e in ents]
@@ -234,6 +190,7 @@ class CostModel:
         self.offload_link = link.staged(hardware.cpu) if link is not None and mmap else link
         self.threads = threads or hardware.cpu.cores
         self.cpu_gemm_x = 1.0                   # CPU batched-matmul speed relative to llama.cpp's (IK_CPU_GEMM_X)
+        self.cpu_int8_x = 1.0                   # the ISA's int8 dot rate relative to the fitted one (kinds.cpu_int8_x)
         self.shape = Shape(plan, kv_bytes, experts)
         arch = plan.metadata.get("general.architecture")
         self.swa_period = SWA_PERIOD.get(arch, 0)

@@ -1,0 +1,72 @@
+"""The time of one part of a forward on one device: the larger of its bytes over the device's read rate and its FLOPs
+over its compute rate, plus fixed costs per op (moert/cost/predict.py's CostModel builds the parts).
+
+    seconds, bound = part_time("cpu", [("Q4_K", bytes, flops, tokens), ("KV", kv_bytes, kv_flops)], ops, cost, B)
+
+Items are (GGML type, bytes read, FLOPs[, tokens per matmul]); the type "KV" is attention over the KV cache, which
+runs as float math (ggml's flash attention converts f16 K and V rows and accumulates in f32: ggml-cpu's
+ggml_compute_forward_flash_attn_ext_f16 over ggml_vec_dot_f16), not as an int8 dot product like a quantized weight.
+"""
+
+from __future__ import annotations
+
+# A GPU matmul of few tokens per expert runs at a fraction of the tiled kernel's rate: llama.cpp's MMQ tiles are up to
+# 128 tokens wide and a routed expert sees only B K / E of a u-batch's tokens. The fraction is t / (t + 16) for t tokens
+# per expert, read from llama.cpp PR 26977's table (Qwen3-30B-A3B Q4_K_M, MMQ before the PR, "mean cols/expert" 4 ->
+# 2402.76 t/s, 8 -> 3603.79, 16 -> 5993.91: x2.49 from 4 to 16 columns, which t / (t + 16) gives). A mat-vec kernel
+# (batch <= 8: ggml-cuda's MMVQ_MAX_BATCH_SIZE) is bandwidth-bound and gets no such factor. Not fitted on any entry of
+# bench/published.json.
+MMQ_HALF_FILL_TOKENS = 16.0
+MMVQ_MAX_BATCH = 8
+
+
+def tile_fill(tokens: float, batch: int) -> float:
+    """The share of a GPU's matmul rate a (routed-expert) matmul of `tokens` tokens reaches in a batch of `batch`."""
+    if batch <= MMVQ_MAX_BATCH:
+        return 1.0
+    return tokens / (tokens + MMQ_HALF_FILL_TOKENS)
+
+
+def _tokens(item, batch: int) -> float:
+    return item[3] if len(item) > 3 else batch
+
+
+def cpu_time(items, ops: float, cost, batch: int) -> tuple[float, float, float, str]:
+    """(memory, compute, fixed) seconds and bound of items on the CPU. A batch's weight matmuls run at the int8 dot
+    rate of the engine's kernels on the CPU's ISA (cost.cpu_int8_x, cost.cpu_gemm_x); attention ("KV") at the float
+    rate, in decode too: a token at depth d does 2 d H (Dk + Dv) FLOPs a layer, which for MLA's 128 heads over one
+    latent KV row (DeepSeek-V3: 2 x 128 x 1088 FLOPs a position) outweighs reading the row's 576 x 2 bytes."""
+    cpu, n, aq = cost.hw.cpu, cost.threads, cost.act_quant
+    nbytes = sum(i[1] for i in items)
+    t_att = sum(i[2] / (1e9 * cpu.matmul_gflops("KV", n, None, _tokens(i, batch))) for i in items if i[0] == "KV")
+    if batch == 1:                       # a kernel's streaming rate per type (or DRAM when not measured)
+        t_mem = sum(i[1] / (1e9 * cpu.matvec_gbs(i[0], n, aq)) for i in items)
+        t_cmp = t_att
+    else:
+        t_mem = nbytes / (1e9 * cpu.read_gbs(n))
+        t_cmp = t_att + sum(i[2] / (1e9 * cpu.matmul_gflops(i[0], n, aq, _tokens(i, batch)))
+                            for i in items if i[0] != "KV") / (cost.cpu_gemm_x * cost.cpu_int8_x)
+    t_fix = 0.0 if cpu.layer_us else ops * cpu.call_us * 1e-6
+    bound = "kernel" if batch == 1 and t_mem > 1.05 * nbytes / (1e9 * cpu.read_gbs(n)) else "memory"
+    return t_mem, t_cmp, t_fix, bound
+
+
+def part_time(dev: str, items, ops: float, cost, batch: int) -> tuple[float, str]:
+    """Seconds and bound of `items` [(GGML type, bytes read, FLOPs[, tokens per matmul]), ...] and `ops` ops
+    on `dev` (plan name); tokens per matmul defaults to the batch (experts see fewer: B K / E each)."""
+    if dev == "cpu":
+        t_mem, t_cmp, t_fix, bound = cpu_time(items, ops, cost, batch)
+    else:
+        g = cost.hw.gpus[int(dev.split(":")[1])]
+        t_mem = sum(i[1] for i in items) / (1e9 * g.read_gbs())
+        t_cmp = sum(i[2] / (1e12 * g.matmul_tflops() * tile_fill(_tokens(i, batch), batch)) for i in items)
+        t_fix = ops * g.launch_us * 1e-6
+        bound = "memory"
+    if t_cmp > t_mem:
+        bound = "compute"
+    if t_fix > max(t_mem, t_cmp):
+        bound = "overhead"
+    return max(t_mem, t_cmp) + t_fix, bound
+
+
+__all__ = ["MMQ_HALF_FILL_TOKENS", "MMVQ_MAX_BATCH", "cpu_time", "part_time", "tile_fill"]
