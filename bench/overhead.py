@@ -46,7 +46,7 @@ from moert.testing import write_qwen3moe  # noqa: E402
 
 SHAPE = dict(n_embd=64, n_head=4, n_head_kv=2, head_dim=16, n_expert=8, n_expert_used=2, n_ff_exp=64, n_vocab=256,
              qtype="Q8_0")
-LAYER_KERNELS = ("_rms_norm", "_rope", "_attention1", "_attention1_parallel", "_norm_rope1", "_softmax_topk")
+LAYER_KERNELS = ("_rms_norm", "_rope", "_attention1", "_norm_rope1", "_softmax_topk")
 
 
 def model(layers: int) -> Path:

@@ -18,13 +18,11 @@ tests/test_kernels_layers.py compares them with the twins on random inputs.
 from __future__ import annotations
 
 import numpy as np
-from llvmlite import ir
-from numba import njit, prange, types
-from numba.extending import intrinsic
+from numba import njit
 
 from moert.errors import ShapeError
-from moert.kernels.blockdot import PRANGE_ONLY
-from moert.kernels.jit import threads
+from moert.kernels.flash_decode import Cache, attention_parallel, split_attention
+from moert.kernels.fmath import as_f32, exp_neg
 
 from . import checks
 
@@ -32,7 +30,6 @@ __all__ = ["attention_decode", "attention_parallel", "exp_neg", "qk_norm_rope_at
            "rope", "softmax_topk"]
 
 _FM = {"reassoc", "contract"}
-_PARALLEL_MIN_WORK = 1 << 18   # attention: below this many cache elements read, one thread
 
 
 @njit(cache=True, fastmath=_FM, inline="always")
@@ -98,42 +95,6 @@ def rope(x: np.ndarray, cos: np.ndarray, sin: np.ndarray, neox: bool) -> np.ndar
     return out
 
 
-@intrinsic
-def as_f32(typingctx, x):
-    """x as float32: a float32 as it is, a uint16 as the IEEE half whose bits it holds (an f16 KV cache, read
-    through a uint16 view: Numba has no float16). LLVM vectorizes a loop of these into vcvtph2ps (F16C)."""
-    if x == types.float32:
-        return types.float32(x), lambda context, builder, sig, args: args[0]
-    if x == types.uint16:
-        def codegen(context, builder, sig, args):
-            return builder.fpext(builder.bitcast(args[0], ir.HalfType()), ir.FloatType())
-        return types.float32(x), codegen
-    return None
-
-
-@intrinsic
-def _f32_of_bits(typingctx, i):
-    """The float32 whose IEEE bits are the int32 i."""
-    if i != types.int32:
-        return None
-    return types.float32(i), lambda context, builder, sig, args: builder.bitcast(args[0], ir.FloatType())
-
-
-@njit(cache=True, fastmath=_FM, inline="always")
-def exp_neg(x):
-    """e**x for x <= 0 (a softmax's shifted logits), within 2 ulp of np.exp down to e**-87 (below: e**-87, not 0;
-    against a sum >= 1 no difference), as plain arithmetic LLVM vectorizes: n = round(x / ln 2), Cody-Waite
-    r = x - n ln 2, Cephes' expf polynomial, times 2**n built from its bits. A loop of np.exp calls libm once an
-    element (~5 ns: 2 us a layer of the demo model at position 100)."""
-    x = max(x, np.float32(-87.0))
-    n = np.floor(x * np.float32(1.44269504088896341) + np.float32(0.5))
-    r = x - n * np.float32(0.693359375) - n * np.float32(-2.12194440e-4)
-    y = ((((np.float32(1.9875691500e-4) * r + np.float32(1.3981999507e-3)) * r + np.float32(8.3334519073e-3)) * r
-          + np.float32(4.1665795894e-2)) * r + np.float32(1.6666665459e-1)) * r + np.float32(5.0000001201e-1)
-    y = y * (r * r) + r + np.float32(1.0)
-    return y * _f32_of_bits(np.int32((np.int32(n) + np.int32(127)) << np.int32(23)))
-
-
 @njit(cache=True, fastmath=_FM, inline="always")
 def _heads(q, k_cache, v_cache, s0, S, kh, h0, h1, scale, sinks, p, out):
     """out[h] = softmax(scale * K q[h]) V over cache positions [s0, S) of KV head kh, for the query heads
@@ -175,20 +136,6 @@ def _attention1(q, k_cache, v_cache, s0, S, scale, sinks, out):
         _heads(q, k_cache, v_cache, s0, S, kh, kh * G, (kh + 1) * G, scale, sinks, p, out)
 
 
-@njit(cache=True, fastmath=_FM, parallel=PRANGE_ONLY)
-def _attention1_parallel(q, k_cache, v_cache, s0, S, scale, sinks, out, parts):
-    """_attention1 with each KV head's query heads in `parts` groups, the groups spread over the threads."""
-    H, Hk = q.shape[0], k_cache.shape[1]
-    G = H // Hk
-    n = (G + parts - 1) // parts                                        # query heads per group
-    for i in prange(Hk * parts):
-        kh, j = i // parts, i % parts
-        h0 = kh * G + min(G, j * n)
-        h1 = kh * G + min(G, (j + 1) * n)
-        p = np.empty((n, S), dtype=np.float32)
-        _heads(q, k_cache, v_cache, s0, S, kh, h0, h1, scale, sinks, p, out)
-
-
 @njit(cache=True, fastmath=_FM)
 def _norm_rope1(x, w, eps, cos, sin, neox, out):
     """out[j] = rope(rmsnorm(x[j]) * w) for each head j of one token: x, out (heads, Dh); cos, sin (Dh/2,)."""
@@ -225,9 +172,9 @@ def _qk_attention1(q, k, v, qn, kn, eps, cos, sin, neox, k_cache, v_cache, pos0,
 
 
 @njit(cache=True, fastmath=_FM)
-def _qk_attention1_parallel(q, k, v, qn, kn, eps, cos, sin, neox, k_cache, v_cache, pos0, s0, scale, out, parts):
-    qr = _qk_into_cache(q, k, v, qn, kn, eps, cos, sin, neox, k_cache, v_cache, pos0)
-    _attention1_parallel(qr, k_cache, v_cache, s0, pos0 + 1, scale, _no_sinks(q.shape[0]), out, parts)
+def _qk_cache1(q, k, v, qn, kn, eps, cos, sin, neox, k_cache, v_cache, pos0):
+    """_qk_into_cache as a call of its own: the rotated q (H, Dh) for the split kernel."""
+    return _qk_into_cache(q, k, v, qn, kn, eps, cos, sin, neox, k_cache, v_cache, pos0)
 
 
 def qk_norm_rope_attention(q, k, v, q_norm, k_norm, eps: float, cos, sin, neox: bool, k_cache, v_cache,
@@ -245,16 +192,10 @@ def qk_norm_rope_attention(q, k, v, q_norm, k_norm, eps: float, cos, sin, neox: 
     out = np.empty((H, Dv), dtype=np.float32)
     args = (q[0], k[0], v[0], q_norm, k_norm, float(eps), cos[0], sin[0], bool(neox), k_cache, v_cache, pos0, s0,
             np.float32(scale), out)
-    if attention_parallel(pos0 + 1 - s0, k_cache.shape[1], k_cache.shape[2], Dv):
-        _qk_attention1_parallel(*args, _parts(H, k_cache.shape[1]))
-    else:
-        _qk_attention1(*args)
+    if attention_parallel(pos0 + 1 - s0, k_cache.shape[1], k_cache.shape[2], Dv):      # the keys on every thread
+        return split_attention(_qk_cache1(*args[:12])[None], Cache(k_cache), Cache(v_cache), pos0, scale, window)
+    _qk_attention1(*args)
     return out.reshape(1, H * Dv)
-
-
-def attention_parallel(keys: int, n_head_kv: int, head_dim: int, head_dim_v: int) -> bool:
-    """Whether one token's attention over `keys` cache rows runs as a parallel region (else one thread)."""
-    return keys * n_head_kv * (head_dim + head_dim_v) >= _PARALLEL_MIN_WORK
 
 
 def _check_attention1(fn: str, q, k, v, k_cache, v_cache, pos0: int) -> None:
@@ -268,13 +209,6 @@ def _check_attention1(fn: str, q, k, v, k_cache, v_cache, pos0: int) -> None:
     if Hk == 0 or q.shape[1] % Hk:
         raise ShapeError(f"{fn}: {q.shape[1]} query heads do not share {Hk} KV heads evenly; nothing was computed")
     checks.position(fn, pos0, n_ctx)
-
-
-def _parts(H: int, Hk: int) -> int:
-    """Groups per KV head for _attention1_parallel: at least two tasks a thread (16 threads and 4 KV heads of
-    8 query heads each: 8 groups of 1), each group reading its KV head's cache rows once."""
-    G = H // Hk
-    return max(1, min(G, -(-2 * threads() // Hk)))
 
 
 @njit(cache=True)
@@ -293,10 +227,9 @@ def _attend1(q1, k_cache, v_cache, pos0, scale, window, sinks=None):
     S = pos0 + 1
     s0 = 0 if window is None else max(0, pos0 - window + 1)
     out = np.empty((H, Dv), dtype=np.float32)
-    if attention_parallel(S - s0, k_cache.shape[1], k_cache.shape[2], Dv):
-        _attention1_parallel(q1, k_cache, v_cache, s0, S, np.float32(scale), sinks, out, _parts(H, k_cache.shape[1]))
-    else:
-        _attention1(q1, k_cache, v_cache, s0, S, np.float32(scale), sinks, out)
+    if attention_parallel(S - s0, k_cache.shape[1], k_cache.shape[2], Dv):                   # the keys on every thread
+        return split_attention(q1[None], Cache(k_cache), Cache(v_cache), pos0, scale, window, sinks)
+    _attention1(q1, k_cache, v_cache, s0, S, np.float32(scale), sinks, out)
     return out.reshape(1, H * Dv)
 
 

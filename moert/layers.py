@@ -22,6 +22,7 @@ from moert.activations import glu_ffn
 from moert.kvcache import Rows, TypedKV, load, store
 
 FLASH_CHUNK = 256    # keys per step of flash_attention (memory.py's scratch term counts on it)
+SPLIT_TOKENS = 8     # up to this many query tokens on the CPU: kernels/flash_decode.py (keys split over the threads)
 _fast = None    # moert.kernels.layers, imported on first use (it imports Numba)
 
 
@@ -44,6 +45,33 @@ def _f16_bits(cache):
 def _cache_arrays(*caches) -> bool:
     """Whether the CPU decode kernel reads these caches: C-contiguous NumPy float32 or uint16 (f16) arrays."""
     return all(type(c) is np.ndarray and c.dtype in (np.float32, np.uint16) and c.flags.c_contiguous for c in caches)
+
+
+def _split_cache(cache):
+    """A cache as kernels/flash_decode.py reads it (its Cache: the stored values, q8_0's scales as f16 bits, bf16
+    or not), or None where it is not NumPy memory (a sim or CUDA device's arrays)."""
+    from moert.kernels.flash_decode import Cache
+
+    if isinstance(cache, TypedKV):
+        parts = cache.parts
+        if any(type(a) is not np.ndarray for a in parts):
+            return None
+        if cache.kind == "q8_0":
+            return Cache(parts[0], parts[1].view(np.uint16))
+        return Cache(parts[0].view(np.uint16), None, cache.kind == "bf16")
+    if type(cache) is np.ndarray and cache.dtype == np.float32 and cache.flags.c_contiguous:
+        return Cache(cache)
+    return None
+
+
+def _split(q, k_cache, v_cache, pos0: int, scale: float, window, sinks, dv=None):
+    """kernels/flash_decode.split_attention over these caches, or None where it does not take them."""
+    kc, vc = _split_cache(k_cache), _split_cache(v_cache)
+    if kc is None or vc is None or (sinks is not None and type(sinks) is not np.ndarray):
+        return None
+    from moert.kernels.flash_decode import split_attention
+
+    return split_attention(q, kc, vc, pos0, scale, window, sinks, dv)
 
 
 def cpu_arrays(xp, *arrays) -> bool:
@@ -144,7 +172,9 @@ def attention(q, k, v, k_cache, v_cache, pos0: int, xp=np, *, scale: float | Non
     typed ones up to `chunk` positions (read as float32: an int8 pp64 of a Qwen3-30B-A3B-shaped layer with
     an f16 cache, 1.6 -> 0.8 ms), elsewhere `flash_attention` below (its twin: (T, chunk) scores at a time).
     One token on the CPU (fast):
-    kernels/layers.attention_decode, over f32 caches or an f16 TypedKV's storage (a uint16 view).
+    kernels/layers.attention_decode, over f32 caches or an f16 TypedKV's storage (a uint16 view); up to
+    SPLIT_TOKENS tokens over any cache type: kernels/flash_decode.py (the keys split over the threads, the
+    cache read in its own type).
     Returns (T, H * Dv). Caches that are kvcache.Rows (a batch of sequences, moert/batch.py): attention per
     sequence over its own cache, its rows of q, k, v; pos0 is not used."""
     if isinstance(k_cache, Rows):
@@ -162,6 +192,10 @@ def attention(q, k, v, k_cache, v_cache, pos0: int, xp=np, *, scale: float | Non
         return _kernels().attention_decode(q, k, v, kb, vb, pos0, scale, window, sinks)
     store(k_cache, pos0, k)
     store(v_cache, pos0, v)
+    if fast and T <= SPLIT_TOKENS and cpu_arrays(xp, q):             # a few tokens (typed caches too): every thread
+        out = _split(q, k_cache, v_cache, pos0, scale, window, sinks)
+        if out is not None:
+            return out                                                  # (T, H*Dv)
     s0 = 0 if window is None else max(0, pos0 - window + 1)            # no query here sees keys before s0
     # head h uses KV head h // G (HF's repeat_kv, llama.cpp's broadcast)
     if flash and fast and cpu_arrays(xp, q) and (not typed or S <= chunk):      # a prompt on the CPU: Numba
@@ -219,19 +253,26 @@ def flash_attention(qg, k_cache, v_cache, pos0: int, T: int, s0: int, scale: flo
     return acc / l
 
 
-def latent_attention(q_lat, q_pe, c_kv, k_pe, cache, pos0: int, scale: float, xp=np):
+def latent_attention(q_lat, q_pe, c_kv, k_pe, cache, pos0: int, scale: float, xp=np, fast: bool = True):
     """Multi-head latent attention (DeepSeek-V2's MLA) over a compressed cache, continuing at position pos0:
     every head attends with one shared key, [latent, rotated key], whose first R dims are also the value
     (llama.cpp's MQA view of MLA, its K-only cache). Writes this chunk's c_kv (T, R) and k_pe (T, P) into
     cache (n_ctx, 1, R + P), an f32 array or a kvcache.TypedKV (-ctk). q_lat (H, T, R): the queries already
     multiplied into latent space (attn_k_b absorbed); q_pe (H, T, P) their rotated part. Returns the
-    attention-weighted latents (H, T, R). A kvcache.Rows cache (a batch of sequences): per sequence."""
+    attention-weighted latents (H, T, R). A kvcache.Rows cache (a batch of sequences): per sequence. Up to
+    SPLIT_TOKENS tokens on the CPU (fast): kernels/flash_decode.py, the cache read in its own type."""
     if isinstance(cache, Rows):
-        return xp.concatenate([latent_attention(q_lat[:, a:b], q_pe[:, a:b], c_kv[a:b], k_pe[a:b], c, p, scale, xp)
+        return xp.concatenate([latent_attention(q_lat[:, a:b], q_pe[:, a:b], c_kv[a:b], k_pe[a:b], c, p, scale, xp,
+                                                fast)
                                for a, b, p, c, _ in cache.each(cache)], axis=1)                # (H, T, R)
     T, R = c_kv.shape
     S = pos0 + T
     store(cache, pos0, xp.concatenate([c_kv, k_pe], axis=-1)[:, None, :])
+    if fast and T <= SPLIT_TOKENS and xp is np and q_lat.dtype == q_pe.dtype == np.float32:   # values: first R dims
+        q = np.ascontiguousarray(np.concatenate([q_lat, q_pe], axis=-1).transpose(1, 0, 2))          # (T, H, R + P)
+        out = _split(q, cache, cache, pos0, scale, None, None, R)
+        if out is not None:
+            return out.reshape(T, -1, R).transpose(1, 0, 2)                                         # (H, T, R)
     kv = load(cache, 0, S)[:, 0]                                         # (S, R + P)
     scores = xp.concatenate([q_lat, q_pe], axis=-1) @ kv.T              # (H, T, S)
     scores *= np.float32(scale)

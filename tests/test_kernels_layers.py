@@ -8,6 +8,7 @@ import pytest
 
 from moert import layers, moe
 from moert.kernels import layers as kl
+from moert.kernels.flash_decode import PARALLEL_MIN_WORK
 
 rng = np.random.default_rng(11)
 
@@ -52,26 +53,10 @@ def test_attention_decode(window, H, Hk, Dh, pos0, sinks):
     assert np.array_equal(kc2, kc) and np.array_equal(vc2, vc)          # both wrote k, v at pos0 and only there
 
 
-@pytest.mark.parametrize("parts", [1, 2, 3])
-def test_attention_groups_of_query_heads(parts):
-    """The parallel kernel splits each KV head's query heads into `parts` groups (uneven: 3 heads in 2 groups
-    of 2 and 1), each group reading the KV head's rows once; every split gives the serial kernel's numbers."""
-    H, Hk, Dh, S = 6, 2, 24, 300
-    q, kc, vc = rand(H, Dh, scale=2.0), rand(S, Hk, Dh), rand(S, Hk, Dh)
-    sinks = rand(H, scale=3.0)
-    want, got = np.empty((H, Dh), np.float32), np.empty((H, Dh), np.float32)
-    kl._attention1(q, kc, vc, 5, S, np.float32(0.2), sinks, want)
-    kl._attention1_parallel(q, kc, vc, 5, S, np.float32(0.2), sinks, got, parts)
-    np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)
-    ref = layers.attention(q[None], kc[S - 1:S], vc[S - 1:S], kc.copy(), vc.copy(), S - 1, scale=0.2, window=S - 5,
-                           sinks=sinks, fast=False)
-    np.testing.assert_allclose(got.reshape(1, -1), ref, rtol=1e-5, atol=1e-5)
-
-
 @pytest.mark.parametrize("neox", [True, False])
 @pytest.mark.parametrize("H,Hk,Dh,pos0,window", [(6, 2, 16, 12, 4), (8, 2, 64, 1100, None)])   # serial, parallel
 def test_qk_norm_rope_attention_is_the_three_in_a_row(neox, H, Hk, Dh, pos0, window):
-    assert ((pos0 + 1) * Hk * 2 * Dh >= kl._PARALLEL_MIN_WORK) == (pos0 > 1000)
+    assert ((pos0 + 1) * Hk * 2 * Dh >= PARALLEL_MIN_WORK) == (pos0 > 1000)
     kc, vc = rand(pos0 + 8, Hk, Dh), rand(pos0 + 8, Hk, Dh)
     kc2, vc2 = kc.copy(), vc.copy()
     q, k, v = rand(1, H, Dh, scale=4.0), rand(1, Hk, Dh, scale=4.0), rand(1, Hk, Dh)
