@@ -146,6 +146,11 @@ def main() -> int:
                     help="Ray workers, the experts of each layer split evenly (1: all on RAY0)")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
+    # the host and its workers share the cores: each process's kernel thread pool gets its share, so that n + 1 pools
+    # of every core's threads do not spin against each other (a 16-core run had 3 processes on 16 threads each)
+    share = max(1, (os.cpu_count() or 1) // (args.workers + 1))
+    for var in ("NUMBA_NUM_THREADS", "OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
+        os.environ[var] = str(share)                 # before numba is imported; Ray's local workers inherit them
 
     import logging
 
@@ -159,7 +164,8 @@ def main() -> int:
     path = Path(tempfile.mkdtemp()) / "bench-cluster.gguf"
     write_qwen3moe(path, n_layer=args.layers, n_embd=D, n_expert=E, n_expert_used=K, n_ff_exp=512, qtype="Q8_0",
                    seed=1)
-    ray.init(num_cpus=os.cpu_count(), include_dashboard=False, log_to_driver=False, logging_level=logging.WARNING)
+    ray.init(num_cpus=os.cpu_count(), include_dashboard=False, log_to_driver=False, logging_level=logging.WARNING,
+             runtime_env={"env_vars": {v: os.environ[v] for v in ("NUMBA_NUM_THREADS", "OMP_NUM_THREADS")}})
     logging.getLogger("ray.dag.compiled_dag_node").setLevel(logging.WARNING)
     n = args.workers
     rules = ",".join(rf"\.ffn_.*_exps=RAY{j}@{j * E // n}-{(j + 1) * E // n - 1}" for j in range(n))
@@ -200,7 +206,8 @@ def main() -> int:
         return dict(min=min(xs) * scale, median=statistics.median(xs) * scale)
 
     res = dict(
-        machine=f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores, load "
+        machine=f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores ({share} kernel threads a "
+                f"process), load "
                 f"{' '.join(f'{x:.1f}' for x in os.getloadavg())} (1/5/15 min, at the end)",
         model=f"qwen3moe-shaped Q8_0, {args.layers} MoE layers, D {D}, E {E}, K {K}", workers=n, tokens=args.tokens,
         rounds=args.rounds, ray=ray.__version__, compiles=group.compiles, command=" ".join(["python", *sys.argv]))
@@ -247,7 +254,8 @@ def main() -> int:
     labels = dict(ray=f"Ray's call of {n} worker(s), published (moert/cost/cluster.py) + the messages",
                   kernels="split kernels: the busiest worker's experts instead of all K on the host",
                   fused="the fused layer the single process runs and a remote layer cannot",
-                  glue="the host's masks, messages and sums")
+                  glue="the host's masks, messages and sums",
+                  busy="a worker running kernels, beyond them (WORKER_BUSY_US)")
     for k, label in labels.items():
         print(f"| predicted: {label}, ms | {p['terms_ms'][k]:+.3f} | {c['terms_ms'][k]:+.3f} |")
     print(f"| **predicted added per MoE layer, ms** | {p['predicted_ms']:.3f} | {c['predicted_ms']:.3f} |")

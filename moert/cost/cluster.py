@@ -48,6 +48,13 @@ from moert.cost.hardware import Hardware, HardwareError
 # calls on a many-core machine and predicted 50-53% under what bench/bench_cluster.py measured here.)
 RAY_CALL_US = {"compiled": 1e6 / 20931.29, "plain": 969.0}
 RAY_EXTRA_US = {"compiled": (1e6 / 8896.79 - 1e6 / 20931.29) / 3, "plain": 1e6 / 18694}
+# A worker that runs kernels in a call costs more than an echo of the same message plus its kernels. moert's own
+# measurement, a 16-core host, `bench/bench_cluster.py --workers 2 --rounds 5` (min / median ms): compiled graph
+# 0.438 / 0.558 added per MoE layer against 0.189 predicted without this term, so 0.249 / 0.369 more; Ray's compiled
+# floor 0.104 / 0.116 echoing, 0.347 / 0.392 with the actors spinning as long as a worker's kernels (0.255). The
+# min's excess, 0.25 ms a layer call, is the term (a woken worker's caches and thread pool); read from that one run
+# (in sample for it), with each of its 3 processes on 16 kernel threads on the 16 cores (the bench now splits them).
+WORKER_BUSY_US = 250.0
 
 
 @dataclass(frozen=True)
@@ -194,13 +201,15 @@ def local_added(workers: int, D: int, K: int, E: int, expert_s: float, fused_s: 
                 kernel seconds for one token (the same kernels, measured on the host);
       fused     fused_s: what the single process saves per layer by running a decode step's layer as one fused
                 kernel call (moert/fused.py), which a layer with remote experts cannot use;
-      glue      glue_s: the host's own work per layer call (masks, one message per worker, the partial sums).
+      glue      glue_s: the host's own work per layer call (masks, one message per worker, the partial sums);
+      busy      WORKER_BUSY_US: what a worker running kernels adds beyond them and Ray's echo.
     expert_s, fused_s and glue_s are moert's own CPU work on the machine, measured apart from the added cost.
     Ray's figures are from a machine with a core for each process: on one with fewer cores than the host and its
     workers, the measured cost is several times this (bench/RESULTS.md, ray_schedule.py; bench/HISTORY.md,
     2026-11-25 01:37-02:18)."""
     t = dict(ray=network_seconds(NETS["local"], workers, D, K, 1, calls=calls),
-             kernels=(busiest_share(E, K, workers) - K) * expert_s, fused=fused_s, glue=glue_s)
+             kernels=(busiest_share(E, K, workers) - K) * expert_s, fused=fused_s, glue=glue_s,
+             busy=WORKER_BUSY_US * 1e-6 if workers else 0.0)
     t["total"] = sum(t.values())
     return t
 
@@ -267,9 +276,8 @@ def predict_cluster(model: str, c: Cluster, n_prompt: int = 512, n_ubatch: int =
     head = c.hosts[0]
     terms = {}
     for phase, tokens, reps in (("decode", 1, 1), ("prefill", B, -(-n_prompt // B))):
-        per_layer = [experts_s(h, tokens) + (network_seconds(c.net, N - 1, D, K, tokens) if h else 0.0)
-                     for h in range(N)]
-        net = network_seconds(c.net, N - 1, D, K, tokens)
+        net = network_seconds(c.net, N - 1, D, K, tokens) + WORKER_BUSY_US * 1e-6 * (N > 1)
+        per_layer = [experts_s(h, tokens) + (net if h else 0.0) for h in range(N)]
         slowest = max(range(N), key=lambda h: per_layer[h])
         dense_s = max(dense / (_read_gbs(head, dense) * 1e9),
                       2 * tokens * dense / _bytes_per_param(info.tensors, {}) / (head.hardware.cpu.matmul_gflops("*")
@@ -310,5 +318,5 @@ def _bytes_per_param(tensors: dict, names: dict) -> float:
     return sum(nb for _, nb in sel) / sum(float(np.prod(s)) for s, _ in sel)
 
 
-__all__ = ["NETS", "RAY_CALL_US", "RAY_EXTRA_US", "Cluster", "ClusterPrediction", "Host", "Net", "busiest_share",
-           "cluster", "local_added", "network_seconds", "predict_cluster"]
+__all__ = ["NETS", "RAY_CALL_US", "RAY_EXTRA_US", "WORKER_BUSY_US", "Cluster", "ClusterPrediction", "Host", "Net",
+           "busiest_share", "cluster", "local_added", "network_seconds", "predict_cluster"]
