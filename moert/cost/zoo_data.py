@@ -47,6 +47,18 @@ def _slab(type_name: str, rng: np.random.Generator) -> np.ndarray:
     return np.ascontiguousarray(pool[rng.integers(0, POOL_BLOCKS, n)])               # (n, type_size)
 
 
+def random_blocks(type_name: str, n_blocks: int, seed: int = 0) -> np.ndarray:
+    """n_blocks valid random blocks of a GGML type moert quantizes to, (n_blocks, type_size) uint8: a weight matrix's
+    raw bytes for kernel benchmarks (bench/gpu_check.py), at copying speed. Other types: a ZooError."""
+    from moert.quants.quantize import QUANTIZABLE
+
+    if type_name not in QUANTIZABLE:
+        raise zoo.ZooError(f"no random {type_name} blocks: moert quantizes to {', '.join(sorted(QUANTIZABLE))}")
+    rng = np.random.default_rng(seed)
+    slab = _slab(type_name, rng)
+    return slab[np.arange(n_blocks) % slab.shape[0]] if n_blocks > slab.shape[0] else slab[:n_blocks].copy()
+
+
 def _floats(name: str, shape: tuple[int, ...], rng: np.random.Generator) -> np.ndarray:
     """An F32 tensor: norms ones +-5%, the router (and any other matrix) random of spread WEIGHT_STD * 5."""
     if len(shape) == 1:
@@ -129,4 +141,4 @@ def measure(name: str = "qwen3-30b-a3b", quant: str | None = None, layers: int =
     return {"path": str(p), "bytes": size, "seconds": dt, "gb_s": size / dt / 1e9}
 
 
-__all__ = ["POOL_BLOCKS", "SLAB_BYTES", "WEIGHT_STD", "materialize", "measure"]
+__all__ = ["POOL_BLOCKS", "SLAB_BYTES", "WEIGHT_STD", "materialize", "measure", "random_blocks"]

@@ -1,0 +1,59 @@
+"""bench/gpu_check.py --dry: every stage of the GPU lease's one command, end to end at tiny sizes on the sim GPU (no
+CuPy), in a few seconds; a stage that cannot fit the time left is skipped and says so; the carried gguf wheel is
+small and is gguf-py."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+BENCH = Path(__file__).resolve().parent.parent / "bench"
+
+
+def _gpu_check():
+    sys.path.insert(0, str(BENCH))
+    try:
+        import gpu_check
+    finally:
+        sys.path.remove(str(BENCH))
+    return gpu_check
+
+
+def test_dry_runs_every_stage_and_prints_one_table(tmp_path):
+    r = subprocess.run([sys.executable, str(BENCH / "gpu_check.py"), "--dry", "--out", str(tmp_path)],
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    res = json.loads((tmp_path / "gpu_check.json").read_text())
+    assert res["dry"] and set(res) >= {"tests", "kernels", "e2e", "peer"}
+    assert " passed" in res["tests"]["summary"] and res["tests"]["rc"] == 0, res["tests"]
+    k = res["kernels"]
+    assert k.get("status") == "not built" or (k["copy_gbs"] > 0 and k["types"] and all(
+        v["rel_err"] < 1e-5 for by in k["types"].values() for v in by.values())), k
+    runs = res["e2e"]["runs"]
+    assert list(runs) == ["-ngl 0", "-cmoe", "all GPU"], res["e2e"]
+    assert all(v["pp"] > 0 and v["tg"] > 0 and v["n_prompt"] == 16 for v in runs.values())
+    peer = res["peer"]
+    assert peer.get("status") == "skipped" and "pip install transformers" in peer["why"] or peer["pp"] > 0, peer
+    lines = r.stdout.splitlines()
+    assert lines[0].startswith("gpu_check --dry: ") and sum(ln.startswith("e2e ") for ln in lines) == 4
+
+
+def test_a_stage_that_cannot_fit_is_skipped_saying_why(tmp_path):
+    gc = _gpu_check()
+    r = gc.child("e2e", True, 5.0, tmp_path)
+    assert r == {"status": "skipped", "why": "5 s left, the stage needs at least 40 s"}
+    res = {"setup": [], "tests": r, "kernels": r, "e2e": r, "peer": {"timed_out": "stopped after 80 s", "pp": 1.0,
+           "tg": 2.0, "n_prompt": 16, "n_gen": 4, "layers": 2, "transformers": "5.0", "torch": "2.11"}}
+    rows = gc.rows(res)
+    assert ("e2e", "skipped", "5 s left, the stage needs at least 40 s") in rows
+    assert ("peer", "timed out: what it measured so far", "stopped after 80 s") in rows
+
+
+def test_the_carried_gguf_wheel_is_small_and_is_gguf_py():
+    (wheel,) = sorted((BENCH / "wheels").glob("gguf-*-py3-none-any.whl"))
+    assert wheel.stat().st_size < 1 << 20
+    with zipfile.ZipFile(wheel) as z:
+        assert "gguf/__init__.py" in z.namelist() and "gguf/gguf_writer.py" in z.namelist()
