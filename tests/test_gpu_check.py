@@ -33,12 +33,13 @@ def test_dry_runs_every_stage_and_prints_one_table(tmp_path):
     assert k.get("status") == "not built" or (k["copy_gbs"] > 0 and k["types"] and all(
         v["rel_err"] < 1e-5 for by in k["types"].values() for v in by.values())), k
     runs = res["e2e"]["runs"]
-    assert list(runs) == ["-ngl 0", "-cmoe", "all GPU"], res["e2e"]
-    assert all(v["pp"] > 0 and v["tg"] > 0 and v["n_prompt"] == 16 for v in runs.values())
+    assert list(runs) == ["-ngl 0 (no GPU)", "-cmoe", "-cmoe --offload-min-batch 0", "all GPU"], res["e2e"]
+    assert all(v["pp"] > 0 and v["tg"] > 0 and v["n_prompt"] == 40 for v in runs.values())
+    assert runs["-cmoe"]["offload_bytes"] > 0 == runs["-cmoe --offload-min-batch 0"]["offload_bytes"]
     peer = res["peer"]
     assert peer.get("status") == "skipped" and "pip install transformers" in peer["why"] or peer["pp"] > 0, peer
     lines = r.stdout.splitlines()
-    assert lines[0].startswith("gpu_check --dry: ") and sum(ln.startswith("e2e ") for ln in lines) == 4
+    assert lines[0].startswith("gpu_check --dry: ") and sum(ln.startswith("e2e ") for ln in lines) == 5
 
 
 def test_a_stage_that_cannot_fit_is_skipped_saying_why(tmp_path):
