@@ -110,7 +110,7 @@ def _on(m, dev: Device, ffn, x, ids, weights, counts: np.ndarray, src: Device):
     GPU, `offload_gpu`); (T, D) on src."""
     names, act, biases = ffn
     gpu = offload_gpu(m, dev, src, ids.shape[0])
-    if gpu is not None:
+    if gpu is not None and _offload_fits(m, gpu, ffn, counts, x):
         return _offloaded(m, gpu, ffn, x, ids, weights, counts, src)
     if src is not dev:
         ids, weights, x = m.to(ids, dev, "expert ids"), m.to(weights, dev, "expert weights"), \
@@ -183,6 +183,17 @@ def offload_gpu(m, dev: Device, src: Device, n_tokens: int) -> Device | None:
         return None
     gpus = [d for d in m.plan.devices if d.kind in ("cuda", "sim")]
     return (src if src in gpus else gpus[0]) if gpus else None
+
+
+def _offload_fits(m, gpu: Device, ffn, counts: np.ndarray, x) -> bool:
+    """Whether the selected experts' copies, one expert's float32 gate/up/down and the batch's activations fit what
+    is free on gpu now (the memory estimate reserves no room for op offload: where they do not fit, the CPU runs
+    them, as without it)."""
+    names, _, biases = ffn
+    ws = [m.weights[n] for n in (*names, *(biases or ()))]
+    copies = int(np.count_nonzero(counts)) * sum(_cpu_view(w)[0].nbytes for w in ws)
+    scratch = 4 * sum(int(np.prod(w.shape[1:])) for w in ws) + 4 * int(x.size) * 8
+    return gpu.free_bytes is None or copies + scratch <= gpu.free_bytes
 
 
 def _offloaded(m, gpu: Device, ffn, x, ids, weights, counts: np.ndarray, src: Device):

@@ -73,3 +73,16 @@ def test_the_flag_reaches_the_model(path, capsys):
     assert main(["run", str(path), "-p", " ".join(map(str, PROMPT[:33])), "-n", "1", "--cpu-moe", "--gpu-backend",
                  "sim", "-c", "64", "--no-warmup", "--stats"]) == 0
     assert "op-offload copies of CPU weights" in capsys.readouterr().err
+
+
+def test_copies_that_do_not_fit_leave_the_experts_on_the_cpu(path):
+    """-ngl 0 with a GPU present: a big batch's experts go to it, as in llama.cpp, when their copies fit what is
+    free there (the memory estimate reserves no room for op offload); else the CPU runs them."""
+    want = None
+    for size, copied in (("64MiB", True), ("16KiB", False)):
+        m = moert.load(path, **{**KW, "gpu_memory": size}, gpu_layers=0)
+        logits = m.forward(PROMPT)
+        assert (m.stats.total.transfers["sim:0"].offload_count > 0) is copied, size
+        want = logits if want is None else want
+        assert rel(logits, want) < 1e-5
+        m.close()
