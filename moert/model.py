@@ -107,6 +107,8 @@ class Model(ModelRuntime, TextAPI, Tracing):
         out = []
         guard = (self.stall_guard if len(tokens) == 1 and batch is None and threads() > 1
                  else None)                                       # one sequence's decode step on several threads
+        if guard is not None:
+            guard.at(start)
         one = guard is not None and guard.one_thread()
         try:
             with blas_one_thread(), one_kernel_thread(one):   # BLAS on one thread while the kernels run (jit.py)

@@ -28,6 +28,7 @@ class StallGuard:
 
     STALL, SLACK, SLOWER, FADE = 3.0, 2e-4, 1.5, 1.002
     MIN_BACKOFF, MAX_BACKOFF = 8, 128
+    JUMP = 64                 # tokens: a step this far from where the last one left off starts afresh (`at`)
 
     def __init__(self) -> None:
         self.steps = 0                        # decode steps seen
@@ -36,6 +37,16 @@ class StallGuard:
         self.fast_n = self.fast_1 = float("inf")
         self.stalls = 0                       # stalled steps seen (for benchmarks and tests)
         self.one_steps = 0                    # steps it ran on one thread (the probe and the backoffs)
+        self.next = None                      # the position the next step continues at
+
+    def at(self, position: int) -> None:
+        """A decode step at `position`. After a jump of over JUMP tokens (a prompt, a rewind, another conversation)
+        the guard starts afresh, the probe too: attention's time grows with the depth, so against a minimum taken
+        near the start of the context every step deep in it would read as a stall and stay on one thread."""
+        if self.next is not None and abs(position - self.next) > self.JUMP:
+            self.steps, self.wait, self.backoff = 0, 0, self.MIN_BACKOFF
+            self.fast_n = self.fast_1 = float("inf")
+        self.next = position + 1
 
     def one_thread(self) -> bool:
         """Whether the next decode step runs on one thread."""

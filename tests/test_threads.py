@@ -187,6 +187,27 @@ def test_decode_steps_the_guard_sends_to_one_thread_give_the_same_logits(monkeyp
         m.close()
 
 
+def test_stall_guard_starts_afresh_after_a_jump_in_depth():
+    """Minima taken near the start of the context would call every step deep in it a stall: a step more than JUMP
+    tokens from where the last one left off (a long prompt, a rewind) forgets them and probes one thread again;
+    steps that follow one another, or a short prompt between them, keep them."""
+    from moert.threads import StallGuard
+
+    g = StallGuard()
+    for pos, s in ((10, 1e-3), (11, 2e-3), (12, 1e-3)):
+        g.at(pos)
+        g.step(s, g.one_thread())
+    g.at(13 + StallGuard.JUMP)                                          # a short prompt between: the same guard
+    assert g.steps == 3 and g.fast_n == pytest.approx(1e-3, rel=0.01)
+    g.step(1e-2, g.one_thread())                                        # 10x slower: a stall, one thread next
+    assert g.wait == g.MIN_BACKOFF and g.stalls == 1
+    g.at(4096)                                                          # a long prompt: afresh
+    assert (g.steps, g.wait, g.fast_n, g.fast_1) == (0, 0, float("inf"), float("inf")) and g.stalls == 1
+    g.step(1e-2, g.one_thread())
+    g.at(4097)
+    assert g.one_thread()                                               # its probe, at the new depth
+
+
 def test_without_the_guard_every_decode_step_keeps_the_threads_set(monkeypatch, capsys):
     """load(stall_guard=False) / --no-stall-guard: no step goes to one thread, whatever came before; `moert bench`
     counts the steps the guard did send to one thread."""
