@@ -1,6 +1,6 @@
 """moert.kernels.gpu's decode matvec against the GPU's own device-to-device copy bandwidth (needs CuPy and a GPU).
 
-    python bench/bench_gpu_kernels.py [--shape 4096x4096] [--types Q4_K,Q6_K,...] [--tokens 1] [--rows 2,4,8,16]
+    python bench/bench_gpu_kernels.py [--shape 4096x4096] [--types Q4_K,Q6_K,...] [--tokens 1] [--rows 1,2,4]
 
 For each type and each rows-per-program (R, kernels/gpu/table.py; the table's own first), it times the matvec
 kernel (CUDA events, median of 50 after 5 warm-ups, including the first call's compile in neither), reads its
@@ -41,7 +41,7 @@ def main(argv=None) -> int:
     ap.add_argument("--shape", default="4096x4096", help="N x K of the weight (rows x columns)")
     ap.add_argument("--types", default="Q4_K,Q5_K,Q6_K,Q8_0,Q4_0,Q5_0,MXFP4,F16,BF16,F32")
     ap.add_argument("--tokens", type=int, default=1)
-    ap.add_argument("--rows", default="", help="rows per program to try besides the table's, e.g. 2,4,8,16")
+    ap.add_argument("--rows", default="", help="rows per program to try besides the table's, e.g. 1,2,4")
     a = ap.parse_args(argv)
     try:
         import cupy as cp

@@ -22,10 +22,10 @@ def specs(qtype, x: str = "fp32", tokens: int = 1) -> list[tuple[str, dict, dict
     g = gpu_type(qtype)
     xp = f"*{x}"
     tp = 1 << (min(tokens, DECODE_MAX_T) - 1).bit_length()
-    blk = dict(QT=g.qt, R=g.rows, S=g.sub, L=g.lanes)
-    moe = dict(blk, HAS_BIAS=False)
+    blk = dict(QT=g.qt, R=g.rows * g.chunks, S=g.sub, L=g.lanes)
+    moe = dict(g.decode_constexprs(), HAS_BIAS=False)
     return [
-        (g.matvec, dict(_DECODE, x_ptr=xp), dict(blk, TP=tp), g.warps),
+        (g.matvec, dict(_DECODE, x_ptr=xp), dict(g.decode_constexprs(), TP=tp), g.warps),
         (g.tiled, dict(_DECODE, x_ptr=xp), dict(QT=g.qt, BM=g.tile_m, BN=g.tile_n, S=g.sub, L=g.lanes),
          g.tile_warps),
         (g.dequant, dict(w_ptr="*u8", y_ptr="*fp16", N="i32", K="i32", row_bytes="i32"), dict(blk, F16=True),

@@ -140,8 +140,14 @@ def _interpreted_lang():
     swaps = [] if triton_interpret_env() else _lang_jit_functions()   # TRITON_INTERPRET=1 at import: none needed
     patch_lang, patch_tensor, scopes = ti._patch_lang, ti._patch_lang_tensor, []
 
+    patched = set()
+
     def _patch_lang(fn):
-        scopes.append(patch_lang(fn))
+        # once per module's globals: Triton patches again at every call of a @jit helper, the bulk of an
+        # interpreted kernel's time, and the patches are the same each time
+        if id(fn.__globals__) not in patched:
+            patched.add(id(fn.__globals__))
+            scopes.append(patch_lang(fn))
         return _Deferred()
 
     def _patch_lang_tensor(tensor, scope):

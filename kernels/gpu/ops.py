@@ -194,7 +194,7 @@ def _matmul(w, g: GpuType, n: int, k: int, x, out, stream, backend: str, tiled: 
             backend, stream)
     else:
         tp = 1 << (t - 1).bit_length()                                    # tokens rounded up to a power of 2
-        run(g.matvec, (_cdiv(n, g.rows),), args, dict(QT=g.qt, R=g.rows, S=g.sub, L=g.lanes, TP=tp), g.warps,
+        run(g.matvec, (_cdiv(n, g.rows),), args, dict(g.decode_constexprs(), TP=tp), g.warps,
             backend, stream)
     return out
 
@@ -208,8 +208,9 @@ def dequantize(w, qtype: str, shape: Sequence[int], dtype=np.float16, stream=Non
         return ref_dequantize(w, g.name, (n, k)).astype(dtype)
     y = _xp(w).empty((n, k), dtype=dtype)
     f16 = np.dtype(dtype) == np.float16
-    run(g.dequant, (_cdiv(n, g.rows), _cdiv(k, CHUNK)), dict(w_ptr=_u8(w), y_ptr=y, N=n, K=k,
-        row_bytes=GGML_TYPES[g.name].row_bytes(k)), dict(QT=g.qt, R=g.rows, S=g.sub, L=g.lanes, F16=f16), g.warps,
+    r = g.rows * g.chunks                                                # as many tile rows as a decode step
+    run(g.dequant, (_cdiv(n, r), _cdiv(k, CHUNK)), dict(w_ptr=_u8(w), y_ptr=y, N=n, K=k,
+        row_bytes=GGML_TYPES[g.name].row_bytes(k)), dict(QT=g.qt, R=r, S=g.sub, L=g.lanes, F16=f16), g.warps,
         backend, stream)
     return y
 
@@ -267,7 +268,7 @@ def moe(x, ids, weights, gate, up, down, qtype: str, shapes, act: str = "swiglu"
     # without biases the bias pointers are never read (HAS_BIAS is False): any device array stands in for them
     bg, bu, bd = (act_buf,) * 3 if biases is None else (xp.ascontiguousarray(b, dtype=np.float32) for b in biases)
     tt = GGML_TYPES[g.name]
-    common = dict(QT=g.qt, R=g.rows, S=g.sub, L=g.lanes, HAS_BIAS=biases is not None)
+    common = dict(g.decode_constexprs(), HAS_BIAS=biases is not None)
     ids, wts, x = xp.ascontiguousarray(ids), xp.ascontiguousarray(weights, dtype=np.float32), xp.ascontiguousarray(x)
     run(g.moe_gate_up, (_cdiv(f, g.rows), t * ks),
         dict(gate_ptr=_u8(gate), up_ptr=_u8(up), bg_ptr=bg, bu_ptr=bu, x_ptr=x, ids_ptr=ids, act_ptr=act_buf, F=f,

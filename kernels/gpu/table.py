@@ -3,16 +3,23 @@ code its Triton kernels branch on and the fixed launch configuration chosen for 
 module imports neither Triton nor CuPy.
 
 Every kernel walks a weight row in chunks of 256 weights (one k-quant super-block, eight 32-weight blocks, or 256
-plain values) seen as a (S, L) tile: S sub-blocks of L weights, so a sub-block's scale is a (S, 1) column that
-broadcasts over its L weights instead of being loaded once per weight.
+plain values) and holds them as a tile with one sub-block per tile row, so a sub-block's scale is loaded once per
+thread (kernels/gpu/src/deq.py says why this shape). The nibble types' decode kernels read a tile row as a run of
+bytes whose two nibbles are two weights (deq2: one byte load and unpack feeds both).
 
-Why these configurations (none is autotuned; each is a reasoned guess to be timed on a GPU):
-  rows    R rows per program for the decode kernels (T <= 8). One chunk of R rows is R x 256 weights: 8 rows of
-          Q4_K are 1152 bytes per loop step, 16 per thread at 4 warps, so registers stay low enough for ~12
-          programs per SM (~14 KB of loads in flight per SM, what Little's law asks of an H100: 3.35 TB/s x
-          ~600 ns over 132 SMs). 4096 rows make 512 programs, ~4 per SM on an H100. The plain types carry 2-4x
-          the bytes per weight, so they take half the rows for the same bytes per step.
-  warps   4 for decode: a chunk row is 256 weights, 2 per lane per row; more warps would only split the reductions.
+Why these configurations (none is autotuned; each is reasoned from the compiled code, to be timed on a GPU with
+bench/bench_gpu_kernels.py --rows 1,2,4, which also checks the twin):
+  rows, chunks  R = 2 rows per program, C = 4 chunks of each per step (1024 weights of a row): 2 x 1024 weights
+          over 128 threads is 16 weights per thread per step, so every thread loads its scales once per step and
+          its quant bytes as vectors. A 4096-row matrix makes 2048 programs (8192 warps, ~62 per SM on an H100's
+          132 SMs before the register limit), where one row-block per program would leave ~15: a matvec is bound
+          by the bytes in flight, and it is the number of warps waiting on loads that puts them there (llama.cpp's
+          mmvq spreads each row over a 4-warp block for the same reason). For Q4_K the sm_90 PTX of a step is ~200
+          instructions per thread (10 byte loads of header and scales, 1 vector load of quants, 4 of x, 24 FMAs):
+          ~1.15 KB of weights per ~820 warp-instructions: if issue-bound, ~1.3 TB/s (~40% of an H100's 3.35) at
+          full issue rate, so the next step for the k-quants is an int8 path (q8_1 activations, dp4a), as
+          llama.cpp's vecdotq.cuh does, where one instruction multiplies four weights.
+  warps   4 for decode: 128 threads for one step's 2 x 1024 weights.
   tiled   BM x BN tokens x rows per program for prompts (T > 8), BK = 256 (one chunk), f16 operands into tl.dot,
           8 warps: a (64, 256) dequantized tile is 64 floats per thread before its f16 cast.
 """
@@ -36,11 +43,26 @@ class GpuType:
     qt: int              # QT constexpr: which decoder kernels/gpu/src/deq.py compiles in
     sub: int             # S: sub-blocks per 256-weight chunk (their scales broadcast over L)
     lanes: int           # L: weights per sub-block; S * L == CHUNK
-    rows: int = 8        # R: rows per program of the matvec and MoE kernels
+    rows: int = 2        # R: rows per program of the matvec and MoE kernels
+    chunks: int = 4      # C: 256-weight chunks of each row a decode step reads at once (a split of K in the program)
     warps: int = 4       # num_warps of the matvec and MoE kernels
     tile_m: int = 32     # BM: tokens per program of the tiled kernel
     tile_n: int = 64     # BN: rows per program of the tiled kernel
     tile_warps: int = 8  # num_warps of the tiled kernel
+    pair: bool = False   # decode kernels read the type two nibbles per byte (src/deq.py's deq2) over a (R * S2, L2)
+    #                      tile: Q4_K / Q5_K S2 = 4 runs of 32 bytes, Q4_0 / Q5_0 / MXFP4 S2 = 8 blocks of 16 bytes
+
+    @property
+    def decode_tile(self) -> tuple[int, int]:
+        """(S, L) of the decode kernels' tile rows: the chunk's sub-blocks, or its byte runs for a paired type."""
+        if not self.pair:
+            return self.sub, self.lanes
+        return (4, 32) if self.qt in (7, 8) else (8, 16)
+
+    def decode_constexprs(self) -> dict:
+        """The constexprs the decode kernels (matvec, MoE) are compiled with (TP, ACT, HAS_BIAS aside)."""
+        s, l = self.decode_tile
+        return dict(QT=self.qt, R=self.rows, S=s, L=l, C=self.chunks, PAIR=self.pair)
 
     # The kernels, by name (kernels/gpu/src/*.py); every type has all of them.
     matvec: str = "matvec_kernel"           # out (T, N) = x (T, K) @ W.T, T <= 8
@@ -61,14 +83,14 @@ def _entry(name: str, sub: int = 8, lanes: int = 32, **kw) -> GpuType:
 
 
 GPU_TYPES: dict[str, GpuType] = {t.name: t for t in (
-    _entry("F32", rows=2),
-    _entry("F16", rows=4),
-    _entry("BF16", rows=4),
-    _entry("Q8_0", rows=4),                   # 34 bytes per 32: close to F16 per weight
-    _entry("Q4_0"),
-    _entry("Q5_0"),
-    _entry("MXFP4"),
-    _entry("Q4_K"),
-    _entry("Q5_K"),
+    _entry("F32"),
+    _entry("F16"),
+    _entry("BF16"),
+    _entry("Q8_0"),
+    _entry("Q4_0", pair=True),
+    _entry("Q5_0", pair=True),
+    _entry("MXFP4", pair=True),
+    _entry("Q4_K", pair=True),
+    _entry("Q5_K", pair=True),
     _entry("Q6_K", sub=16, lanes=16),         # 16 sub-blocks of 16, each with its int8 scale
 )}

@@ -1,14 +1,22 @@
-"""Triton block decoders: one 256-weight chunk of R rows, read from the GGUF block bytes as they are.
+"""Triton block decoders: 256-weight chunks of weight rows, read from the GGUF block bytes as they are.
 
-deq(wp, roff, c, K, s, l, QT) -> (R, S, L) float32: chunk c of the rows whose first byte is wp + roff (R, 1, 1),
-with s = arange(S)[None, :, None] and l = arange(L)[None, None, :]; weight k = 256 c + L s + l of each row.
-Weights at or past K (the tail of a row of 32-blocks or plain values) come back as 0. QT is a constexpr
-(kernels/gpu/table.py's QT_CODES): each kernel is compiled for one type and carries only its decoder.
+deq(wp, roff, c, K, s, l, QT) -> (R * S, L) float32: chunks seen as sub-blocks of L weights, one per tile row: tile
+row i is sub-block s[i] of chunk c[i] of the row whose first byte is wp + roff[i] (roff, s and c: (R * S,), or c a
+scalar; l = arange(L)); weight k = 256 c + L s + l of that row. Weights at or past K (past the row's last chunk, or
+in the tail of a row of 32-blocks or plain values) come back as 0; the masks are block-shaped, since a block &
+scalar mask is int32 under Triton's interpreter, which tl.load refuses. QT is a constexpr (kernels/gpu/table.py's
+QT_CODES): each kernel is compiled for one type and carries only its decoder.
+
+Why a sub-block per tile row: a thread then holds the weights of one sub-block (Triton lays the L contiguous
+bytes along a thread), so a sub-block's scale is one value per thread, loaded once and broadcast along its row,
+and its quant bytes load as vectors where the block allows (Q4_K / Q5_K: 144 / 176-byte blocks, 16-aligned;
+Q8_0's 34, Q5_0's 22, Q6_K's 210 and MXFP4's 17 bytes allow 2-byte or byte loads only: a load-time repack
+to aligned blocks would pay there, and is not done yet).
 
 Layouts and byte diagrams: moert/quants/dequant.py, whose reference dequantizers these follow operation for
 operation in float32 (d * sc first, then times q, minus dmin * m), so the only differences are a GPU's fused
-multiply-adds (one rounding, not two). Scales load as (R, S, 1) columns, once per sub-block, and broadcast.
-Halves are read as two bytes (every f16 of every block sits at an even offset; blocks need no alignment).
+multiply-adds (one rounding, not two). Halves are read as two bytes (every f16 of every block sits at an even
+offset; blocks need no alignment).
 """
 
 import triton
@@ -58,57 +66,113 @@ def _e8m0_half(e):
 
 @triton.jit
 def deq(wp, roff, c, K, s, l, QT: tl.constexpr):
-    """(R, S, L) float32 weights of chunk c (see the module docstring)."""
+    """(R * S, L) float32 weights of chunk c (see the module docstring). roff (R * S,) int64 and s (R * S,) are 1-d:
+    what depends on the sub-block alone (scales, block headers) is loaded as one value per tile row and only then
+    broadcast over l (L,); a 2-d (R * S, 1) pointer would be laid out like the tile and load once per weight."""
+    l2 = l[None, :]                                                          # (1, L)
     if QT == 7 or QT == 8:
         # Q4_K 144 / Q5_K 176 bytes: | d | dmin | scales[12] | (Q5_K: qh[32]) | qs[128] |; S = 8 sub-blocks of 32
-        base = wp + roff + c * (144 if QT == 7 else 176)                     # (R, 1, 1)
-        ok = roff >= 0                                                       # every row is whole
-        d, dmin = _half(base, ok), _half(base + 2, ok)
-        sc, m = _scale_min_k4(base + 4, s, ok)                               # (R, S, 1)
-        qs = base + (16 if QT == 7 else 48) + 32 * (s // 2) + l
-        q = (_u8(qs, ok) >> (4 * (s % 2))) & 0xF                             # (R, S, L)
+        base = wp + roff + c * (144 if QT == 7 else 176)                     # (R * S,)
+        ok = roff * 0 + c * 256 < K                                          # chunks past the row: none
+        sc, m = _scale_min_k4(base + 4, s, ok)                               # (R * S,)
+        dl, ml = _half(base, ok) * sc, _half(base + 2, ok) * m
+        qs = (base + (16 if QT == 7 else 48) + 32 * (s // 2))[:, None] + l2
+        q = (_u8(qs, ok[:, None]) >> (4 * (s % 2))[:, None]) & 0xF          # (R * S, L)
         if QT == 8:
-            q = q | (((_u8(base + 16 + l, ok) >> s) & 1) << 4)               # bit s of qh[l]
-        w = (d * sc) * q.to(tl.float32) - dmin * m
+            q = q | (((_u8(base[:, None] + 16 + l2, ok[:, None]) >> s[:, None]) & 1) << 4)   # bit s of qh[l]
+        w = dl[:, None] * q.to(tl.float32) - ml[:, None]
     elif QT == 9:
-        # Q6_K 210 bytes: | ql[128] | qh[64] | scales[16] int8 | d |; S = 16 sub-blocks of 16
+        # Q6_K 210 bytes: | ql[128] | qh[64] | scales[16] int8 | d |; S = 16 sub-blocks of 16. Weight 16 s + l is
+        # weight j = 16 (s % 2) + l of part t = (s // 2) % 4 of half h = s // 8 (the layout in dequant.py)
         base = wp + roff + c * 210
-        ok = roff >= 0
-        i = 16 * s + l                                                       # weight in the block
-        h, t, j = i >> 7, (i >> 5) & 3, i & 31
-        lo = (_u8(base + 64 * h + 32 * (t & 1) + j, ok) >> (4 * (t >> 1))) & 0xF
-        hi = (_u8(base + 128 + 32 * h + j, ok) >> (2 * t)) & 3
-        sc = _u8(base + 192 + s, ok).to(tl.int8).to(tl.float32)             # (R, S, 1)
-        w = (_half(base + 208, ok) * sc) * ((lo | (hi << 4)) - 32).to(tl.float32)
+        ok = roff * 0 + c * 256 < K
+        h, t, j0 = s // 8, (s // 2) % 4, 16 * (s % 2)
+        dl = _half(base + 208, ok) * _u8(base + 192 + s, ok).to(tl.int8).to(tl.float32)   # (R * S,)
+        lo = _u8((base + 64 * h + 32 * (t % 2) + j0)[:, None] + l2, ok[:, None]) >> (4 * (t // 2))[:, None]
+        hi = _u8((base + 128 + 32 * h + j0)[:, None] + l2, ok[:, None]) >> (2 * t)[:, None]
+        w = dl[:, None] * (((lo & 0xF) | ((hi & 3) << 4)) - 32).to(tl.float32)
     elif QT >= 3:
         # 32-weight blocks, S = 8 of them per chunk: block b of the row, valid while 32 b < K
-        b = c * 8 + s                                                        # (1, S, 1)
-        ok = (roff >= 0) & (b * 32 < K)                                      # (R, S, 1)
+        b = c * 8 + s                                                        # (R * S,)
+        ok = (roff >= 0) & (b * 32 < K)
+        ok2 = ok[:, None]
         if QT == 3:      # Q8_0 34 bytes: | d | qs[32] int8 |
             base = wp + roff + b * 34
-            w = _u8(base + 2 + l, ok).to(tl.int8).to(tl.float32) * _half(base, ok)
-        elif QT == 4:    # Q4_0 18 bytes: | d | qs[16]: q[j] low nibble of qs[j], q[j + 16] high |
-            base = wp + roff + b * 18
-            q = (_u8(base + 2 + (l & 15), ok) >> (4 * (l >> 4))) & 0xF
-            w = _half(base, ok) * (q.to(tl.float32) - 8)
-        elif QT == 5:    # Q5_0 22 bytes: | d | qh u32: bit j = bit 4 of q[j] | qs[16] |
-            base = wp + roff + b * 22
-            q = (_u8(base + 6 + (l & 15), ok) >> (4 * (l >> 4))) & 0xF
-            q = q | (((_u8(base + 2 + (l >> 3), ok) >> (l & 7)) & 1) << 4)
-            w = _half(base, ok) * (q.to(tl.float32) - 16)
-        else:            # MXFP4 17 bytes: | e E8M0 | qs[16]: nibbles as Q4_0 |
-            base = wp + roff + b * 17
-            q = (_u8(base + 1 + (l & 15), ok) >> (4 * (l >> 4))) & 0xF
-            w = _e8m0_half(_u8(base, ok)) * _e2m1x2(q)
+            w = _u8(base[:, None] + 2 + l2, ok2).to(tl.int8).to(tl.float32) * _half(base, ok)[:, None]
+        else:            # Q4_0, Q5_0, MXFP4: 16 bytes of nibbles, q[j] low nibble of qs[j], q[j + 16] high
+            nib = (l2 & 15)
+            shift = 4 * (l2 >> 4)
+            if QT == 4:      # Q4_0 18 bytes: | d | qs[16] |
+                base = wp + roff + b * 18
+                q = (_u8(base[:, None] + 2 + nib, ok2) >> shift) & 0xF
+                w = _half(base, ok)[:, None] * (q.to(tl.float32) - 8)
+            elif QT == 5:    # Q5_0 22 bytes: | d | qh u32: bit j = bit 4 of q[j] | qs[16] |
+                base = wp + roff + b * 22
+                qh = _u8(base + 2, ok) | (_u8(base + 3, ok) << 8) | (_u8(base + 4, ok) << 16) | (
+                    _u8(base + 5, ok) << 24)
+                q = (_u8(base[:, None] + 6 + nib, ok2) >> shift) & 0xF
+                q = q | (((qh[:, None] >> l2) & 1) << 4)
+                w = _half(base, ok)[:, None] * (q.to(tl.float32) - 16)
+            else:            # MXFP4 17 bytes: | e E8M0 | qs[16] |
+                base = wp + roff + b * 17
+                q = (_u8(base[:, None] + 1 + nib, ok2) >> shift) & 0xF
+                w = _e8m0_half(_u8(base, ok))[:, None] * _e2m1x2(q)
     else:
         # plain rows: the row is K values of 4 (F32) or 2 (F16, BF16) bytes
-        k = c * 256 + s * l.shape[2] + l                                     # (1, S, L)
-        ok = (roff >= 0) & (k < K)
-        if QT == 0:
-            w = tl.load((wp + roff + 4 * k).to(tl.pointer_type(tl.float32)), mask=ok, other=0.0)
+        k = (c * 256 + s * l.shape[0])[:, None] + l2                         # (R * S, L)
+        ok = (roff >= 0)[:, None] & (k < K)
+        row = wp + roff                                                      # (R * S,) the rows' first bytes
+        if QT == 0:          # typed row pointers, then element offsets: the loads stay contiguous vectors
+            w = tl.load(row.to(tl.pointer_type(tl.float32))[:, None] + k, mask=ok, other=0.0)
         elif QT == 1:
-            w = tl.load((wp + roff + 2 * k).to(tl.pointer_type(tl.float16)), mask=ok, other=0.0).to(tl.float32)
+            w = tl.load(row.to(tl.pointer_type(tl.float16))[:, None] + k, mask=ok, other=0.0).to(tl.float32)
         else:
-            bits = tl.load((wp + roff + 2 * k).to(tl.pointer_type(tl.uint16)), mask=ok, other=0)
+            bits = tl.load(row.to(tl.pointer_type(tl.uint16))[:, None] + k, mask=ok, other=0)
             w = (bits.to(tl.uint32) << 16).to(tl.float32, bitcast=True)
     return w
+
+
+@triton.jit
+def deq2(wp, roff, c, K, s, l, QT: tl.constexpr):
+    """The nibble types for the decode kernels, two weights per byte: (lo, hi), each (R * S, L) float32, where tile
+    row i holds byte run s[i] of its row and the byte l of it gives weight 2 L s + l (its low nibble) and
+    2 L s + L + l (its high one). Q4_K / Q5_K: S = 4 runs of L = 32 bytes (sub-blocks 2s and 2s + 1); Q4_0, Q5_0,
+    MXFP4: S = 8 blocks of L = 16 bytes. One byte loaded and unpacked feeds both weights in the same thread, where
+    deq's tile puts the two nibbles of a byte in two threads that each load it."""
+    l2 = l[None, :]
+    if QT == 7 or QT == 8:
+        base = wp + roff + c * (144 if QT == 7 else 176)                     # (R * S,)
+        ok = roff * 0 + c * 256 < K
+        d, dmin = _half(base, ok), _half(base + 2, ok)
+        sc0, m0 = _scale_min_k4(base + 4, 2 * s, ok)
+        sc1, m1 = _scale_min_k4(base + 4, 2 * s + 1, ok)
+        q = _u8((base + (16 if QT == 7 else 48) + 32 * s)[:, None] + l2, ok[:, None])          # (R * S, L)
+        q0, q1 = q & 0xF, q >> 4
+        if QT == 8:
+            qh = _u8(base[:, None] + 16 + l2, ok[:, None]) >> (2 * s)[:, None]                   # bits 2s, 2s + 1
+            q0, q1 = q0 | ((qh & 1) << 4), q1 | ((qh & 2) << 3)
+        lo = (d * sc0)[:, None] * q0.to(tl.float32) - (dmin * m0)[:, None]
+        hi = (d * sc1)[:, None] * q1.to(tl.float32) - (dmin * m1)[:, None]
+    else:
+        b = c * 8 + s                                                        # (R * S,) 32-weight blocks
+        ok = (roff >= 0) & (b * 32 < K)
+        ok2 = ok[:, None]
+        if QT == 4:      # Q4_0
+            base = wp + roff + b * 18
+            q = _u8(base[:, None] + 2 + l2, ok2)
+            d = _half(base, ok)[:, None]
+            lo, hi = d * ((q & 0xF).to(tl.float32) - 8), d * ((q >> 4).to(tl.float32) - 8)
+        elif QT == 5:    # Q5_0: bit j of qh is bit 4 of weight j
+            base = wp + roff + b * 22
+            qh = _u8(base + 2, ok) | (_u8(base + 3, ok) << 8) | (_u8(base + 4, ok) << 16) | (_u8(base + 5, ok) << 24)
+            qh = qh[:, None] >> l2
+            q = _u8(base[:, None] + 6 + l2, ok2)
+            d = _half(base, ok)[:, None]
+            lo = d * (((q & 0xF) | ((qh & 1) << 4)).to(tl.float32) - 16)
+            hi = d * (((q >> 4) | (((qh >> 16) & 1) << 4)).to(tl.float32) - 16)
+        else:            # MXFP4
+            base = wp + roff + b * 17
+            q = _u8(base[:, None] + 1 + l2, ok2)
+            e = _e8m0_half(_u8(base, ok))[:, None]
+            lo, hi = e * _e2m1x2(q & 0xF), e * _e2m1x2(q >> 4)
+    return lo, hi

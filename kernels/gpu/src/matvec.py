@@ -11,40 +11,86 @@ weights cross memory once whatever T is. Accumulation is float32; x may be float
 import triton
 import triton.language as tl
 
-from .deq import deq
+from .deq import deq, deq2
+
+
+@triton.jit
+def _row_offsets(row0, n_rows, base_row, row_bytes, R: tl.constexpr, CS: tl.constexpr):
+    """(R * CS,) int64 byte offsets of rows row0 .. row0 + R, each repeated for its CS tile rows (C chunks of S);
+    rows past n_rows reread row n_rows - 1 (their results are never stored). base_row: an expert's first row."""
+    r = tl.minimum(row0 + tl.arange(0, R * CS) // CS, n_rows - 1)
+    return (base_row + r.to(tl.int64)) * row_bytes
+
+
+@triton.jit
+def _decode(wp, roff, c, K, s, l, PAIR: tl.constexpr, QT: tl.constexpr):
+    """Chunk c's weights: deq's tile (hi unused), or deq2's two nibble tiles (weights 2 L s + l and 2 L s + L + l)."""
+    if PAIR:
+        lo, hi = deq2(wp, roff, c, K, s, l, QT)
+    else:
+        lo = deq(wp, roff, c, K, s, l, QT)
+        hi = lo
+    return lo, hi
+
+
+@triton.jit
+def _times_x(lo, hi, c, s, l, xp, kx, PAIR: tl.constexpr, L: tl.constexpr):
+    """The (R * S, L) products of a decoded chunk with the x row at xp (columns >= kx read as 0)."""
+    if PAIR:
+        k = (c * 256 + s * (2 * L))[:, None] + l[None, :]
+        x0 = tl.load(xp + k, mask=k < kx, other=0.0).to(tl.float32)
+        x1 = tl.load(xp + k + L, mask=k + L < kx, other=0.0).to(tl.float32)
+        return lo * x0 + hi * x1
+    else:
+        k = (c * 256 + s * L)[:, None] + l[None, :]
+        return lo * tl.load(xp + k, mask=k < kx, other=0.0).to(tl.float32)
 
 
 @triton.jit
 def _rows_dot(wp, roff, xp, stride_x, T, K, QT: tl.constexpr, R: tl.constexpr, S: tl.constexpr, L: tl.constexpr,
-              TP: tl.constexpr):
-    """(R, TP) float32: rows wp + roff (R, 1, 1) times x rows xp + t * stride_x, t < T (columns >= T stay 0)."""
-    s = tl.arange(0, S)[None, :, None]
-    l = tl.arange(0, L)[None, None, :]
-    k_in = s * L + l                                                         # (1, S, L)
-    tcol = tl.arange(0, TP)[None, :]                                         # (1, TP)
-    acc = tl.zeros((R, TP), dtype=tl.float32)
-    for c in range(0, tl.cdiv(K, S * L)):
-        w = deq(wp, roff, c, K, s, l, QT)                                    # (R, S, L)
-        k = c * (S * L) + k_in
-        for t in tl.static_range(TP):
-            # tokens t >= T read nothing: their columns end at 0 (a block & scalar mask would do, but Triton's
-            # interpreter makes it int32, which Triton 3.9's tl.load refuses)
-            xt = tl.load(xp + t * stride_x + k, mask=k < tl.where(t < T, K, 0), other=0.0).to(tl.float32)
-            dot = tl.sum(tl.sum(w * xt, axis=2), axis=1)                     # (R,)
-            acc += tl.where(tcol == t, dot[:, None], 0.0)
-    return acc
+              C: tl.constexpr, TP: tl.constexpr, PAIR: tl.constexpr):
+    """(R, TP) float32: the R rows at wp + roff (_row_offsets) times x rows xp + t * stride_x for t < T (columns
+    t >= T stay 0). A step decodes C consecutive chunks of each row at once (a split of K within the program, as
+    llama.cpp's mmvq spreads a row over a block's threads), then multiplies them by every token's x. One token
+    accumulates the products elementwise and reduces once after the loop; more tokens reduce each step's products
+    per tile row (mostly within a thread) into an (R * C * S, TP) accumulator."""
+    i = tl.arange(0, R * C * S)
+    s = i % S                                                                # (R * C * S,) sub-block of a tile row
+    cc = (i // S) % C                                                        # its chunk within the step
+    l = tl.arange(0, L)                                                      # (L,)
+    if TP == 1:
+        acc = tl.zeros((R * C * S, L), dtype=tl.float32)
+        for c0 in range(0, tl.cdiv(K, 256 * C)):
+            c = c0 * C + cc
+            lo, hi = _decode(wp, roff, c, K, s, l, PAIR, QT)
+            acc += _times_x(lo, hi, c, s, l, xp, K, PAIR, L)
+        return tl.sum(tl.reshape(tl.sum(acc, axis=1), (R, C * S)), axis=1)[:, None]             # (R, 1)
+    else:
+        tcol = tl.arange(0, TP)[None, :]                                     # (1, TP)
+        acc = tl.zeros((R * C * S, TP), dtype=tl.float32)
+        for c0 in range(0, tl.cdiv(K, 256 * C)):
+            c = c0 * C + cc
+            lo, hi = _decode(wp, roff, c, K, s, l, PAIR, QT)
+            for t in tl.static_range(TP):
+                # tokens t >= T read no x: their columns end at 0 (a block & scalar mask would do, but Triton's
+                # interpreter makes it int32, which Triton 3.9's tl.load refuses)
+                p = _times_x(lo, hi, c, s, l, xp + t * stride_x, tl.where(t < T, K, 0), PAIR, L)
+                acc += tl.where(tcol == t, tl.sum(p, axis=1)[:, None], 0.0)
+        return tl.sum(tl.reshape(acc, (R, C * S, TP)), axis=1)                                 # (R, TP)
 
 
 @triton.jit
 def matvec_kernel(w_ptr, x_ptr, out_ptr, N, K, T, row_bytes, stride_x, stride_o,
-                  QT: tl.constexpr, R: tl.constexpr, S: tl.constexpr, L: tl.constexpr, TP: tl.constexpr):
+                  QT: tl.constexpr, R: tl.constexpr, S: tl.constexpr, L: tl.constexpr, C: tl.constexpr,
+                  TP: tl.constexpr, PAIR: tl.constexpr):
     """out[t, n] = sum_k W[n, k] x[t, k] for t < T: W (N, row_bytes) raw rows, x (T, K), out (T, N) float32.
     Grid (cdiv(N, R),)."""
-    rows = tl.program_id(0) * R + tl.arange(0, R)                            # (R,)
-    roff = tl.minimum(rows, N - 1).to(tl.int64) * row_bytes                  # a last partial tile rereads row N-1
-    acc = _rows_dot(w_ptr, roff[:, None, None], x_ptr, stride_x, T, K, QT, R, S, L, TP)   # (R, TP)
+    row0 = tl.program_id(0) * R
+    roff = _row_offsets(row0, N, 0, row_bytes, R, C * S)
+    acc = _rows_dot(w_ptr, roff, x_ptr, stride_x, T, K, QT, R, S, L, C, TP, PAIR)                        # (R, TP)
+    rows = (row0 + tl.arange(0, R))[:, None]
     t = tl.arange(0, TP)[None, :]
-    tl.store(out_ptr + t * stride_o + rows[:, None], acc, mask=(rows[:, None] < N) & (t < T))
+    tl.store(out_ptr + t * stride_o + rows, acc, mask=(rows < N) & (t < T))
 
 
 @triton.jit
@@ -72,8 +118,8 @@ def _tanh(x):
 
 @triton.jit
 def moe_gate_up_kernel(gate_ptr, up_ptr, bg_ptr, bu_ptr, x_ptr, ids_ptr, act_ptr, F, K, KS, row_bytes, stride_x,
-                       QT: tl.constexpr, R: tl.constexpr, S: tl.constexpr, L: tl.constexpr, ACT: tl.constexpr,
-                       HAS_BIAS: tl.constexpr):
+                       QT: tl.constexpr, R: tl.constexpr, S: tl.constexpr, L: tl.constexpr, C: tl.constexpr,
+                       ACT: tl.constexpr, HAS_BIAS: tl.constexpr, PAIR: tl.constexpr):
     """act[p, f] = glu(W_gate[e] x[t] + bg[e], W_up[e] x[t] + bu[e])[f] for pair p = t * KS + k, e = ids[p]:
     gate, up (E, F, row_bytes) raw; biases (E, F) float32 if HAS_BIAS; x (T, K); act (T * KS, F) float32.
     Grid (cdiv(F, R), T * KS): the expert id is read here, so a captured graph replays with new ids."""
@@ -81,10 +127,10 @@ def moe_gate_up_kernel(gate_ptr, up_ptr, bg_ptr, bu_ptr, x_ptr, ids_ptr, act_ptr
     e = tl.load(ids_ptr + p).to(tl.int64)
     rows = tl.program_id(0) * R + tl.arange(0, R)
     rc = tl.minimum(rows, F - 1)
-    roff = ((e * F + rc) * row_bytes)[:, None, None]
+    roff = _row_offsets(tl.program_id(0) * R, F, e * F, row_bytes, R, C * S)
     xp = x_ptr + (p // KS) * stride_x
-    g = tl.sum(_rows_dot(gate_ptr, roff, xp, 0, 1, K, QT, R, S, L, 1), axis=1)    # (R,)
-    u = tl.sum(_rows_dot(up_ptr, roff, xp, 0, 1, K, QT, R, S, L, 1), axis=1)
+    g = tl.sum(_rows_dot(gate_ptr, roff, xp, 0, 1, K, QT, R, S, L, C, 1, PAIR), axis=1)    # (R,)
+    u = tl.sum(_rows_dot(up_ptr, roff, xp, 0, 1, K, QT, R, S, L, C, 1, PAIR), axis=1)
     if HAS_BIAS:
         g += tl.load(bg_ptr + e * F + rc)
         u += tl.load(bu_ptr + e * F + rc)
@@ -93,7 +139,8 @@ def moe_gate_up_kernel(gate_ptr, up_ptr, bg_ptr, bu_ptr, x_ptr, ids_ptr, act_ptr
 
 @triton.jit
 def moe_down_kernel(down_ptr, bd_ptr, act_ptr, ids_ptr, wts_ptr, out_ptr, D, F, KS, row_bytes, stride_o,
-                    QT: tl.constexpr, R: tl.constexpr, S: tl.constexpr, L: tl.constexpr, HAS_BIAS: tl.constexpr):
+                    QT: tl.constexpr, R: tl.constexpr, S: tl.constexpr, L: tl.constexpr, C: tl.constexpr,
+                    HAS_BIAS: tl.constexpr, PAIR: tl.constexpr):
     """out[t, d] = sum_k wts[t, k] (W_down[e] act[t * KS + k] + bd[e])[d], e = ids[t, k]: down (E, D, row_bytes)
     raw, bd (E, D) float32 if HAS_BIAS, act (T * KS, F) float32, wts (T, KS) float32, out (T, D) float32.
     Grid (cdiv(D, R), T): each program sums its token's KS experts itself, so no atomics and no second pass."""
@@ -104,8 +151,8 @@ def moe_down_kernel(down_ptr, bd_ptr, act_ptr, ids_ptr, wts_ptr, out_ptr, D, F, 
     for k in range(0, KS):
         p = t * KS + k
         e = tl.load(ids_ptr + p).to(tl.int64)
-        roff = ((e * D + rc) * row_bytes)[:, None, None]
-        y = tl.sum(_rows_dot(down_ptr, roff, act_ptr + p.to(tl.int64) * F, 0, 1, F, QT, R, S, L, 1), axis=1)
+        roff = _row_offsets(tl.program_id(0) * R, D, e * D, row_bytes, R, C * S)
+        y = tl.sum(_rows_dot(down_ptr, roff, act_ptr + p.to(tl.int64) * F, 0, 1, F, QT, R, S, L, C, 1, PAIR), axis=1)
         if HAS_BIAS:
             y += tl.load(bd_ptr + e * D + rc)
         acc += tl.load(wts_ptr + p) * y

@@ -22,9 +22,10 @@ def tiled_kernel(w_ptr, x_ptr, out_ptr, N, K, T, row_bytes, stride_x, stride_o,
     Grid (cdiv(N, BN), cdiv(T, BM))."""
     rows = tl.program_id(0) * BN + tl.arange(0, BN)                             # (BN,)
     toks = tl.program_id(1) * BM + tl.arange(0, BM)                             # (BM,)
-    roff = (tl.minimum(rows, N - 1).to(tl.int64) * row_bytes)[:, None, None]
-    s = tl.arange(0, S)[None, :, None]
-    l = tl.arange(0, L)[None, None, :]
+    r = tl.minimum(tl.program_id(0) * BN + tl.arange(0, BN * S) // S, N - 1)
+    roff = r.to(tl.int64) * row_bytes                                           # (BN * S,)
+    s = tl.arange(0, BN * S) % S
+    l = tl.arange(0, L)
     kk = tl.arange(0, S * L)[None, :]                                           # (1, BK)
     acc = tl.zeros((BM, BN), dtype=tl.float32)
     for c in range(0, tl.cdiv(K, S * L)):
@@ -42,16 +43,17 @@ def dequant_kernel(w_ptr, y_ptr, N, K, row_bytes, QT: tl.constexpr, R: tl.conste
                    L: tl.constexpr, F16: tl.constexpr):
     """y (N, K) = W dequantized, as float16 if F16 else float32: W (N, row_bytes) raw rows.
     Grid (cdiv(N, R), cdiv(K, 256)): one chunk of R rows per program."""
-    rows = tl.program_id(0) * R + tl.arange(0, R)
+    rows = tl.program_id(0) * R + tl.arange(0, R * S) // S                      # (R * S,): deq's tile rows
     c = tl.program_id(1)
-    roff = (tl.minimum(rows, N - 1).to(tl.int64) * row_bytes)[:, None, None]
-    s = tl.arange(0, S)[None, :, None]
-    l = tl.arange(0, L)[None, None, :]
-    w = deq(w_ptr, roff, c, K, s, l, QT)                                        # (R, S, L)
-    k = c * (S * L) + s * L + l
+    roff = tl.minimum(rows, N - 1).to(tl.int64) * row_bytes
+    s = tl.arange(0, R * S) % S
+    l = tl.arange(0, L)
+    w = deq(w_ptr, roff, c, K, s, l, QT)                                        # (R * S, L)
+    k = c * (S * L) + (s * L)[:, None] + l[None, :]
+    rows = rows[:, None]
     if F16:
         w = w.to(tl.float16)
-    tl.store(y_ptr + rows[:, None, None].to(tl.int64) * K + k, w, mask=(rows[:, None, None] < N) & (k < K))
+    tl.store(y_ptr + rows.to(tl.int64) * K + k, w, mask=(rows < N) & (k < K))
 
 
 @triton.jit
