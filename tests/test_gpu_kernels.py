@@ -29,6 +29,7 @@ pytest.importorskip("triton", reason="the GPU kernels are Triton sources: pip in
 from moert.kernels import gpu  # noqa: E402
 from moert.kernels.gpu import aot, launch  # noqa: E402
 
+COMPILES = pytest.mark.skipif(launch.triton_interpret_env(), reason="TRITON_INTERPRET=1: this Triton cannot compile")
 ALL = ("Q4_K", "Q5_K", "Q6_K", "Q8_0", "Q4_0", "Q5_0", "MXFP4", "F16", "BF16", "F32")
 U = 2.0 ** -23
 
@@ -186,6 +187,7 @@ def _sm(cubin: bytes) -> int:
     return (flags >> 8) & 0xFF if cubin[8] >= 8 else flags & 0xFF
 
 
+@COMPILES
 @pytest.mark.parametrize("cc", (80, 90))
 def test_every_kernel_compiles_to_a_cubin(cc):
     """Every kernel of Q4_K and the f16 GEMM for sm_80 and sm_90, and on sm_90 the matvec of every other type (all
@@ -271,6 +273,7 @@ def test_cupy_launcher_with_a_fake_cupy(monkeypatch):
     assert calls["args"][5] == ("scratch", 128 * 10) and calls["args"][6] == 0   # 10 programs' scratch; null
 
 
+@COMPILES
 def test_cuda_path_compiles_for_the_device_and_launches(monkeypatch):
     """ops.run on device arrays: the signature from the arrays' dtypes, multiples of 16 marked (as Triton's JIT
     does), i64 for sizes past int32, one compile per signature, the launch on the given stream."""

@@ -8,11 +8,12 @@ import pytest
 
 pytest.importorskip("triton", reason="the GPU kernels are Triton sources: pip install triton (the dev extra has it)")
 
-from test_gpu_kernels import _check_cubin  # noqa: E402
+from test_gpu_kernels import COMPILES, _check_cubin  # noqa: E402
 
 from moert.kernels.gpu import GPU_TYPES, aot  # noqa: E402
 
 
+@COMPILES
 @pytest.mark.slow
 @pytest.mark.parametrize("cc", (80, 90))
 @pytest.mark.parametrize("name", sorted(GPU_TYPES))

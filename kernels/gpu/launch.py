@@ -211,6 +211,9 @@ def compile_cubin(name: str, signature: dict[str, str], constexprs: dict, capabi
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
+    if triton_interpret_env():
+        raise GpuKernelError(f"cannot compile {name}: TRITON_INTERPRET=1 was set when Triton was imported, so its "
+                             f"language is the interpreter's in this process; unset it (moert interprets without it)")
     fn = kernel(name, "jit")
     sig = {a: ("constexpr" if a in constexprs else signature[a]) for a in fn.arg_names}
     missing = [a for a in fn.arg_names if a not in sig]
