@@ -1,6 +1,7 @@
 """One command for a GPU lease: is moert's GPU path right, and how fast is it, against the peer a Python user has.
 
     python bench/gpu_check.py --out DIR              # a fresh H100/H200: CuPy, numba, torch, triton, no internet
+                                                     # (on the lent machine: --out $OUT; the twins go to a temp dir)
     python bench/gpu_check.py --out DIR --dry        # every stage at tiny sizes on the sim GPU, no CuPy (CI runs it)
 
 Stages, each in its own process under a timeout, skipped (saying so) when the time left cannot hold it:
@@ -26,6 +27,7 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -175,6 +177,15 @@ def _bench(path: Path, config: dict, dry: bool, n_prompt: int, n_gen: int, reps:
             "load_s": load_s, "n_prompt": n_prompt, "n_gen": n_gen, "reps": reps, "offload_bytes": offload}
 
 
+def _fit_run(p: dict, ratio: float, left: float, n_gen: int, reps: int) -> tuple[int, int] | None:
+    """(n_gen, reps) for a config whose probe at 4 layers was p, on a file `ratio` times its bytes, in `left` s:
+    as asked, else one repetition, else tg32, else tg8; None when not even that fits."""
+    for r, g in ((reps, n_gen), (1, n_gen), (1, 32), (1, 8)):
+        if ratio * (r * (p["pp_s"] + p["tg_s"] * g / p["n_gen"]) + p["load_s"]) <= left:
+            return g, r
+    return None
+
+
 def stage_e2e(dry: bool, left: float, work: Path, save=lambda r: None) -> dict:
     from moert.cost import zoo
 
@@ -185,29 +196,35 @@ def stage_e2e(dry: bool, left: float, work: Path, save=lambda r: None) -> dict:
     for name, config in CONFIGS.items():                   # pp n_prompt, tg 8: what each costs at 4 layers
         out["probe"][name] = _bench(probe_file, config, dry, n_prompt, min(8, n_gen), 1)
         save(out)
-    layers = PROBE_LAYERS
-    if not dry:                                            # time goes with the bytes read: scale by the file's bytes
-        def size(L: int) -> int:
-            return sum(zoo.nbytes(t, s) for _, t, s in zoo.layout(zoo.twin(TWIN, L), QUANT))
 
-        def cost(L: int) -> float:
-            ratio = size(L) / size(PROBE_LAYERS)
-            run = sum(reps * (p["pp_s"] + p["tg_s"] * n_gen / p["n_gen"]) + p["load_s"] for p in out["probe"].values())
-            return ratio * run + ratio * write_s
+    def ratio(L: int) -> float:                            # time goes with the bytes read: the files' bytes
+        if dry:
+            return 1.0
+        size = [sum(zoo.nbytes(t, s) for _, t, s in zoo.layout(zoo.twin(TWIN, n), QUANT)) for n in (L, PROBE_LAYERS)]
+        return size[0] / size[1]
+
+    def cost(L: int, g: int = n_gen, r: int = 1) -> float:
+        run = sum(r * (p["pp_s"] + p["tg_s"] * g / p["n_gen"]) + p["load_s"] for p in out["probe"].values())
+        return ratio(L) * (run + (write_s if L != PROBE_LAYERS else 0))
+    layers = PROBE_LAYERS
+    if not dry:                                            # as many layers as one repetition of each config allows
         left_now = t_end - time.perf_counter() - 10
         layers = max([L for L in range(PROBE_LAYERS, LAYERS + 1) if cost(L) <= left_now], default=PROBE_LAYERS)
-        out["estimate_s_48"] = cost(LAYERS)
+        out["estimate_s_48"] = cost(LAYERS, r=reps)
     out["layers"] = layers
     out["model"] = ("a tiny qwen3moe (moert.testing, dry)" if dry else
                     f"{TWIN} {QUANT}, {layers} of {LAYERS} layers" + (f" (48 estimated at {out['estimate_s_48']:.0f} s)"
                                                                       if layers < LAYERS else ""))
     path = probe_file if layers == PROBE_LAYERS else _model_file(dry, layers, work)[0]
     out["runs"] = {}
-    for name, config in CONFIGS.items():
-        if time.perf_counter() > t_end - 5:
-            out["runs"][name] = "skipped: out of time"
+    names = list(CONFIGS)
+    for i, name in enumerate(names):                       # each config its share of what is left
+        share = (t_end - time.perf_counter() - 5) / (len(names) - i)
+        fit = (n_gen, reps) if dry else _fit_run(out["probe"][name], ratio(layers), share, n_gen, reps)
+        if fit is None:
+            out["runs"][name] = f"skipped: pp{n_prompt} + tg8 would not fit its {share:.0f} s"
             continue
-        out["runs"][name] = _bench(path, config, dry, n_prompt, n_gen, reps)
+        out["runs"][name] = _bench(path, CONFIGS[name], dry, n_prompt, *fit)
         save(out)                                          # what a timeout leaves is still in the table
     return out
 
@@ -263,14 +280,13 @@ def stage_peer(dry: bool, left: float, layers: int) -> dict:
 
 def run_stage(stage: str, dry: bool, left: float, out: Path) -> dict:
     """One stage in this process (the child's side): its result, also written to out/<stage>.json."""
-    work = out / "work"
-    work.mkdir(parents=True, exist_ok=True)
     if stage == "tests":
         r = stage_tests(dry, left)
     elif stage == "kernels":
         r = stage_kernels(dry, left)
-    elif stage == "e2e":
-        r = stage_e2e(dry, left, work, lambda r: (out / "e2e.json").write_text(json.dumps(r, indent=1)))
+    elif stage == "e2e":                                  # the twins (up to 18.5 GB) stay out of --out, and go
+        with tempfile.TemporaryDirectory(prefix="moert-gpu-check-") as work:
+            r = stage_e2e(dry, left, Path(work), lambda r: (out / "e2e.json").write_text(json.dumps(r, indent=1)))
     else:
         e2e = out / "e2e.json"
         layers = json.loads(e2e.read_text()).get("layers", LAYERS) if e2e.exists() else LAYERS

@@ -58,3 +58,11 @@ def test_the_carried_gguf_wheel_is_small_and_is_gguf_py():
     assert wheel.stat().st_size < 1 << 20
     with zipfile.ZipFile(wheel) as z:
         assert "gguf/__init__.py" in z.namelist() and "gguf/gguf_writer.py" in z.namelist()
+
+
+def test_a_run_shrinks_to_the_time_it_has():
+    """From a 4-layer probe (pp 1 s, tg8 1 s, load 1 s): two repetitions of tg128, else one, else tg32, else tg8."""
+    fit = _gpu_check()._fit_run
+    p = {"pp_s": 1.0, "tg_s": 1.0, "n_gen": 8, "load_s": 1.0}
+    assert [fit(p, 1.0, left, 128, 2) for left in (35, 18, 6, 3, 2.9)] == [(128, 2), (128, 1), (32, 1), (8, 1), None]
+    assert fit(p, 2.0, 6, 128, 2) == (8, 1)                 # twice the bytes: twice the time
