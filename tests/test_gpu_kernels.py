@@ -284,7 +284,7 @@ def test_cuda_path_compiles_for_the_device_and_launches(monkeypatch):
             self.c = compiled
 
         def __call__(self, grid, args, stream=None):
-            launched.append((self.c, grid, args, stream))
+            launched.append((self, grid, args, stream))
 
     compile_cubin = launch.compile_cubin
 
@@ -297,8 +297,10 @@ def test_cuda_path_compiles_for_the_device_and_launches(monkeypatch):
 
     monkeypatch.setattr(launch, "CupyLauncher", Launcher)
     monkeypatch.setattr(launch, "compile_cubin", spy)
-    monkeypatch.setattr(gpu.ops, "_capability", lambda: 90)
+    device = [0]
+    monkeypatch.setattr(gpu.ops, "_device", lambda: (device[0], 90))
     gpu.ops._launcher.cache_clear()
+    gpu.ops._compiled.cache_clear()
     args = dict(w_ptr=dev(np.uint8, 256), x_ptr=dev(np.float32, 4096), out_ptr=dev(np.float32, 4100), N=64, K=4096,
                 T=1, row_bytes=2304, stride_x=4096, stride_o=64)
     const = dict(gpu.GPU_TYPES["Q4_K"].decode_constexprs(), TP=1)
@@ -307,7 +309,12 @@ def test_cuda_path_compiles_for_the_device_and_launches(monkeypatch):
     assert made == [(90, frozenset({"w_ptr", "x_ptr", "N", "K", "row_bytes", "stride_x", "stride_o"}))]   # once
     c, grid, passed, stream = launched[-1]
     assert (grid, stream, passed) == ((8,), "s", list(args.values())) and len(launched) == 2
+    c = c.c
     assert c.params[:9] == ("*u8", "*fp32", "*fp32") + ("i32",) * 6 and _sm(c.cubin) == 90
+    device[0] = 1                                             # a second GPU: its own module, the same cubin
+    gpu.ops.run("matvec_kernel", (8,), args, const, 4, "cuda")
+    assert len(made) == 1 and launched[-1][0] is not launched[0][0] and launched[-1][0].c is launched[0][0].c
     gpu.ops.run("matvec_kernel", (8,), dict(args, row_bytes=2**31 + 16), const, 4, "cuda")
-    assert launched[-1][0].params[6] == "i64"
+    assert launched[-1][0].c.params[6] == "i64"
     gpu.ops._launcher.cache_clear()
+    gpu.ops._compiled.cache_clear()

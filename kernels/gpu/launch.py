@@ -282,7 +282,10 @@ class CupyLauncher:
         self.module.load(compiled.cubin)
         self.fn = self.module.get_function(compiled.name)
         if compiled.shared > 48 * 1024:    # above 48 KB a kernel must opt in to dynamic shared memory
-            self.fn.max_dynamic_shared_size_bytes = compiled.shared
+            try:
+                self.fn.max_dynamic_shared_size_bytes = compiled.shared
+            except AttributeError:         # a CuPy without the property: the driver call it wraps
+                cupy.cuda.driver.funcSetAttribute(self.fn.ptr, 8, compiled.shared)   # 8: ..._MAX_DYNAMIC_SHARED_SIZE
 
     def scratch(self, n_programs: int) -> list:
         """The scratch buffers its metadata asks for: one (size x programs) device buffer each, None where 0."""

@@ -104,17 +104,26 @@ def moe_ref(x, ids, weights, gate, up, down, qtype: str, shapes, act: str = "swi
 
 # ----------------------------------------------------------------------------------------------- launches
 
-def _capability() -> int:
+def _device() -> tuple[int, int]:
+    """(id, compute capability as 80 / 90) of CuPy's current device."""
     import cupy
 
-    return int(cupy.cuda.Device().compute_capability)
+    d = cupy.cuda.Device()
+    return d.id, int(d.compute_capability)
 
 
 @functools.cache
-def _launcher(name: str, sig: tuple, constexprs: tuple, capability: int, warps: int, aligned: frozenset):
-    """A CupyLauncher for one (kernel, signature, constexprs, GPU): compiled on first use, then kept."""
-    c = launch.compile_cubin(name, dict(sig), dict(constexprs), capability, warps, aligned=aligned)
-    return launch.CupyLauncher(c)
+def _compiled(name: str, sig: tuple, constexprs: tuple, capability: int, warps: int, aligned: frozenset):
+    """One (kernel, signature, constexprs, capability) compiled to a cubin: once per process (and Triton's disk
+    cache across processes)."""
+    return launch.compile_cubin(name, dict(sig), dict(constexprs), capability, warps, aligned=aligned)
+
+
+@functools.cache
+def _launcher(key: tuple, device: int):
+    """The cubin of `key` (_compiled's arguments) loaded on one device: a CUDA module belongs to the context of
+    the device it was loaded on, so each GPU loads its own."""
+    return launch.CupyLauncher(_compiled(*key))
 
 
 _TY = {np.dtype(np.float32): "*fp32", np.dtype(np.float16): "*fp16", np.dtype(np.int32): "*i32",
@@ -138,7 +147,9 @@ def run(name: str, grid: tuple[int, ...], args: dict, constexprs: dict, warps: i
             sig.append((k, "i64" if abs(int(v)) >= 2**31 else "i32"))
             if int(v) % 16 == 0:
                 aligned.add(k)
-    fn = _launcher(name, tuple(sig), tuple(sorted(constexprs.items())), _capability(), warps, frozenset(aligned))
+    device, capability = _device()
+    key = (name, tuple(sig), tuple(sorted(constexprs.items())), capability, warps, frozenset(aligned))
+    fn = _launcher(key, device)
     fn(grid, list(args.values()), stream=stream)
 
 
