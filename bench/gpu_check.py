@@ -213,7 +213,7 @@ def stage_e2e(dry: bool, left: float, work: Path, save=lambda r: None) -> dict:
         out["estimate_s_48"] = cost(LAYERS, r=reps)
     out["layers"] = layers
     out["model"] = ("a tiny qwen3moe (moert.testing, dry)" if dry else
-                    f"{TWIN} {QUANT}, {layers} of {LAYERS} layers" + (f" (48 estimated at {out['estimate_s_48']:.0f} s)"
+                    f"{TWIN} {QUANT}, {layers} of {LAYERS} layers" + (f" ({LAYERS}: about {out['estimate_s_48']:.0f} s)"
                                                                       if layers < LAYERS else ""))
     path = probe_file if layers == PROBE_LAYERS else _model_file(dry, layers, work)[0]
     out["runs"] = {}
@@ -341,10 +341,10 @@ def rows(res: dict) -> list[tuple[str, str, str]]:
                     out.append((stage, f"matvec {t} {shape}", f"{v['gbs']:.0f} GB/s, {v['us']:.0f} us{err}"
                                 if isinstance(v, dict) else v))
         elif stage == "e2e":
+            out.append((stage, "model", r["model"]))
             out.append((stage, "twin writer", f"{r['write_gbs']:.2f} GB/s"))
-            note = r["model"]
             for name, v in r["runs"].items():
-                out.append((stage, f"{name}, {note}", f"pp{v['n_prompt']} {v['pp']:.1f} t/s, tg{v['n_gen']} "
+                out.append((stage, name, f"pp{v['n_prompt']} {v['pp']:.1f} t/s, tg{v['n_gen']} "
                             f"{v['tg']:.2f} t/s, load {v['load_s']:.0f} s, op offload {v['offload_bytes'] / 1e6:.1f} MB"
                             if isinstance(v, dict) else v))
         else:

@@ -39,7 +39,7 @@ def test_dry_runs_every_stage_and_prints_one_table(tmp_path):
     peer = res["peer"]
     assert peer.get("status") == "skipped" and "pip install transformers" in peer["why"] or peer["pp"] > 0, peer
     lines = r.stdout.splitlines()
-    assert lines[0].startswith("gpu_check --dry: ") and sum(ln.startswith("e2e ") for ln in lines) == 5
+    assert lines[0].startswith("gpu_check --dry: ") and sum(ln.startswith("e2e ") for ln in lines) == 6
 
 
 def test_a_stage_that_cannot_fit_is_skipped_saying_why(tmp_path):
