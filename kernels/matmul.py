@@ -15,6 +15,7 @@ How the kernels read (all float32, summed in a different order from the referenc
     (kernels/qblocks.py dot1_<t>); the Q4_K/Q5_K minimum terms use per-32 sums of x computed once per call.
   - a batch: each type dequantizes a block of a row into a 256-float stack buffer (L1), and the shared
     block dots (kernels/blockdot.py) multiply it with 4 tokens at a time (one load of the weight, 4 FMAs).
+  - a float prompt (>= matmul_tiles.MIN_TOKENS tokens): W's rows a tile at a time dequantized, then sgemm.
   - act_quant "int16" / "int8" (opt-in, kernels/matmul_q.py): x rounded per 256-block, exact int32 sums.
 The drivers are generated per (type, act_quant mode) from the templates below (jit.variant), so each
 compiles only its own type's row kernels (cold start: Numba re-optimizes every kernel a function links).
@@ -29,7 +30,7 @@ import math
 import numpy as np
 from numba import prange
 
-from moert.kernels import matmul_q, matmul_q32
+from moert.kernels import matmul_q, matmul_q32, matmul_tiles
 from moert.kernels.blockdot import PRANGE_ONLY, Z0
 from moert.kernels.jit import threads, variant
 from moert.kernels.ktypes import MATMUL_TYPES, TYPES, KernelType
@@ -266,7 +267,7 @@ class Prepared:
     """A weight made ready for repeated matmuls (a model keeps one per CPU weight): its raw rows, type code,
     table and drivers looked up once, so a call costs one Numba dispatch plus a few checks."""
 
-    __slots__ = ("shape", "type", "raw", "nb", "f16", "serial", "parallel", "packed")
+    __slots__ = ("shape", "type", "raw", "nb", "f16", "serial", "parallel", "packed", "tiled")
 
     def __init__(self, w: QTensor, act_quant: str | None = None, repack: bool = False):
         """act_quant: None (float, default), "int16" (one-token calls round x per 256-block) or "int8" (every
@@ -281,6 +282,7 @@ class Prepared:
         self.nb = w.shape[1] // kt.block
         self.f16 = kt.table
         self.serial, self.parallel = kernels_for(w.type, aq, self.packed)
+        self.tiled = None if aq else matmul_tiles.Tiled.make(w, self.raw)   # a float prompt: tiles, then sgemm
 
     @property
     def packed_bytes(self) -> int:
@@ -299,6 +301,8 @@ class Prepared:
             out = np.empty((T, R), dtype=np.float32)
         if T == 0 or R == 0:
             return out
+        if T >= matmul_tiles.MIN_TOKENS and self.tiled is not None:
+            return self.tiled(x, out)
         n = threads_for(self.raw.nbytes * max(1, T // 4))
         if n == 1:
             self.serial(self.raw, x, out, 0, R, 0, self.nb, self.f16)
@@ -331,7 +335,7 @@ class PreparedGroup:
         p0, p1, p2 = self.parts
         T = x.shape[0] if x.ndim == 2 else 0
         n = threads_for(self.bytes * max(1, T // 4))
-        if self.kernel is None or n == 1 or T == 0:
+        if self.kernel is None or n == 1 or T == 0 or T >= matmul_tiles.MIN_TOKENS and p0.tiled is not None:
             return p0(x), p1(x), p2(x)
         if x.shape[1] != p0.shape[1]:
             raise ValueError(f"x {x.shape} does not match the weights: need (T, {p0.shape[1]})")
