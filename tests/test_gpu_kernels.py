@@ -146,6 +146,37 @@ def test_moe_matches_twin(name, act, bias):
     assert not np.all(np.abs(swapped - want) <= bound)        # the ids are read: other experts, other output
 
 
+@pytest.mark.parametrize("name,act,bias", [("Q4_K", "swiglu", False), ("MXFP4", "swiglu_oai", True)])
+def test_moe_prompt_groups_tokens_by_expert(name, act, bias):
+    """T = 12 > 8: pairs grouped by expert, each expert's 11-13 pairs through the tiled kernel (f16 operands). The
+    twin rounds what the kernels round (x, the weights, the activation to f16), so only float32 accumulation and
+    the activation's float32 evaluation differ: the decode bound above holds."""
+    rng = np.random.default_rng(8)
+    d = f = 256 if name.endswith("_K") else 96
+    shapes = ((2, f, d), (2, f, d), (2, d, f))
+    ws = [quantize(0.3 * rng.standard_normal(sh, dtype=np.float32), name) for sh in shapes]
+    x = rng.standard_normal((12, d), dtype=np.float32)
+    ids = np.array([[0, 1]] * 11 + [[1, 1]], dtype=np.int32)               # 11 and 13 pairs: both tiled
+    wts = rng.random((12, 2), dtype=np.float32)
+    biases = tuple(rng.standard_normal(sh, dtype=np.float32) for sh in ((2, f), (2, f), (2, d))) if bias else None
+    got = gpu.moe(x, ids, wts, *ws, name, shapes, act=act, biases=biases, backend="interpret")
+    r16 = lambda a: np.asarray(a, dtype=np.float32).astype(np.float16).astype(np.float64)
+    wg, wu, wd = (r16(dequantize(w, name, sh)) for w, sh in zip(ws, shapes))
+    want = np.zeros((12, d))
+    for i in range(12):
+        for j in range(2):
+            e = ids[i, j]
+            g, u = wg[e] @ r16(x[i]), wu[e] @ r16(x[i])
+            if bias:
+                g, u = g + biases[0][e], u + biases[1][e]
+            y = wd[e] @ r16(glu(g.astype(np.float32), u.astype(np.float32), act)) + (biases[2][e] if bias else 0)
+            want[i] += wts[i, j] * y
+    bound = 4 * (d + f) * U * _moe_scale(x, ids, wts, ws, name, shapes, act, biases)
+    assert np.all(np.abs(got - want) <= bound), float(np.max(np.abs(got - want) / bound))
+    plain = gpu.moe_ref(x, ids, wts, *ws, name, shapes, act=act, biases=biases)      # float32 operands throughout
+    assert np.max(np.abs(got - want)) < np.max(np.abs(plain - want)) / 10   # the tiled (f16) kernels did run
+
+
 def test_interpreting_leaves_triton_language_as_it_was():
     """An interpreted run patches triton.language; what it left patched a later triton.compile would meet. (It
     may add names: the interpreter copies its globals into the modules it runs, and a restored tensor.__repr__

@@ -250,7 +250,8 @@ def moe(x, ids, weights, gate, up, down, qtype: str, shapes, act: str = "swiglu"
     x (T, D) float32/float16; ids (T, KS) int32; weights (T, KS) float32; gate, up, down raw GGUF bytes of one
     type `qtype`, shapes ((E, F, D), (E, F, D), (E, D, F)) in NumPy order; act one of moert.activations.ACTS;
     biases None or (bg (E, F), bu (E, F), bd (E, D)) float32 (gpt-oss). With `out` (T, D) and `work` (T * KS, F)
-    float32 given, a call allocates nothing, so a CUDA graph can capture it."""
+    float32 given, a call allocates nothing, so a CUDA graph can capture it. Beyond 8 tokens (a prompt) the tokens
+    are grouped by expert instead (_moe_grouped: ids read back to the host, one matmul per active expert)."""
     g = gpu_type(qtype)
     (e, f, d) = _check_weight(gate, g, shapes[0], "moe gate")
     if tuple(shapes[1]) != (e, f, d) or tuple(shapes[2]) != (e, d, f):
@@ -273,6 +274,8 @@ def moe(x, ids, weights, gate, up, down, qtype: str, shapes, act: str = "swiglu"
         return out
     if t == 0:
         return out
+    if t > DECODE_MAX_T:
+        return _moe_grouped(x, ids, weights, (gate, up, down), g, (e, f, d), act, biases, out, stream, backend)
     act_buf = xp.empty((t * ks, f), dtype=np.float32) if work is None else work      # (T * KS, F)
     if tuple(act_buf.shape) != (t * ks, f) or act_buf.dtype != np.float32:
         raise ShapeError(f"moe: work must be float32 ({t * ks}, {f}), got {act_buf.dtype} {tuple(act_buf.shape)}")
@@ -288,4 +291,36 @@ def moe(x, ids, weights, gate, up, down, qtype: str, shapes, act: str = "swiglu"
     run(g.moe_down, (_cdiv(d, g.rows), t),
         dict(down_ptr=_u8(down), bd_ptr=bd, act_ptr=act_buf, ids_ptr=ids, wts_ptr=wts, out_ptr=out, D=d, F=f, KS=ks,
              row_bytes=tt.row_bytes(f), stride_o=d), common, g.warps, backend, stream)
+    return out
+
+
+def _moe_grouped(x, ids, weights, ws, g: GpuType, efd: tuple[int, int, int], act: str, biases, out, stream, backend):
+    """moe for a prompt: the (token, slot) pairs grouped by expert on the host (ids read back, a sync), and each
+    active expert's gate, up and down run once over all its tokens through matmul (the tiled kernel past 8), so
+    an expert's weights cross memory once per layer, not once per token (the decode kernels' way). Runs on CuPy's
+    current stream (or within `stream`)."""
+    import contextlib
+
+    xp = _xp(ws[0])
+    (n_exp, f, d), (t, ks) = efd, ids.shape
+    with stream if stream is not None else contextlib.nullcontext():
+        pair_e = np.asarray(ids.get() if _is_cupy(ids) else ids).reshape(-1)          # (T * KS,) expert of each pair
+        order = np.argsort(pair_e, kind="stable")
+        bounds = np.searchsorted(pair_e[order], np.arange(n_exp + 1))
+        tt = GGML_TYPES[g.name]
+        gb, db = f * tt.row_bytes(d), d * tt.row_bytes(f)                              # bytes of one expert
+        gate, up, down = (_u8(w) for w in ws)
+        y = xp.zeros((t * ks, d), dtype=np.float32)                                    # (T * KS, D) per pair
+        for e in np.flatnonzero(np.diff(bounds)):
+            pairs = order[bounds[e]:bounds[e + 1]]
+            xs = x[xp.asarray(pairs // ks)]                                            # (n, D) its tokens
+            tiled = len(pairs) > DECODE_MAX_T
+            gx = _matmul(gate[e * gb:(e + 1) * gb], g, f, d, xs, None, None, backend, tiled)          # (n, F)
+            ux = _matmul(up[e * gb:(e + 1) * gb], g, f, d, xs, None, None, backend, tiled)
+            if biases is not None:
+                gx, ux = gx + xp.asarray(biases[0][e]), ux + xp.asarray(biases[1][e])
+            a = xp.ascontiguousarray(glu(gx, ux, act, xp), dtype=np.float32)
+            yx = _matmul(down[e * db:(e + 1) * db], g, d, f, a, None, None, backend, tiled)           # (n, D)
+            y[xp.asarray(pairs)] = yx if biases is None else yx + xp.asarray(biases[2][e])
+        out[...] = (y.reshape(t, ks, d) * xp.asarray(weights, dtype=np.float32)[:, :, None]).sum(axis=1)
     return out
