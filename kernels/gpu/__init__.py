@@ -2,16 +2,19 @@
 
     matvec(w, qtype, shape, x, out=None, stream=None)    (T, N) float32 = x (T, K) @ W.T, T <= 8, one launch
     matmul(w, qtype, shape, x, ...)                      any T: matvec up to 8 tokens, tiled tensor-core kernel beyond
-    moe(x, ids, weights, gate, up, down, qtype, shapes, act="swiglu", biases=None, out=None, stream=None)
-                                                         a layer's routed experts in two launches, ids on the device
+    moe(x, ids, weights, gate, up, down, qtype, shapes, act="swiglu", biases=None, out=None, work=None, stream=None)
+                                                         a layer's routed experts: two launches with the ids read on
+                                                         the device (T <= 8), or grouped by expert (prompts)
     dequantize(w, qtype, shape, dtype=float16)           W on the device as f16/f32; gemm_f16(wf16, x) its GEMM
     matmul_ref / moe_ref                                 the NumPy twins every kernel is tested against
 
 w is the tensor's raw GGUF bytes (any dtype, read as uint8) in the device's memory, shape its NumPy-order shape.
 On a CuPy array a kernel is compiled on first use for the device's compute capability (triton.compile to a cubin,
-kept for the process and in Triton's disk cache) and launched by CuPy on its current stream (or `stream`), so a
-CuPy CUDA-graph capture records it. On NumPy arrays (the simulated GPU, tests) the NumPy twin runs by default;
-backend="interpret" runs the kernel's own Triton source under Triton's interpreter instead.
+kept for the process and in Triton's disk cache), loaded once per device and launched by CuPy on its current
+stream (or `stream`), so a CuPy CUDA-graph capture records it: call each kernel once before capturing (the first
+call compiles and loads it); a decode call given `out` (and moe's `work`) allocates nothing. On NumPy arrays (the
+simulated GPU, tests) the NumPy twin runs by default; backend="interpret" runs the kernel's own Triton source
+under Triton's interpreter instead (torch is not needed: launch.py hands it NumPy arrays).
 
 Why Triton and not CuPy RawKernels or numba-cuda: a Triton kernel's very source runs in CI on a CPU (its
 interpreter), and compiles to sm_80 / sm_90 cubins without a GPU (triton.compile with a GPUTarget), so what CI
