@@ -7,6 +7,7 @@
     python bench/e2e.py --llama-quantized ...        # the built shapes, quantized by llama.cpp (Q4_K_M from F16)
     python bench/e2e.py --shapes gpt-oss-20b ...     # a gpt-oss-20b-shaped MXFP4_MOE file instead (built once)
     python bench/e2e.py --overhead                   # Python overhead per decoded token per layer (tiny models)
+    python bench/e2e.py -d 0,4096,16384,32768        # pp and tg at depth, as llama-bench -d (e2e_depth.py)
 
 The benchmark model has Qwen3-30B-A3B's layer shapes (hidden 2048, 128 experts, 8 used, expert FFN 768,
 32 query heads, 4 KV heads, head dim 128) but few layers and a 4096-token vocabulary without a
@@ -284,6 +285,9 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--profile", action="store_true", help="also profile one moert decode step")
     ap.add_argument("--json", type=Path, help="write all results here")
     ap.add_argument("--plot", type=Path, help="write a bar chart of pp and decode tokens/s per engine (PNG)")
+    ap.add_argument("-d", "--depth", type=lambda s: [int(v) for v in s.split(",")], help="depths: e2e_depth.py")
+    ap.add_argument("--variants", default="", type=lambda s: [v for v in s.split(",") if v], help="with -d: "
+                    "moert engines with a kernel choice off, each in turn: one-thread-attention, no-tiles")
     args = ap.parse_args(argv)
 
     if args.llama_quantized:
@@ -291,7 +295,7 @@ def main(argv: list[str] | None = None) -> dict:
         path = args.model or llama_quantized_path(args.layers, args.threads)
     else:
         path = args.model or (gptoss_model_path if args.shapes == "gpt-oss-20b" else model_path)(args.layers)
-    n_ctx = args.prompt + args.decode + 64                       # + room for the profiled steps
+    n_ctx = args.prompt + args.decode + 64 + max(args.depth or [0])   # + room for the profiled steps
     sizes = bytes_per_token(path)
     mach = common.machine(args.threads)
 
@@ -308,6 +312,10 @@ def main(argv: list[str] | None = None) -> dict:
             engines.append(LlamaCpp(path, args.threads, n_ctx, n_batch=max(args.prompt, 1)))
         except ImportError:
             llama_note = "llama-cpp-python is not installed: moert only"
+    if args.depth:                                               # the sweep, its table and plot: e2e_depth.py
+        import e2e_depth
+        return e2e_depth.sweep(args, path, engines, len(moerts), lambda: Moert(path, args.threads, n_ctx, args.experts,
+                               args.act_quant[0]), llama_note, n_ids, mach)
     res: dict[str, dict] = {e.name: dict(pp=[], tg=[], load_s=e.load_s, first_token_s=e.first_token_s)
                             for e in engines}
     logits = {}
