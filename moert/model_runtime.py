@@ -114,12 +114,53 @@ class ModelRuntime:
         return self.weights.w(name, dev)
 
     def linear(self, x, name: str, dev: Device | None = None):
-        """x (T, in) @ W.T for the 2-D weight `name` on dev (default: where W lives): (T, out); Linears.linear."""
+        """x (T, in) @ W.T for the 2-D weight `name` on dev (default: where W lives): (T, out); Linears.linear. A CPU
+        weight and a batch of at least offload_min_batch tokens with a GPU present: on the GPU (op offload)."""
+        gpu = self._offload_gpu(x, (name,), dev)
+        if gpu is not None:
+            return self._offloaded_linear(x, name, gpu)
         return self.weights.linear(x, name, dev)
 
     def linears(self, x, names: tuple[str, ...], dev: Device | None = None) -> tuple:
         """linear(x, name, dev) for each of names that read the same x (q, k, v): Linears.linears."""
+        if self._offload_gpu(x, names, dev) is not None:
+            return tuple(self.linear(x, n, dev) for n in names)
         return self.weights.linears(x, names, dev)
+
+    def _offload_gpu(self, x, names: tuple[str, ...], dev: Device | None) -> Device | None:
+        """The GPU that runs x @ W.T for CPU weights `names` (llama.cpp's op offload: a batch of at least
+        offload_min_batch tokens, a GPU present, the weights' bytes and the batch fitting what is free there; the
+        first GPU), or None: where they live."""
+        from moert.experts import OFFLOAD_MIN_BATCH
+
+        n = getattr(self, "offload_min_batch", OFFLOAD_MIN_BATCH)
+        if not n or x.ndim != 2 or x.shape[0] < n or dev not in (None, CPU) or type(x) is not np.ndarray \
+                or self.clock is not None:           # a virtual clock prices a stage, not one of its matmuls
+            return None
+        gpus = [d for d in self.plan.devices if d.kind in ("cuda", "sim")]
+        ws = [self.weights[self.weights.tensor_name(k)] for k in names]
+        if not gpus or any(getattr(w, "device", None) is not CPU or len(w.shape) != 2 for w in ws):
+            return None
+        need = max(w.data.nbytes + 4 * w.shape[0] * min(w.shape[1], 4096) for w in ws) + 8 * x.nbytes
+        return gpus[0] if gpus[0].free_bytes is None or need <= gpus[0].free_bytes else None
+
+    def _offloaded_linear(self, x, name: str, gpu: Device):
+        """x @ W.T on gpu for the CPU weight `name`: its bytes copied there for this call (TransferStats.offload_bytes),
+        x moved there and the result back; (T, out) on the CPU."""
+        from moert.weights import Weight
+
+        w = self.weights[self.weights.tensor_name(name)]
+        data = self.copy_weights(np.ascontiguousarray(w.data), gpu, f"{w.name} (offload)", kind="offload")
+        try:
+            t = Weight(w.name, w.type, tuple(w.shape), gpu, data)
+            xg = self.to(x, gpu, "hidden")
+            with self.phase(self._phases[-1][0] if self._phases else "ffn", gpu):    # the caller's phase, on gpu
+                rows = max(1, (1 << 24) // w.shape[1])                      # float32 row chunks of 64 MiB
+                y = gpu.xp.concatenate([xg @ t.dequantize_rows(r, min(r + rows, w.shape[0])).T
+                                        for r in range(0, w.shape[0], rows)], axis=1)        # (T, out)
+        finally:
+            gpu.free(data)
+        return self.to(y, CPU, "offload output")
 
     def rope(self, dev: Device, head_dim: int, base: float, yarn=None):
         """cos, sin (T, Dh/2) for this chunk's positions, computed once per device, head dim, base and

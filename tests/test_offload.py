@@ -86,3 +86,22 @@ def test_copies_that_do_not_fit_leave_the_experts_on_the_cpu(path):
         want = logits if want is None else want
         assert rel(logits, want) < 1e-5
         m.close()
+
+
+def test_dense_cpu_weights_of_a_big_batch_run_on_the_gpu(path, one_numba_thread):
+    """-ngl 1 (the output on the GPU): the CPU layers' projections of a 40-token batch run on the GPU, their whole
+    bytes copied for the call (the router's small F32 matrix stays on the CPU); the same logits as without."""
+    off = moert.load(path, **KW, gpu_layers=1, offload_min_batch=0)
+    want = off.forward(PROMPT)
+    m = moert.load(path, **KW, gpu_layers=1)
+    got = m.forward(PROMPT)
+    assert rel(got, want) < 1e-5
+    cpu = [n for n in m.weights if m.plan.device_of(n) == "cpu" and len(m.weights[n].shape) == 2
+           and n.startswith("blk.") and "ffn_gate_inp" not in n and "_exps." not in n]   # expert biases: below
+    t = m.stats.total.transfers["sim:0"]
+    dense = sum(m.weights[n].data.nbytes for n in cpu)                 # every 2-D CPU weight of the layers, once
+    on_cpu = np.array([m.plan.device_of(f"blk.{il}.ffn_up_exps.weight") == "cpu" for il in range(m.config.n_layer)])
+    experts = int(((m.stats.total.expert_counts > 0).sum(axis=1) * expert_bytes(path) * on_cpu).sum())
+    assert dense > 0 and experts > 0 and t.offload_bytes == dense + experts
+    m.close()
+    off.close()
