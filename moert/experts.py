@@ -28,7 +28,7 @@ from moert.kernels.qtensor import QTensor
 from moert.moe import dispatch
 from moert.weights import SplitWeight, Weight
 
-OFFLOAD_MIN_BATCH = 32     # llama.cpp's GGML_OP_OFFLOAD_MIN_BATCH: a batch this big runs CPU experts on a GPU
+OFFLOAD_MIN_BATCH = 32     # llama.cpp's GGML_OP_OFFLOAD_MIN_BATCH: a batch this big runs CPU weights on a GPU
 
 
 def run_experts(m, il: int, x, ids, weights, names: tuple[str, str, str], logits=None, act: str = "swiglu",

@@ -61,9 +61,9 @@ def load(model: Any, plan: Any = None, *, context_size: int | None = None, threa
     the model is loaded cannot crash it (docs/bad-input.md). stall_guard=False (--no-stall-guard): every decode
     step runs on the threads set, even when another process stalls them (default True: moert/threads.py
     StallGuard sends the steps after a stalled one to one thread). offload_min_batch= (a placement keyword,
-    --offload-min-batch): a forward of at least this many tokens runs the CPU's experts on a GPU, copying the
-    selected experts' blocks there for the call (llama.cpp's op offload, GGML_OP_OFFLOAD_MIN_BATCH = 32, the
-    default; 0: never; counted in TransferStats.offload_bytes).
+    --offload-min-batch): a forward of at least this many tokens runs the matmuls of CPU weights on a GPU,
+    copying there for the call a dense weight's bytes, an expert tensor's selected experts' (llama.cpp's op
+    offload, GGML_OP_OFFLOAD_MIN_BATCH = 32, the default; 0: never; counted in TransferStats.offload_bytes).
     The flat keywords cache_type_k / cache_type_v / flash_attn and ray_model / ray_fallback / ray_threads /
     ray_timeout / ray_calls are still accepted, each standing for its field of kv= or ray=."""
     kv, ray = _grouped(kv, ray, placement)

@@ -77,7 +77,7 @@ class Model(ModelRuntime, TextAPI, Tracing):
         # predicts the time of the devices it `covers` (sim GPUs timed as a named hardware's)
         self.clock = None
         self.expert_cache = None                  # a dynamic.runtime.RuntimeCache (use_expert_cache)
-        self.offload_min_batch = OFFLOAD_MIN_BATCH   # a batch this big runs CPU experts on a GPU (experts.py; 0: never)
+        self.offload_min_batch = OFFLOAD_MIN_BATCH   # a batch this big runs CPU weights on a GPU (op offload; 0: never)
         # decode steps stalled by a busy core go to one thread (threads.py); None: every step on the threads set
         self.stall_guard: StallGuard | None = StallGuard()
         # a one-token step runs each CPU layer as two kernel calls where it can (moert/fused.py; time counted as

@@ -208,13 +208,13 @@ def sim_if_no_gpu(args: argparse.Namespace) -> None:
 
 
 def add_offload_arg(parser: argparse.ArgumentParser) -> None:
-    """--offload-min-batch N (run, chat, bench, serve): llama.cpp's op offload threshold for the CPU's experts."""
+    """--offload-min-batch N (run, chat, bench, serve): llama.cpp's op offload threshold for CPU weights."""
     from moert.experts import OFFLOAD_MIN_BATCH
 
     parser.add_argument("--offload-min-batch", type=int, default=OFFLOAD_MIN_BATCH, metavar="N",
-                        help=f"a batch of at least N tokens runs the CPU's experts on the GPU, copying the selected "
-                             f"experts' blocks there (llama.cpp's op offload; default {OFFLOAD_MIN_BATCH}, llama.cpp's "
-                             f"GGML_OP_OFFLOAD_MIN_BATCH; 0: never, as llama.cpp's --no-op-offload)")
+                        help=f"a batch of at least N tokens runs CPU weights' matmuls on the GPU, copying a weight's "
+                             f"blocks (of experts: the selected ones') there for the call (llama.cpp's op offload; "
+                             f"default {OFFLOAD_MIN_BATCH}, GGML_OP_OFFLOAD_MIN_BATCH; 0: never, as --no-op-offload)")
 
 
 def gpu_line(args: argparse.Namespace, fallback: str = "none") -> str:
