@@ -181,7 +181,7 @@ def _fit_run(p: dict, ratio: float, left: float, n_gen: int, reps: int) -> tuple
     """(n_gen, reps) for a config whose probe at 4 layers was p, on a file `ratio` times its bytes, in `left` s:
     as asked, else one repetition, else tg32, else tg8; None when not even that fits."""
     for r, g in ((reps, n_gen), (1, n_gen), (1, 32), (1, 8)):
-        if ratio * (r * (p["pp_s"] + p["tg_s"] * g / p["n_gen"]) + p["load_s"]) <= left:
+        if ratio * (r * (p["pp_s"] + p["tg_s"] * g / p["n_gen"]) + p.get("load_est_s", p["load_s"])) <= left:
             return g, r
     return None
 
@@ -196,6 +196,9 @@ def stage_e2e(dry: bool, left: float, work: Path, save=lambda r: None) -> dict:
     for name, config in CONFIGS.items():                   # pp n_prompt, tg 8: what each costs at 4 layers
         out["probe"][name] = _bench(probe_file, config, dry, n_prompt, min(8, n_gen), 1)
         save(out)
+    first = min(p["load_s"] for p in out["probe"].values())   # the first load compiled the CPU kernels: once
+    for p in out["probe"].values():
+        p["load_est_s"] = min(p["load_s"], 2 * first)         # what a load costs once compiled
 
     def ratio(L: int) -> float:                            # time goes with the bytes read: the files' bytes
         if dry:
@@ -204,7 +207,7 @@ def stage_e2e(dry: bool, left: float, work: Path, save=lambda r: None) -> dict:
         return size[0] / size[1]
 
     def cost(L: int, g: int = n_gen, r: int = 1) -> float:
-        run = sum(r * (p["pp_s"] + p["tg_s"] * g / p["n_gen"]) + p["load_s"] for p in out["probe"].values())
+        run = sum(r * (p["pp_s"] + p["tg_s"] * g / p["n_gen"]) + p["load_est_s"] for p in out["probe"].values())
         return ratio(L) * (run + (write_s if L != PROBE_LAYERS else 0))
     layers = PROBE_LAYERS
     if not dry:                                            # as many layers as one repetition of each config allows
