@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -73,10 +74,16 @@ def ensure_deps() -> list[str]:
 # ----------------------------------------------------------------------------------------------- stages
 
 def stage_tests(dry: bool, left: float) -> dict:
-    files = ["tests/test_cuda.py"] if dry else ["tests/test_cuda.py", "tests/test_cuda_cache.py",
-                                                "tests/test_cuda_forward.py"]
-    r = python("-m", "pytest", "-q", "-p", "no:cacheprovider", *files, "-k", "sim" if dry else "cupy",
-               timeout=left)
+    files = ["tests/test_cuda.py"] if dry else ["tests/test_cuda.py", "tests/test_cuda_forward.py",
+                                                "tests/test_cuda_cache.py"]
+    try:
+        r = python("-m", "pytest", "-q", "-rf", "-p", "no:cacheprovider", *files, "-k", "sim" if dry else "cupy",
+                   timeout=left)
+    except subprocess.TimeoutExpired as e:               # what ran so far, from pytest's progress characters
+        text = e.stdout.decode() if isinstance(e.stdout, bytes) else e.stdout or ""
+        dots = "".join(ln.split(" [")[0] for ln in text.splitlines() if re.fullmatch(r"[.FEsx]+( +\[ *\d+%\])?", ln))
+        return {"summary": f"timed out after {left:.0f} s: {dots.count('.')} passed, {dots.count('F')} failed, "
+                           f"{dots.count('E')} errors so far", "rc": "timeout", "failures": []}
     last = [ln for ln in r.stdout.splitlines() if " passed" in ln or " failed" in ln or " error" in ln]
     return {"summary": last[-1].strip("= ") if last else r.stdout.strip()[-200:], "rc": r.returncode,
             "failures": [ln for ln in r.stdout.splitlines() if ln.startswith("FAILED")][:20]}

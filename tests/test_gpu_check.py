@@ -66,3 +66,16 @@ def test_a_run_shrinks_to_the_time_it_has():
     p = {"pp_s": 1.0, "tg_s": 1.0, "n_gen": 8, "load_s": 1.0}
     assert [fit(p, 1.0, left, 128, 2) for left in (35, 18, 6, 3, 2.9)] == [(128, 2), (128, 1), (32, 1), (8, 1), None]
     assert fit(p, 2.0, 6, 128, 2) == (8, 1)                 # twice the bytes: twice the time
+
+
+def test_tests_that_run_out_of_time_say_how_far_they_got(monkeypatch):
+    import subprocess
+
+    gc = _gpu_check()
+
+    def slow(*args, timeout=None, env=None):
+        raise subprocess.TimeoutExpired(args, timeout, output=b"..F.s [ 10%]\n.E..\n")
+
+    monkeypatch.setattr(gc, "python", slow)
+    r = gc.stage_tests(False, 3.0)
+    assert r["summary"] == "timed out after 3 s: 6 passed, 1 failed, 1 errors so far" and r["rc"] == "timeout"
