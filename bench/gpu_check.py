@@ -114,7 +114,7 @@ def _copy_seconds(xp, nbytes: int, reps: int) -> float:
     return _timed(lambda: xp.copyto(dst, src), xp, reps)
 
 
-def stage_kernels(dry: bool, left: float) -> dict:
+def stage_kernels(dry: bool, left: float, save=lambda r: None) -> dict:
     import numpy as np
 
     from moert.cost.zoo_data import random_blocks
@@ -152,6 +152,7 @@ def stage_kernels(dry: bool, left: float) -> dict:
                 row[f"{n}x{k}"] = {"gbs": w_h.nbytes / s / 1e9, "us": s * 1e6, "rel_err": err}
             except Exception as e:                  # a type the kernels or the quantizer do not take: say which
                 row[f"{n}x{k}"] = f"{type(e).__name__}: {str(e)[:120]}"
+        save(out)                                          # the first compile of each type is slow: keep what ran
     return out
 
 
@@ -293,7 +294,7 @@ def run_stage(stage: str, dry: bool, left: float, out: Path) -> dict:
     if stage == "tests":
         r = stage_tests(dry, left)
     elif stage == "kernels":
-        r = stage_kernels(dry, left)
+        r = stage_kernels(dry, left, lambda r: (out / "kernels.json").write_text(json.dumps(r, indent=1)))
     elif stage == "e2e":                                  # the twins (up to 18.5 GB) stay out of --out, and go
         with tempfile.TemporaryDirectory(prefix="moert-gpu-check-") as work:
             r = stage_e2e(dry, left, Path(work), lambda r: (out / "e2e.json").write_text(json.dumps(r, indent=1)))
