@@ -9,9 +9,10 @@ Stages, each in its own process under a timeout, skipped (saying so) when the ti
   kernels  GB/s of moert.kernels.gpu.matvec per GGML type on 4096x4096 and 8192x8192 weights (one token), against
            a device-to-device copy (read + write bytes / s); its error against the NumPy twin ("not built" without
            the package)
-  e2e      pp512 / tg128 (moert.bench, 16 threads, --act-quant int8) for -ngl 0, -cmoe and all-GPU on a
-           Qwen3-30B-A3B-shaped Q4_K_M twin with random valid weights (moert/cost/zoo_data.py): a 4-layer probe
-           first, then as many of the 48 layers as the budget holds (the table says how many)
+  e2e      pp512 / tg128 (moert.bench, 16 threads, --act-quant int8) for -ngl 0 (no GPU), -cmoe (with op offload
+           and without) and all-GPU on a Qwen3-30B-A3B-shaped Q4_K_M twin with random valid weights
+           (moert/cost/zoo_data.py): a 4-layer probe first, then as many of the 48 layers as the budget holds (the
+           table says how many; a configuration short of time drops to one repetition, then tg32, then tg8)
   peer     transformers' Qwen3MoeForCausalLM, bf16, everything on the GPU, random weights of the same shapes and
            layers: pp512 and decode tokens/s
 It prints one table and writes DIR/gpu_check.json (and each stage's DIR/<stage>.json).
