@@ -229,8 +229,8 @@ def test_every_kernel_compiles_to_a_cubin(cc):
         _check_cubin(name, sig, const, cc, warps)
 
 
-def _check_cubin(name, sig, const, cc, warps):
-    c = launch.compile_cubin(name, sig, const, cc, warps)
+def _check_cubin(name, sig, const, cc, warps, aligned=True):
+    c = launch.compile_cubin(name, sig, const, cc, warps, aligned=aot.aligned(sig) if aligned else frozenset())
     assert _sm(c.cubin) == cc and c.name.encode() in c.cubin, (name, const)
     args = [a for a in launch.kernel(name).arg_names if a not in const]
     assert c.params[:len(args)] == tuple(sig[a] for a in args)           # the kernel's own, in order

@@ -201,7 +201,7 @@ def _matmul(w, g: GpuType, n: int, k: int, x, out, stream, backend: str, tiled: 
                 stride_x=k, stride_o=n)
     if tiled:
         grid = (_cdiv(n, g.tile_n), _cdiv(t, g.tile_m))
-        run(g.tiled, grid, args, dict(QT=g.qt, BM=g.tile_m, BN=g.tile_n, S=g.sub, L=g.lanes), g.tile_warps,
+        run(g.tiled, grid, args, g.tiled_constexprs(), g.tile_warps,
             backend, stream)
     else:
         tp = 1 << (t - 1).bit_length()                                    # tokens rounded up to a power of 2

@@ -11,17 +11,21 @@ Why these configurations (none is autotuned; each is reasoned from the compiled 
 bench/bench_gpu_kernels.py --rows 1,2,4, which also checks the twin):
   rows, chunks  R = 2 rows per program, C = 4 chunks of each per step (1024 weights of a row): 2 x 1024 weights
           over 128 threads is 16 weights per thread per step, so every thread loads its scales once per step and
-          its quant bytes as vectors. A 4096-row matrix makes 2048 programs (8192 warps, ~62 per SM on an H100's
-          132 SMs before the register limit), where one row-block per program would leave ~15: a matvec is bound
-          by the bytes in flight, and it is the number of warps waiting on loads that puts them there (llama.cpp's
-          mmvq spreads each row over a 4-warp block for the same reason). For Q4_K the sm_90 PTX of a step is ~200
-          instructions per thread (10 byte loads of header and scales, 1 vector load of quants, 4 of x, 24 FMAs):
-          ~1.15 KB of weights per ~820 warp-instructions: if issue-bound, ~1.3 TB/s (~40% of an H100's 3.35) at
-          full issue rate, so the next step for the k-quants is an int8 path (q8_1 activations, dp4a), as
-          llama.cpp's vecdotq.cuh does, where one instruction multiplies four weights.
+          its quant bytes as vectors. A 4096-row matrix makes 2048 programs (8192 warps for an H100's 132 SMs), and
+          ptxas (-v, sm_90a) gives the T = 1 kernels of Q4_K, Q8_0 and MXFP4 56 registers, no spills: up to 36
+          warps resident per SM (T = 8: ~90 registers, 20). One row-block of 8 rows per program would leave ~15
+          warps per SM for 4096 rows: a matvec is bound by the bytes in flight, and it is the warps waiting on
+          loads that put them there (llama.cpp's mmvq spreads each row over a 4-warp block for the same reason).
+          For Q4_K a step is ~200 PTX instructions per thread (10 byte loads of header and scales, 1 vector load
+          of quants, 4 of x, 24 FMAs): ~1.15 KB of weights per ~820 warp-instructions, so if issue-bound ~1.3 TB/s
+          (~40% of an H100's 3.35 TB/s). R = 4 makes it 10 instructions per weight instead of 12.9 but 88 registers
+          (20 warps per SM): which wins is for bench/bench_gpu_kernels.py to say. The step after that for the
+          k-quants is an int8 path (q8_1 activations, dp4a: llama.cpp's vecdotq.cuh), four weights an instruction.
   warps   4 for decode: 128 threads for one step's 2 x 1024 weights.
-  tiled   BM x BN tokens x rows per program for prompts (T > 8), BK = 256 (one chunk), f16 operands into tl.dot,
-          8 warps: a (64, 256) dequantized tile is 64 floats per thread before its f16 cast.
+  tiled   BM x BN = 32 tokens x 64 rows per program for prompts (T > 8), k-steps of BK = 64 columns (two 32-weight
+          sub-blocks, four of Q6_K's), f16 operands into tl.dot (mma.sync m16n8k16 on sm_80 and sm_90), 8 warps,
+          2 stages: ptxas gives every type 158-255 registers and no spills, 12-24 KB of shared memory. A whole
+          256-weight chunk per k-step spilled (up to 1 KB) and took 98 KB of shared memory (196 KB for F32).
 """
 
 from __future__ import annotations
@@ -31,7 +35,7 @@ from dataclasses import dataclass
 # Kernel codes (the `QT` constexpr of kernels/gpu/src/deq.py): the order is the kernels' code, never reorder.
 QT_CODES = {"F32": 0, "F16": 1, "BF16": 2, "Q8_0": 3, "Q4_0": 4, "Q5_0": 5, "MXFP4": 6, "Q4_K": 7, "Q5_K": 8,
             "Q6_K": 9}
-CHUNK = 256         # weights per loop step of every kernel, every type
+CHUNK = 256         # weights per chunk, every type (a decode step reads C chunks of each of its rows)
 DECODE_MAX_T = 8    # up to this many tokens a matmul takes the matvec kernel; more take the tiled one
 
 
@@ -58,6 +62,10 @@ class GpuType:
         if not self.pair:
             return self.sub, self.lanes
         return (4, 32) if self.qt in (7, 8) else (8, 16)
+
+    def tiled_constexprs(self) -> dict:
+        """The tiled kernel's constexprs: a k-step of SK sub-blocks, 64 columns (see the module docstring)."""
+        return dict(QT=self.qt, BM=self.tile_m, BN=self.tile_n, S=self.sub, L=self.lanes, SK=64 // self.lanes)
 
     def decode_constexprs(self) -> dict:
         """The constexprs the decode kernels (matvec, MoE) are compiled with (TP, ACT, HAS_BIAS aside)."""

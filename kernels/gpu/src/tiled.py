@@ -2,11 +2,11 @@
 "dequantize once to f16, then one GEMM".
 
 Dimension legend: T tokens, N rows (output features), K columns; BM x BN the (tokens, rows) tile of a program,
-BK = 256 the chunk a k-step dequantizes (kernels/gpu/src/deq.py), S x L its sub-block shape.
+S x L a 256-weight chunk's sub-block shape (kernels/gpu/src/deq.py), BK = SK x L the columns of a k-step.
 
-tiled_kernel: each program keeps a (BM, BN) float32 accumulator; per 256 columns it decodes a (BN, 256) weight
-tile in registers, casts it and the (BM, 256) x tile to f16, and adds tl.dot(x, w^T). The weights are read once
-per BM tokens, in whole blocks; float16 products with float32 accumulation, as cuBLAS's default GEMM.
+tiled_kernel: each program keeps a (BM, BN) float32 accumulator; per k-step it decodes a (BN, BK) weight tile (SK
+sub-blocks of each row) in registers, casts it and the (BM, BK) x tile to f16, and adds tl.dot(x, w^T). The
+weights are read once per BM tokens; float16 products with float32 accumulation, as cuBLAS's default GEMM.
 """
 
 import triton
@@ -17,20 +17,23 @@ from .deq import deq
 
 @triton.jit
 def tiled_kernel(w_ptr, x_ptr, out_ptr, N, K, T, row_bytes, stride_x, stride_o,
-                 QT: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, S: tl.constexpr, L: tl.constexpr):
-    """out[t, n] = sum_k W[n, k] x[t, k]: W (N, row_bytes) raw rows, x (T, K), out (T, N) float32.
-    Grid (cdiv(N, BN), cdiv(T, BM))."""
+                 QT: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, S: tl.constexpr, L: tl.constexpr,
+                 SK: tl.constexpr):
+    """out[t, n] = sum_k W[n, k] x[t, k]: W (N, row_bytes) raw rows, x (T, K), out (T, N) float32. A k-step is SK of
+    a chunk's S sub-blocks (BK = SK * L columns), so the decoded tile stays in registers. Grid (cdiv(N, BN),
+    cdiv(T, BM))."""
     rows = tl.program_id(0) * BN + tl.arange(0, BN)                             # (BN,)
     toks = tl.program_id(1) * BM + tl.arange(0, BM)                             # (BM,)
-    r = tl.minimum(tl.program_id(0) * BN + tl.arange(0, BN * S) // S, N - 1)
-    roff = r.to(tl.int64) * row_bytes                                           # (BN * S,)
-    s = tl.arange(0, BN * S) % S
+    r = tl.minimum(tl.program_id(0) * BN + tl.arange(0, BN * SK) // SK, N - 1)
+    roff = r.to(tl.int64) * row_bytes                                           # (BN * SK,)
     l = tl.arange(0, L)
-    kk = tl.arange(0, S * L)[None, :]                                           # (1, BK)
+    kk = tl.arange(0, SK * L)[None, :]                                          # (1, BK)
     acc = tl.zeros((BM, BN), dtype=tl.float32)
-    for c in range(0, tl.cdiv(K, S * L)):
-        w = tl.reshape(deq(w_ptr, roff, c, K, s, l, QT), (BN, S * L)).to(tl.float16)    # (BN, BK)
-        k = c * (S * L) + kk
+    for j in range(0, tl.cdiv(K, S * L) * (S // SK)):                        # k-steps: SK sub-blocks each
+        c, h = j // (S // SK), j % (S // SK)                                    # chunk c, its part h
+        s = h * SK + tl.arange(0, BN * SK) % SK
+        w = tl.reshape(deq(w_ptr, roff, c, K, s, l, QT), (BN, SK * L)).to(tl.float16)   # (BN, BK)
+        k = c * (S * L) + h * (SK * L) + kk
         xt = tl.load(x_ptr + toks[:, None].to(tl.int64) * stride_x + k, mask=(toks[:, None] < T) & (k < K),
                      other=0.0).to(tl.float16)                                  # (BM, BK)
         acc += tl.dot(xt, tl.trans(w))                                          # (BM, BN)
