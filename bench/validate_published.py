@@ -118,7 +118,7 @@ def _predict(entry: str, factors: tuple, _graphs: str) -> dict:
     r = moert.predict(plan, hw, n_prompt=t.get("n_prompt") or 0, n_gen=t.get("n_gen") or 1, depth=t.get("depth", 0),
                       n_ubatch=t.get("n_ubatch", 512), threads=t.get("threads"), kv_bytes=t.get("kv_bytes", 2),
                       policy="ik_llama.cpp" if e["engine"] == "ik_llama.cpp" else "llama.cpp", graphs=graphs(e),
-                      mmap=mmap(e))
+                      mmap=mmap(e), numa=numa(e))
     wanted = e.get("predict", ["prompt", "gen"])
     return {"prompt": r.prefill_tok_s if e.get("prompt_tok_s") and "prompt" in wanted else None,
             "gen": r.decode_tok_s if e.get("gen_tok_s") and "gen" in wanted else None,
@@ -143,6 +143,18 @@ def mmap(e: dict) -> bool:
     """Whether the entry's engine mapped the GGUF (both engines' default; `--no-mmap` / `-mmp 0` in its flags: not),
     which makes op offload copy from pageable memory (moert.cost.hardware.Link.staged)."""
     return not re.search(r"--no-mmap|-mmp 0|--mmap 0", e.get("flags") or "")
+
+
+def numa(e: dict) -> str:
+    """The entry's --numa as moert.predict takes it (moert.cost.hardware.NUMA_MODES; "none" where none is stated).
+    ggml's --numa numactl pins every thread to "the cpuset that numactl gave us" (ggml-cpu.c, set_numa_thread_affinity:
+    the process's affinity), so without `numactl -N 0 -m 0` (or --cpunodebind / --membind / --physcpubind) in its flags
+    it pins nothing and binds no memory: then it runs as without --numa."""
+    mode = e["test"].get("numa", "none")
+    bound = re.search(r"(^|[\s(])numactl\s+(-N|-m|-C|--cpunodebind|--membind|--physcpubind)", e.get("flags") or "")
+    if mode == "numactl" and not bound:
+        return "none"
+    return mode
 
 
 def graphs(e: dict) -> str:

@@ -167,7 +167,8 @@ def test_numa_nodes_a_two_socket_cpu_and_what_each_numa_mode_reads():
     two = cost.sockets(one, 2)
     assert (two.cores, two.mem_bw_gbs, two.mem_channels, two.numa_nodes) == (32, 800.0, 16, 2)
     none, dist, iso = (cost.numa_view(two, m) for m in ("none", "distribute", "isolate"))
-    assert (none.cores, none.mem_bw_gbs) == (32, 400.0)          # every core, one node's memory
+    assert (none.cores, none.read_gbs()) == (32, one.read_gbs())  # every core, one node's memory
+    assert none.read_gbs(16) == one.read_gbs(16) and none.read_gbs(8) == pytest.approx(one.read_gbs(8))
     assert dist == two                                           # node-local pages: all of it
     assert (iso.cores, iso.mem_bw_gbs, iso.mem_channels) == (16, 400.0, 8) == (one.cores, one.mem_bw_gbs, 8)
     assert cost.numa_view(one, "isolate") is one             # one node: nothing to choose

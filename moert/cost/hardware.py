@@ -63,6 +63,9 @@ class CPU:
     # them). The figures above are the whole machine's; `sockets(cpu, n)` ("2x epyc-9374f") makes such a CPU, and
     # `numa_view` says what a run of llama.cpp sees of it under --numa (predict's `numa`).
     numa_nodes: int = 1
+    # The most a run reads, GB/s, where its memory sits on fewer NUMA nodes than its threads span (numa_view's "none":
+    # one node's share, or the socket links'); 0: no such cap. The cores keep their own rate under it.
+    numa_read_gbs: float = 0.0
     # The share of peak fp32 FLOPs a quantized batched matmul gets: 0.4, fitted by bench/validate_published.py (its
     # cpu_compute factor, 0.79 x the earlier assumed 0.5) on the CPU-only prefill figures of bench/published.json (5
     # figures, 3 sources; out of sample, leaving each source out, 21%). ik_llama.cpp's GEMMs are faster still
@@ -90,7 +93,7 @@ class CPU:
         kinds.check(self, kinds.CPU_FIELDS, HardwareError)
         _share(self, "bw_efficiency", "compute_efficiency")
         _not_negative(self, "mem_channels", "mem_mts", "mem_gib", "call_us", "layer_us", "token_us",
-                      "bw_1thread_gbs", "ccds", "fclk_ghz")
+                      "bw_1thread_gbs", "ccds", "fclk_ghz", "numa_read_gbs")
         if (self.ccds > 0) != (self.fclk_ghz > 0):
             raise HardwareError(f"CPU {self.name!r}: ccds and fclk_ghz go together (both > 0, or both 0 for no "
                                 f"fabric cap); got ccds={self.ccds!r}, fclk_ghz={self.fclk_ghz!r}")
@@ -113,14 +116,16 @@ class CPU:
         if self.fabric_gbs:
             whole = min(whole, self.fabric_gbs)
         if self.bw_1thread_gbs:
-            return min(whole, n * self.bw_1thread_gbs)
-        if self.ccds:
+            rate = min(whole, n * self.bw_1thread_gbs)
+        elif self.ccds:
             # threads fill CCDs in order (llama.cpp pins none; Linux spreads over the first cores), and a CCD's link
             # reads 32 B x FCLK whether one or all of its cores stream: fewer threads than cores lose only the links
             # of the CCDs they leave idle, not a proportional share (a 96-core EPYC at 44 threads keeps 6 of 12 links)
             active = min(self.ccds, math.ceil(n * self.ccds / self.cores))
-            return min(whole, active * 32 * self.fclk_ghz)
-        return whole * n / self.cores
+            rate = min(whole, active * 32 * self.fclk_ghz)
+        else:
+            rate = whole * n / self.cores
+        return min(rate, self.numa_read_gbs) if self.numa_read_gbs else rate
 
     def matvec_gbs(self, type_name: str, threads: int | None = None, act_quant: str | None = None) -> float:
         """GB/s of `type_name` weights a one-token matmul reads on `threads` threads (kernel or DRAM bound)."""
@@ -244,7 +249,9 @@ def numa_view(cpu: CPU, numa: str = "none") -> CPU:
       * "none" (no --numa, the default): every core, but the mmap'd weights sit in the page cache where they were
         first read, so the run reads at most one node's DRAM bandwidth; on several sockets the other sockets'
         threads, (s - 1) / s of the work, reach it through the socket links (kinds.remote_read_gbs), so the whole
-        reads at most remote x s / (s - 1);
+        reads at most remote x s / (s - 1) (numa_read_gbs); each thread still reads at a core's rate, so -t 20 on two
+        20-core sockets reads what 20 cores read, not half of one node (the same holds for the weights that
+        ik_llama.cpp's -rtr or --no-mmap load: the loading thread first-touches them on its node);
       * "distribute" with the pages first read by the threads that use them: every node's bandwidth.
     Read from: llama.cpp issue 11744 (dual EPYC 9175F, 16 x DDR5-6400, Llama-3.1-70B f16: tg 2.4 t/s by default,
     4.31 with --numa distribute and the page cache filled by the tg threads after drop_caches: x1.8 against this
@@ -258,14 +265,17 @@ def numa_view(cpu: CPU, numa: str = "none") -> CPU:
     k = cpu.numa_nodes
     if k == 1 or numa == "distribute":
         return cpu
-    node = dict(mem_bw_gbs=cpu.mem_bw_gbs / k, mem_channels=cpu.mem_channels // k, numa_nodes=1)
-    if numa in ("isolate", "numactl"):
-        node.update(cores=max(1, cpu.cores // k), ccds=cpu.ccds // k, mem_gib=cpu.mem_gib / k,
-                    sockets=max(1, cpu.sockets // k))
-    elif cpu.sockets > 1 and kinds.remote_read_gbs(cpu):        # the other sockets read through the links
-        cap = kinds.remote_read_gbs(cpu) * cpu.sockets / (cpu.sockets - 1) / cpu.bw_efficiency
-        node.update(mem_bw_gbs=min(node["mem_bw_gbs"], cap))
-    return replace(cpu, **node)
+    if numa == "none":
+        # the cores, channels and their rates stay the machine's (a core's read rate is its own: its misses in flight
+        # over the latency, McCalpin's "Little's Law" for single-core bandwidth), so fewer threads than cores read
+        # what that many cores read, up to the one node that holds the pages
+        cap = cpu.mem_bw_gbs / k * cpu.bw_efficiency
+        if cpu.sockets > 1 and kinds.remote_read_gbs(cpu):      # the other sockets read through the links
+            cap = min(cap, kinds.remote_read_gbs(cpu) * cpu.sockets / (cpu.sockets - 1))
+        return replace(cpu, numa_read_gbs=min(cap, cpu.numa_read_gbs or cap))
+    return replace(cpu, mem_bw_gbs=cpu.mem_bw_gbs / k, mem_channels=cpu.mem_channels // k, numa_nodes=1,
+                   cores=max(1, cpu.cores // k), ccds=cpu.ccds // k, mem_gib=cpu.mem_gib / k,
+                   sockets=max(1, cpu.sockets // k))
 
 
 # DRAM passes of a copy from pageable memory through the driver's pinned staging array (Link.staged): the read of
