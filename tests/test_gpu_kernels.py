@@ -12,6 +12,7 @@ Shapes are tiny: the interpreter runs every program of the grid in Python (secon
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import struct
 import sys
@@ -329,7 +330,8 @@ def test_cuda_path_compiles_for_the_device_and_launches(monkeypatch):
     monkeypatch.setattr(launch, "CupyLauncher", Launcher)
     monkeypatch.setattr(launch, "compile_cubin", spy)
     device = [0]
-    monkeypatch.setattr(gpu.ops, "_device", lambda: (device[0], 90))
+    monkeypatch.setattr(gpu.ops, "_device", lambda a: (device[0], 90))
+    monkeypatch.setattr(gpu.ops, "_on", lambda d: contextlib.nullcontext())
     gpu.ops._launcher.cache_clear()
     gpu.ops._compiled.cache_clear()
     args = dict(w_ptr=dev(np.uint8, 256), x_ptr=dev(np.float32, 4096), out_ptr=dev(np.float32, 4100), N=64, K=4096,

@@ -104,12 +104,19 @@ def moe_ref(x, ids, weights, gate, up, down, qtype: str, shapes, act: str = "swi
 
 # ----------------------------------------------------------------------------------------------- launches
 
-def _device() -> tuple[int, int]:
-    """(id, compute capability as 80 / 90) of CuPy's current device."""
+def _device(a=None) -> tuple[int, int]:
+    """(id, compute capability as 80 / 90) of the device holding CuPy array a (CuPy's current device for None)."""
     import cupy
 
-    d = cupy.cuda.Device()
+    d = cupy.cuda.Device(a.device.id) if getattr(a, "device", None) is not None else cupy.cuda.Device()
     return d.id, int(d.compute_capability)
+
+
+def _on(device: int):
+    """A context in which CuPy's current device is `device` (the launch goes to its context and stream)."""
+    import cupy
+
+    return cupy.cuda.Device(device)
 
 
 @functools.cache
@@ -147,10 +154,10 @@ def run(name: str, grid: tuple[int, ...], args: dict, constexprs: dict, warps: i
             sig.append((k, "i64" if abs(int(v)) >= 2**31 else "i32"))
             if int(v) % 16 == 0:
                 aligned.add(k)
-    device, capability = _device()
+    device, capability = _device(next(v for v in args.values() if hasattr(v, "data")))
     key = (name, tuple(sig), tuple(sorted(constexprs.items())), capability, warps, frozenset(aligned))
-    fn = _launcher(key, device)
-    fn(grid, list(args.values()), stream=stream)
+    with _on(device):                     # the arrays' device, whichever is current
+        _launcher(key, device)(grid, list(args.values()), stream=stream)
 
 
 def _cdiv(a: int, b: int) -> int:
@@ -249,7 +256,8 @@ def moe(x, ids, weights, gate, up, down, qtype: str, shapes, act: str = "swiglu"
 
     x (T, D) float32/float16; ids (T, KS) int32; weights (T, KS) float32; gate, up, down raw GGUF bytes of one
     type `qtype`, shapes ((E, F, D), (E, F, D), (E, D, F)) in NumPy order; act one of moert.activations.ACTS;
-    biases None or (bg (E, F), bu (E, F), bd (E, D)) float32 (gpt-oss). With `out` (T, D) and `work` (T * KS, F)
+    biases None or (bg (E, F), bu (E, F), bd (E, D)) float32 (gpt-oss); ids must be < E (on the device they are
+    not checked: reading them would cost a sync). With `out` (T, D) and `work` (T * KS, F)
     float32 given, a call allocates nothing, so a CUDA graph can capture it. Beyond 8 tokens (a prompt) the tokens
     are grouped by expert instead (_moe_grouped: ids read back to the host, one matmul per active expert)."""
     g = gpu_type(qtype)
