@@ -1,5 +1,5 @@
 """Every kernel of every GGML type in moert.kernels.gpu compiles to a cubin for sm_80 and sm_90 without a GPU
-(triton.compile with a GPUTarget); ~2.5 min on two busy cores, hence slow. tests/test_gpu_kernels.py compiles a
+(triton.compile with a GPUTarget); ~80 s on two busy cores, hence slow. tests/test_gpu_kernels.py compiles a
 subset and runs every kernel under Triton's interpreter."""
 
 from __future__ import annotations
