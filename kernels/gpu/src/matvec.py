@@ -80,6 +80,37 @@ def _rows_dot(wp, roff, xp, stride_x, T, K, QT: tl.constexpr, R: tl.constexpr, S
 
 
 @triton.jit
+def _rows_dot2(wa, wb, roff, xp, K, QT: tl.constexpr, R: tl.constexpr, S: tl.constexpr, L: tl.constexpr,
+               C: tl.constexpr, PAIR: tl.constexpr):
+    """Two matrices of the same shape and type (an expert's gate and up) times one x row in one pass: (R,), (R,).
+    Each step's x is loaded once for both."""
+    i = tl.arange(0, R * C * S)
+    s = i % S
+    cc = (i // S) % C
+    l = tl.arange(0, L)
+    acc_a = tl.zeros((R * C * S, L), dtype=tl.float32)
+    acc_b = tl.zeros((R * C * S, L), dtype=tl.float32)
+    for c0 in range(0, tl.cdiv(K, 256 * C)):
+        c = c0 * C + cc
+        lo, hi = _decode(wa, roff, c, K, s, l, PAIR, QT)
+        lo_b, hi_b = _decode(wb, roff, c, K, s, l, PAIR, QT)
+        if PAIR:
+            k = (c * 256 + s * (2 * L))[:, None] + l[None, :]
+            x0 = tl.load(xp + k, mask=k < K, other=0.0).to(tl.float32)
+            x1 = tl.load(xp + k + L, mask=k + L < K, other=0.0).to(tl.float32)
+            acc_a += lo * x0 + hi * x1
+            acc_b += lo_b * x0 + hi_b * x1
+        else:
+            k = (c * 256 + s * L)[:, None] + l[None, :]
+            x0 = tl.load(xp + k, mask=k < K, other=0.0).to(tl.float32)
+            acc_a += lo * x0
+            acc_b += lo_b * x0
+    a = tl.sum(tl.reshape(tl.sum(acc_a, axis=1), (R, C * S)), axis=1)
+    b = tl.sum(tl.reshape(tl.sum(acc_b, axis=1), (R, C * S)), axis=1)
+    return a, b
+
+
+@triton.jit
 def matvec_kernel(w_ptr, x_ptr, out_ptr, N, K, T, row_bytes, stride_x, stride_o,
                   QT: tl.constexpr, R: tl.constexpr, S: tl.constexpr, L: tl.constexpr, C: tl.constexpr,
                   TP: tl.constexpr, PAIR: tl.constexpr):
@@ -122,15 +153,16 @@ def moe_gate_up_kernel(gate_ptr, up_ptr, bg_ptr, bu_ptr, x_ptr, ids_ptr, act_ptr
                        ACT: tl.constexpr, HAS_BIAS: tl.constexpr, PAIR: tl.constexpr):
     """act[p, f] = glu(W_gate[e] x[t] + bg[e], W_up[e] x[t] + bu[e])[f] for pair p = t * KS + k, e = ids[p]:
     gate, up (E, F, row_bytes) raw; biases (E, F) float32 if HAS_BIAS; x (T, K); act (T * KS, F) float32.
-    Grid (cdiv(F, R), T * KS): the expert id is read here, so a captured graph replays with new ids."""
+    Grid (cdiv(F, R), T * KS): the expert id is read here, so a captured graph replays with new ids. Gate and up go
+    in one pass (_rows_dot2: x loaded once; Q4_K's sm_90 step 379 PTX instructions for both, 412 apart, at 96
+    registers instead of 72)."""
     p = tl.program_id(1)
     e = tl.load(ids_ptr + p).to(tl.int64)
     rows = tl.program_id(0) * R + tl.arange(0, R)
     rc = tl.minimum(rows, F - 1)
     roff = _row_offsets(tl.program_id(0) * R, F, e * F, row_bytes, R, C * S)
     xp = x_ptr + (p // KS) * stride_x
-    g = tl.sum(_rows_dot(gate_ptr, roff, xp, 0, 1, K, QT, R, S, L, C, 1, PAIR), axis=1)    # (R,)
-    u = tl.sum(_rows_dot(up_ptr, roff, xp, 0, 1, K, QT, R, S, L, C, 1, PAIR), axis=1)
+    g, u = _rows_dot2(gate_ptr, up_ptr, roff, xp, K, QT, R, S, L, C, PAIR)                     # (R,) each
     if HAS_BIAS:
         g += tl.load(bg_ptr + e * F + rc)
         u += tl.load(bu_ptr + e * F + rc)
