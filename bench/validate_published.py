@@ -118,7 +118,7 @@ def _predict(entry: str, factors: tuple, _graphs: str) -> dict:
     r = moert.predict(plan, hw, n_prompt=t.get("n_prompt") or 0, n_gen=t.get("n_gen") or 1, depth=t.get("depth", 0),
                       n_ubatch=t.get("n_ubatch", 512), threads=t.get("threads"), kv_bytes=t.get("kv_bytes", 2),
                       policy="ik_llama.cpp" if e["engine"] == "ik_llama.cpp" else "llama.cpp", graphs=graphs(e),
-                      mmap=mmap(e), numa=numa(e))
+                      mmap=mmap(e), numa=numa(e), repack=repack(e))
     wanted = e.get("predict", ["prompt", "gen"])
     return {"prompt": r.prefill_tok_s if e.get("prompt_tok_s") and "prompt" in wanted else None,
             "gen": r.decode_tok_s if e.get("gen_tok_s") and "gen" in wanted else None,
@@ -143,6 +143,13 @@ def mmap(e: dict) -> bool:
     """Whether the entry's engine mapped the GGUF (both engines' default; `--no-mmap` / `-mmp 0` in its flags: not),
     which makes op offload copy from pageable memory (moert.cost.hardware.Link.staged)."""
     return not re.search(r"--no-mmap|-mmp 0|--mmap 0", e.get("flags") or "")
+
+
+def repack(e: dict) -> bool:
+    """Whether the entry ran ik_llama.cpp with -rtr / --run-time-repack (llama-bench's `-rtr 1`): weights in RAM
+    repacked, mmap off, and those of types its CUDA backend cannot run never offloaded (moert/cost/repack.py)."""
+    on = re.search(r"(^|\s)(-rtr|--run-time-repack)(\s+1)?(\s|$)", e.get("flags") or "")
+    return e["engine"] == "ik_llama.cpp" and bool(on) and not re.search(r"-rtr\s+0", e.get("flags") or "")
 
 
 def numa(e: dict) -> str:

@@ -49,6 +49,7 @@ from moert.cost import coverage, kinds, launch
 from moert.cost.hardware import Hardware, numa_view
 from moert.cost.prediction import Part, Prediction
 from moert.cost.range import VALIDATION, trust
+from moert.cost.repack import offloadable
 from moert.cost.roofline import part_time as _time
 from moert.cost.shape import ROUTER, Shape, elements, expert_load, expert_sets, md_value, selection
 from moert.errors import ArgumentError, PlacementError, check_float, check_int
@@ -91,7 +92,7 @@ def predict(plan, hardware: Hardware, n_prompt: int = 512, n_gen: int = 128, dep
             threads: int | None = None, *, policy: str = "llama.cpp", n_ubatch: int = 512, kv_bytes: float = 2,
             act_quant: str | None = None, experts: dict | None = None, n_ctx: int | None = None,
             graphs: str = "per-split", cache=None, ram_gib: float | None = None, disk: str | None = None,
-            mmap: bool = True, numa: str = "none") -> Prediction:
+            mmap: bool = True, numa: str = "none", repack: bool = False) -> Prediction:
     """Predict llama-bench's pp{n_prompt} and tg{n_gen} at KV position `depth` for `plan` on `hardware`.
 
     `experts`: {expert tensor name: {device: range of experts}} overriding the plan's (whole-tensor) sets,
@@ -103,7 +104,11 @@ def predict(plan, hardware: Hardware, n_prompt: int = 512, n_gen: int = 128, dep
     `mem_gib`; 0 or unstated: RAM not checked): where the CPU's weights do not fit, llama.cpp's memory-mapped
     paging from `disk` (moert/cost/capacity.py; memory["cpu"], settings say so); mmap=False (--no-mmap): then
     it does not fit, and op offload copies from pinned memory (mmap: from pageable, Link.staged). `numa`: llama.cpp's
-    --numa on a CPU of several NUMA nodes ("none": not given; hardware.numa_view says what each sees)."""
+    --numa on a CPU of several NUMA nodes ("none": not given; hardware.numa_view says what each sees). `repack`:
+    ik_llama.cpp's -rtr (moert/cost/repack.py): mmap off, and weights in RAM whose repacked type its CUDA backend does
+    not run are never offloaded."""
+    repack = repack and policy == "ik_llama.cpp"   # an ik_llama.cpp flag: mainline has none
+    mmap = mmap and not repack                   # -rtr turns mmap off (ik_llama.cpp common.cpp)
     hardware = replace(hardware, cpu=numa_view(hardware.cpu, numa))
     if cache is not None:                # the cache costs itself (moert.dynamic imports this module, not back)
         return cache.predict(plan, hardware, trace, n_prompt, n_gen, depth, threads=threads, policy=policy,
@@ -124,6 +129,7 @@ def predict(plan, hardware: Hardware, n_prompt: int = 512, n_gen: int = 128, dep
                              f"{len(hardware.gpus)} GPU(s); plan with gpu_memory={hardware.gpu_memory()} "
                              f"(or gpu_layers=0 for a CPU-only machine)")
     cost = CostModel(plan, hardware, threads, act_quant=act_quant, kv_bytes=kv_bytes, experts=experts, mmap=mmap)
+    cost.repack = repack
     if policy == "ik_llama.cpp" and not hardware.cpu.kernel_gflops:   # measured rates are moert's own kernels
         cost.cpu_gemm_x = IK_CPU_GEMM_X
     if not hardware.cpu.kernel_gflops:                # the int8 dot path the engine's kernels take on this ISA
@@ -148,7 +154,7 @@ def predict(plan, hardware: Hardware, n_prompt: int = 512, n_gen: int = 128, dep
     memory = _gpu_memory(plan, m, hardware, n_ctx or depth + n_prompt + n_gen, n_ubatch)
     settings = dict(hardware=hardware.name, n_prompt=n_prompt, n_gen=n_gen, depth=depth, policy=policy,
                     threads=cost.threads, n_ubatch=n_ubatch, kv_bytes=kv_bytes, trace=trace is not None,
-                    overlap="none (splits run in order)", graphs=graphs, numa=numa)
+                    overlap="none (splits run in order)", graphs=graphs, numa=numa, repack=repack)
     pred = Prediction(1.0 / decode_s if decode_s else math.inf, n_prompt / prefill_s if prefill_s else 0.0,
                       decode_s, prefill_s, parts, all(v["need"] <= v["capacity"] for v in memory.values()),
                       memory, settings)
@@ -191,6 +197,7 @@ class CostModel:
         self.threads = threads or hardware.cpu.cores
         self.cpu_gemm_x = 1.0                   # CPU batched-matmul speed relative to llama.cpp's (IK_CPU_GEMM_X)
         self.cpu_int8_x = 1.0                   # the ISA's int8 dot rate relative to the fitted one (kinds.cpu_int8_x)
+        self.repack = False                     # ik_llama.cpp's -rtr: repack.offloadable decides what op offload takes
         self.shape = Shape(plan, kv_bytes, experts)
         arch = plan.metadata.get("general.architecture")
         self.swa_period = SWA_PERIOD.get(arch, 0)
@@ -250,8 +257,10 @@ def _forward(cost: CostModel, q: np.ndarray, B: int, n_kv: float, phase: str, po
             parts.append(Part(phase, "link", layer, stage, nbytes * copies, 0, copies, s,
                               "latency" if lat > s - lat else "bandwidth"))
 
-    def offloads(is_moe: bool) -> bool:
+    def offloads(is_moe: bool, types) -> bool:
         if gpu is None or policy == "none" or B < OFFLOAD_MIN_BATCH:
+            return False
+        if not all(offloadable(t, cost.repack) for t in types):   # -rtr made a type the GPU cannot run
             return False
         return not (is_moe and policy == "ik_llama.cpp" and B < OFFLOAD_MIN_BATCH * m.E / max(m.K, 1))
 
@@ -266,7 +275,7 @@ def _forward(cost: CostModel, q: np.ndarray, B: int, n_kv: float, phase: str, po
         router = home                                                   # where top-k picks the experts
         for stage in ("attention", "router", "ffn"):
             for dev, ents in _by_device(st[stage]).items():
-                run_on = gpu if dev == "cpu" and offloads(False) else dev   # op offload: copy, run on the GPU
+                run_on = gpu if dev == "cpu" and offloads(False, [e.type for e in ents]) else dev  # op offload
                 if run_on != dev:
                     hop(il, sum(e.nbytes for e in ents), stage="offload")
                 if run_on != home:
@@ -278,7 +287,7 @@ def _forward(cost: CostModel, q: np.ndarray, B: int, n_kv: float, phase: str, po
                 parts.append(cost.kv(phase, home, il, B, n_kv))
         # experts: per device, the selected experts' bytes and the FLOPs of the token-expert pairs there
         for dev, (items, p_used) in cost.expert_load(il, B, q[il]).items():
-            run_on = gpu if dev == "cpu" and offloads(True) else dev   # only the used experts are copied
+            run_on = gpu if dev == "cpu" and offloads(True, [i[0] for i in items]) else dev  # the used experts
             if run_on != dev:
                 hop(il, sum(i[1] for i in items), stage="offload")
             if run_on != home:

@@ -16,6 +16,12 @@ from __future__ import annotations
 # 2402.76 t/s, 8 -> 3603.79, 16 -> 5993.91: x2.49 from 4 to 16 columns, which t / (t + 16) gives). A mat-vec kernel
 # (batch <= 8: ggml-cuda's MMVQ_MAX_BATCH_SIZE) is bandwidth-bound and gets no such factor. Not fitted on any entry of
 # bench/published.json.
+# A large u-batch (2048-8192) stays on these MMQ kernels on NVIDIA: ggml_cuda_should_use_mmq returns true for every
+# quantized type MMQ has once the card has int8 tensor cores (llama.cpp mmq.cu: "if (turing_mma_available(cc)) return
+# true", before any batch-size test; ik_llama.cpp: "if (int8_mma_available(cc)) return true"), so there is no switch to
+# cuBLAS by batch size to model there. (On AMD it depends on the build: RDNA3's cut-offs changed with llama.cpp
+# PR 18537.) With experts in RAM a large u-batch's cost is op offload's copies (predict.py) unless ik_llama.cpp's -rtr
+# made their type one its GPU cannot run (moert/cost/repack.py).
 MMQ_HALF_FILL_TOKENS = 16.0
 MMVQ_MAX_BATCH = 8
 
