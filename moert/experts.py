@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from moert import devices as _devices
-from moert.activations import glu, glu_ffn
+from moert.activations import glu
 from moert.devices import CPU, Device
 from moert.devices.remote import RemoteDeviceError
 from moert.errors import PlacementError
@@ -121,12 +121,40 @@ def _on(m, dev: Device, ffn, x, ids, weights, counts: np.ndarray, src: Device):
         else:
             ts = [m.weights[n] for n in names]
             bs = [m.weights[n] for n in biases] if biases else None
-
-            def run(e: int, xs):
-                b = None if bs is None else tuple(t.dequantize_expert(e) for t in bs)
-                return glu_ffn(xs, *(t.dequantize_expert(e) for t in ts), act, b, dev.xp)
-            y = dispatch(x, ids, weights, counts, run, dev.xp)
+            y = _fused_moe(dev, ts, bs, act, x, ids, weights, counts)
+            if y is None:
+                y = dispatch(x, ids, weights, counts, _expert_ffn(ts, bs, act, dev.xp), dev.xp)
     return y if src is dev else m.to(y, src, "expert output")
+
+
+def _expert_ffn(ts: list, bs: list | None, act: str, xp):
+    """run(e, xs) for dispatch: expert e's gated FFN on xs (n, D), each matmul read from its blocks where the device
+    has kernels for its type (Weight.matmul), else from its dequantized matrix; biases (F32 rows) added."""
+    gate, up, down = ts
+
+    def run(e: int, xs):
+        b = None if bs is None else tuple(t.dequantize_expert(e) for t in bs)
+        g, u = gate.matmul(xs, e), up.matmul(xs, e)                     # (n, F) each
+        if b is not None:
+            g, u = g + b[0], u + b[1]
+        y = down.matmul(glu(g, u, act, xp), e)                          # (n, D)
+        return y if b is None else y + b[2]
+    return run
+
+
+def _fused_moe(dev: Device, ts: list, bs: list | None, act: str, x, ids, weights, counts: np.ndarray):
+    """The layer's selected experts in the device's fused MoE kernel (kernels/gpu moe: two launches, ids read on the
+    device), where it takes them: one GGML type for gate, up and down, every expert's tensors whole on dev, and every
+    (token, slot) pair an expert of dev's (no -1 slot: the kernel reads ids unchecked). Else None."""
+    types = {t.type for t in ts}
+    k = dev.block_kernels(*types) if len(types) == 1 else None
+    if k is None or int(counts.sum()) != ids.size or any(getattr(t, "experts", 0) is not None or t.device is not dev
+                                                          for t in ts):
+        return None
+    b = None if bs is None else tuple(t.data.reshape(t.shape) for t in bs)
+    with dev:
+        return k.moe(x, ids.astype(np.int32), weights.astype(np.float32), *(t.data for t in ts), ts[0].type,
+                     tuple(t.shape for t in ts), act=act, biases=b)
 
 
 def _remote_start(m, ffn, dev, x, ids, weights):
@@ -213,10 +241,7 @@ def _offloaded(m, gpu: Device, ffn, x, ids, weights, counts: np.ndarray, src: De
     try:
         x, ids, weights = m.to(x, gpu, "hidden"), m.to(ids, gpu, "expert ids"), m.to(weights, gpu, "expert weights")
         with m.phase("experts", gpu):
-            def run(e: int, xs):
-                b = None if bs is None else tuple(t.dequantize_expert(e) for t in bs)
-                return glu_ffn(xs, *(t.dequantize_expert(e) for t in ts), act, b, gpu.xp)
-            y = dispatch(x, ids, weights, counts, run, gpu.xp)
+            y = dispatch(x, ids, weights, counts, _expert_ffn(ts, bs, act, gpu.xp), gpu.xp)
     finally:
         for t in ts + (bs or []):
             gpu.free(t.data)

@@ -92,6 +92,16 @@ class Weight:
         """Expert e of an *_exps tensor as float32 (shape[1:]) on this device."""
         return self.dequantize_raw(self.raw_expert(e), self.shape[1:])
 
+    def matmul(self, x, e: int | None = None) -> Any:
+        """x (T, in) @ W.T (expert e's W of an *_exps tensor) on this weight's device: read from its blocks where the
+        device has a kernel for the type (Device.block_kernels: kernels/gpu on a CUDA GPU), else dequantized."""
+        k = self.device.block_kernels(self.type) if self.type != "F32" else None
+        if k is None:
+            return x @ (self.dequantize() if e is None else self.dequantize_expert(e)).T
+        raw, shape = (self.data, self.shape) if e is None else (self.raw_expert(e), self.shape[1:])
+        with self.device:
+            return k.matmul(raw, self.type, shape, x)                   # (T, out)
+
     def dequantize_rows(self, start: int, stop: int) -> Any:
         """Rows [start, stop) of a 2-D tensor as float32 (stop - start, shape[-1]) on this device."""
         if len(self.shape) != 2:
@@ -99,8 +109,7 @@ class Weight:
         return self.dequantize_raw(self.data[start:stop], (stop - start, self.shape[-1]))
 
     def __repr__(self) -> str:
-        return (f"Weight({self.name!r}, {self.type}, {self.shape}, {self.device.name}, "
-                f"{format_size(self.nbytes)})")
+        return f"Weight({self.name!r}, {self.type}, {self.shape}, {self.device.name}, {format_size(self.nbytes)})"
 
 
 @dataclass(eq=False)
@@ -125,6 +134,9 @@ class SplitWeight:
 
     def device_of(self, e: int) -> Device:
         return self.piece_of(e).device
+
+    def matmul(self, x, e: int) -> Any:
+        return self.piece_of(e).matmul(x, e)                            # on the device holding expert e
 
     def dequantize_expert(self, e: int) -> Any:
         """Expert e as float32 on the device that holds it."""
@@ -216,8 +228,9 @@ class WeightStore(dict):
 
         On the CPU a type with a fused kernel (moert.kernels.matmul: Q8_0, Q4_K, Q6_K, ...) is read straight
         from its quantized bytes; any other type is dequantized once and kept as float32 (up to
-        `dense_cache_bytes` in all), not once per token. On a GPU a weight is dequantized per call, in row
-        chunks when big. A weight used on another device is dequantized at home and moved (counted)."""
+        `dense_cache_bytes` in all), not once per token. On a GPU with kernels for the type (kernels/gpu) the
+        blocks are read in place by one fused kernel; else the weight is dequantized per call, in row chunks. A
+        weight used on another device is dequantized at home and moved (counted)."""
         mm = self.prepared.get(name)                                   # the per-token path: a CPU kernel
         if mm is not None and (dev is None or dev is CPU):
             return mm(x)                                                # (T, out)
@@ -237,8 +250,8 @@ class WeightStore(dict):
             if w is not None:
                 return x @ w.T
         rows = max(1, _CHUNK_ELEMENTS // t.shape[1])
-        if rows >= t.shape[0]:
-            return x @ t.dequantize().T
+        if rows >= t.shape[0] or (t.type != "F32" and dev.block_kernels(t.type) is not None):
+            return t.matmul(x)                              # a GPU kernel reads the blocks in place, or dequantized
         parts = [x @ t.dequantize_rows(r, min(r + rows, t.shape[0])).T
                  for r in range(0, t.shape[0], rows)]                   # (T, rows) each
         return dev.xp.concatenate(parts, axis=1)

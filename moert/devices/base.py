@@ -8,8 +8,7 @@ One small interface, three kinds. Every move between devices goes through it and
     dev.empty / dev.zeros    accounted allocation on the device (KV cache, ...)
     dev.free(arr)            give an allocation back
     dev.xp                   the array namespace for compute on that device (numpy / cupy / sim)
-
-The simulated GPU (`sim:N`, NumPy underneath, GPU rules on top) lives in moert/devices/sim.py.
+    dev.block_kernels(type)  kernels that read a GGML type's blocks in place there (kernels/gpu), or None
 """
 
 from __future__ import annotations
@@ -194,6 +193,9 @@ class Device:
 
     def synchronize(self) -> None:
         """Wait for queued work (a no-op except on CUDA)."""
+
+    def block_kernels(self, *qtypes: str) -> Any:   # kernels/gpu's matmul and moe where a GPU has them
+        return None
 
     def reset_stats(self) -> None:
         """Zero the transfer counters (allocation accounting is untouched)."""

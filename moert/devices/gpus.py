@@ -39,6 +39,17 @@ class CudaDevice(Device):
     def synchronize(self) -> None:
         self._cp.cuda.Device(self.index).synchronize()
 
+    def block_kernels(self, *qtypes: str) -> Any:
+        """kernels/gpu (Triton, launched by CuPy) where every type has a GPU entry and Triton is installed: weights
+        stay quantized on the GPU and are read by one fused kernel per call. Else None: dequantized per call."""
+        import importlib.util
+
+        from moert.kernels import gpu
+
+        if importlib.util.find_spec("triton") is None:      # pip install 'moert[gpu]' brings it
+            return None
+        return gpu if all(q in gpu.GPU_TYPES for q in qtypes) else None
+
     def owns(self, arr: Any) -> bool:
         return isinstance(arr, self._cp.ndarray) and arr.device.id == self.index
 

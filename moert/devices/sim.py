@@ -270,6 +270,17 @@ class SimDevice(Device):
     def owns(self, arr: Any) -> bool:
         return isinstance(arr, SimArray) and arr.device is self
 
+    run_kernels = False         # True: weights are read through the GPU kernels' NumPy twins (block_kernels)
+
+    def block_kernels(self, *qtypes: str) -> Any:
+        """With run_kernels set, the GPU kernels' interface run on their NumPy twins (moert.kernels.gpu on NumPy
+        arrays), so the runtime's CUDA path runs here as it would on a GPU; else None (dequantized, memoized)."""
+        from moert.kernels import gpu
+
+        if not self.run_kernels or not all(q in gpu.GPU_TYPES for q in qtypes):
+            return None
+        return _SimKernels(self, gpu)
+
     def _raw(self, arr: Any) -> Any:
         if isinstance(arr, SimArray):
             if arr.device is not self:
@@ -330,4 +341,18 @@ class SimDevice(Device):
             self._count("h2d", host.nbytes, 0.0)
         return self._adopt(host)
 
+
+class _SimKernels:
+    """moert.kernels.gpu's matmul and moe on a sim device's arrays: unwrapped, run on the twins, adopted back."""
+
+    def __init__(self, device: SimDevice, kernels: Any):
+        self.device, self.kernels = device, kernels
+
+    def matmul(self, raw, qtype: str, shape, x, **kw):
+        return self.device._adopt(self.kernels.matmul(_unwrap(raw), qtype, shape, _unwrap(x), **kw))
+
+    def moe(self, *args, **kw):
+        args = [_unwrap(a) for a in args]
+        kw = {k: _unwrap(v) for k, v in kw.items()}
+        return self.device._adopt(self.kernels.moe(*args, **kw))
 
