@@ -259,6 +259,12 @@ def test_from_compiled_reads_metadata():
     old = types.SimpleNamespace(**{k: v for k, v in vars(md).items() if not k.startswith("profile")})
     assert launch.from_compiled(types.SimpleNamespace(metadata=old, name="k", asm={"cubin": b""}),
                                 ["i32"]).params == ("i32", "*scratch")   # Triton before profile_scratch
+    ptx = (".entry k(\n\t.param .u64 .ptr .global .align 1 k_param_0,\n\t.param .u32 k_param_1,\n"
+           "\t.param .u64 .ptr .global .align 1 k_param_2\n)\n.reqntid 256\n{")
+    with_ptx = types.SimpleNamespace(metadata=md, name="k", asm={"cubin": b"", "ptx": ptx})
+    assert launch.from_compiled(with_ptx, ["*u8", "i32"]).params == ("*u8", "i32", "*scratch")   # as the PTX says
+    with pytest.raises(launch.GpuKernelError, match="PTX entry"):
+        launch.from_compiled(with_ptx, ["*u8", "i64"])
     md.num_ctas = 2
     with pytest.raises(launch.GpuKernelError, match="cluster"):
         launch.from_compiled(types.SimpleNamespace(metadata=md, name="k", asm={"cubin": b""}), ["i32"])

@@ -11,6 +11,12 @@ capture would miss the launch. Why a second copy of the sources for the interpre
 JITFunction or InterpretedFunction when a module is imported (TRITON_INTERPRET), and a process here needs
 both (the tests interpret and compile). The copy is the same files imported again under a package of its own
 (moert.kernels.gpu._interp) while triton.knobs.runtime.interpret is on, so their relative imports stay in it.
+
+The interpreter without torch: Triton's interpreter copies torch tensors to the host and back around a grid; here
+the arguments are NumPy arrays behind an object with data_ptr() and dtype (HostArray) and a GridExecutor that
+copies nothing. For the length of a grid, triton.language's own @jit functions (tl.sum, tl.cdiv) are swapped for
+interpreted twins, and every patch the interpreter makes is undone after (_interpreted_lang), so compiling later
+in the same process meets an untouched triton.language (tests/test_gpu_kernels.py checks both).
 """
 
 from __future__ import annotations
@@ -230,18 +236,38 @@ def _meta(md, key: str, default=0):
     return getattr(md, key, default) if not isinstance(md, dict) else md.get(key, default)
 
 
+def ptx_params(ptx: str) -> list[str]:
+    """The entry's parameters as the PTX declares them: ".u64 .ptr" for a pointer, else ".u32", ".u64", ".f32" ..."""
+    head = ptx[ptx.index(".entry"):]
+    head = head[head.index("(") + 1:head.index(")")]
+    return [" ".join(p.split()[1:-1]).replace(" .global", "").split(" .align")[0] for p in head.split(",") if p.strip()]
+
+
+_PTX_WIDTH = {"i1": ".u8", "i8": ".u8", "i16": ".u16", "i32": ".u32", "i64": ".u64", "u32": ".u32", "u64": ".u64",
+              "fp32": ".f32", "fp64": ".f64"}
+
+
 def from_compiled(ck, arg_types: list[str]) -> Compiled:
-    """A Compiled from triton.compile's result: its cubin, and from its metadata the launch facts. Triton >= 3.3
-    appends two pointer parameters (global_scratch, profile_scratch: nulls when their size is 0) after the
-    kernel's own, as its launcher does (third_party/nvidia/backend/driver.py, make_launcher); earlier versions
-    appended global_scratch only."""
+    """A Compiled from triton.compile's result: its cubin, and from its metadata and PTX the launch facts. Triton
+    appends scratch pointers after the kernel's own parameters (>= 3.3: global_scratch and profile_scratch, nulls
+    when their size is 0; before: global_scratch only), as its launcher passes them (third_party/nvidia/backend/
+    driver.py, make_launcher); how many is read off the PTX entry itself, and every parameter checked against it."""
     md = ck.metadata
     if _meta(md, "num_ctas", 1) != 1 or _meta(md, "launch_cooperative_grid", False) or _meta(md, "launch_pdl",
                                                                                                False):
         raise GpuKernelError(f"{ck.name}: a cluster, cooperative or PDL launch, which the CuPy launcher does not do; "
                              f"compile with num_ctas=1 and without launch_cooperative_grid / launch_pdl")
-    has_profile = hasattr(md, "profile_scratch_size") or (isinstance(md, dict) and "profile_scratch_size" in md)
-    params = tuple(arg_types) + ("*scratch",) * (2 if has_profile else 1)
+    if "ptx" in ck.asm:
+        declared = ptx_params(ck.asm["ptx"])
+        want = [".u64 .ptr" if t.startswith("*") else _PTX_WIDTH[t] for t in arg_types]
+        n_scratch = len(declared) - len(want)
+        if declared[:len(want)] != want or n_scratch not in (1, 2) or set(declared[len(want):]) != {".u64 .ptr"}:
+            raise GpuKernelError(f"{ck.name}: the PTX entry takes {declared}, not {want} + scratch pointers; this "
+                                 f"Triton passes kernel arguments in a way kernels/gpu/launch.py does not know")
+    else:   # no PTX to read (a cache without it): Triton >= 3.3's metadata has profile_scratch_size
+        n_scratch = 2 if hasattr(md, "profile_scratch_size") or (isinstance(md, dict) and "profile_scratch_size"
+                                                                 in md) else 1
+    params = tuple(arg_types) + ("*scratch",) * n_scratch
     return Compiled(name=ck.name, cubin=bytes(ck.asm["cubin"]), num_warps=int(_meta(md, "num_warps")),
                     shared=int(_meta(md, "shared")), params=params,
                     global_scratch=(int(_meta(md, "global_scratch_size")), int(_meta(md, "global_scratch_align", 1))),
