@@ -115,3 +115,28 @@ def test_the_other_sockets_read_through_the_links_without_numa():
     assert cost.numa_view(two, "isolate").read_gbs() == pytest.approx(one.read_gbs())
     assert cost.numa_view(two, "distribute").read_gbs() == pytest.approx(2 * one.read_gbs())
     assert kinds.remote_read_gbs(cost.CPUS["ryzen-7950x"]) == 0.0          # a desktop part: no socket link
+
+
+def test_llama_cpps_amx_tiles_speed_dense_prefill_matmuls_only():
+    """llama.cpp's AMX buffer takes 2-D MUL_MAT weights of its types (attention here), never the routed experts'
+    MUL_MAT_ID: on an AMX part a compute-bound attention projection takes half the time of the same part without AMX,
+    the experts the same time; ik_llama.cpp (no AMX path) and decode are unchanged."""
+    amx = cost.CPUS["xeon-8480-qyfs"]
+    assert amx.isa == "amx" and kinds.amx_gemm_x(amx, "llama.cpp", "Q8_0") == 2.0
+    assert kinds.amx_gemm_x(amx, "ik_llama.cpp", "Q8_0") == kinds.amx_gemm_x(amx, "llama.cpp", "IQ2_XXS") == 1.0
+    vnni = replace(amx, isa="avx512-vnni")
+    p = moert.plan(moert.zoo.path("qwen3-30b-a3b", "Q8_0"), gpu_layers=0)
+
+    def parts(cpu, policy):
+        r = moert.predict(p, moert.Hardware(cpu=cpu), n_prompt=512, n_gen=1, policy=policy, ram_gib=0)
+        pick = {s: [x for x in r.parts if x.phase == "prefill" and x.layer == 3 and x.stage == s and x.flops > 0]
+                for s in ("attention", "experts")}
+        return pick, r.decode_s
+
+    (a, dec_a), (v, dec_v) = parts(amx, "llama.cpp"), parts(vnni, "llama.cpp")
+    proj_a, proj_v = (max(d["attention"], key=lambda x: x.flops) for d in (a, v))   # q/k/v/o, not the KV part
+    assert proj_v.bound == "compute" and proj_a.seconds < 0.75 * proj_v.seconds
+    assert [x.seconds for x in a["experts"]] == pytest.approx([x.seconds for x in v["experts"]])
+    assert dec_a == pytest.approx(dec_v)
+    (ia, _), (iv, _) = parts(amx, "ik_llama.cpp"), parts(vnni, "ik_llama.cpp")
+    assert [x.seconds for x in ia["attention"]] == pytest.approx([x.seconds for x in iv["attention"]])

@@ -64,7 +64,7 @@ def gpu_bw_share(api: str, arch: str) -> float:
 #     _mm512_dpbusd_epi32: 128 a cycle on a part with two 512-bit multiply pipes (Intel Xeon, Zen 5 desktop and server:
 #     flops_per_cycle 64), 64 where zmm runs in two 256-bit halves (Zen 4); without VNNI (Skylake-SP's AVX-512)
 #     its AVX2 path, as llama.cpp's: 32.
-# AMX-INT8 tiles (llama.cpp's ggml-cpu/amx buffer type) are not modelled: no published rate of them in llama.cpp here.
+# AMX-INT8 tiles (llama.cpp's ggml-cpu/amx buffer type) take dense matmuls only: amx_gemm_x below.
 # The model's CPU compute_efficiency was fitted on Zen 4 and Zen 5 figures (AVX512-VNNI), so a part's rate is
 # scaled by its MACs over those of an fp32 FMA datapath of the same width there (2 x flops_per_cycle).
 def int8_macs_per_cycle(isa: str, wide: bool, engine: str) -> int:
@@ -80,6 +80,21 @@ def cpu_int8_x(cpu, engine: str) -> float:
     if not cpu.isa:
         return 1.0
     return int8_macs_per_cycle(cpu.isa, cpu.flops_per_cycle >= 64, engine) / (2 * cpu.flops_per_cycle)
+
+
+# llama.cpp's AMX-INT8 tiles (ggml-cpu/amx): its AMX buffer type takes a weight only for a 2-D GGML_OP_MUL_MAT ("handle
+# only 2d gemm for now", amx.cpp supports_op) of a type qtype_has_amx_kernels lists (amx/common.h: Q4_0, Q4_1, Q8_0,
+# Q4_K, Q5_K, Q6_K, IQ4_XS) or F16, so routed experts (MUL_MAT_ID) never use it: only attention, shared experts and
+# dense FFNs do. A batch's GEMM there against llama.cpp's own path without it: "the prompt eval time became 2x faster
+# compared to no AMX supported commit" (llama.cpp PR 8998, gemma-2b Q4_0 on a Xeon with AMX): x2. A one-row matmul
+# takes the file's VNNI path (decode: no change); ik_llama.cpp has no AMX path (its issue 437 asks for one).
+AMX_TYPES = frozenset({"Q4_0", "Q4_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K", "IQ4_XS", "F16"})
+AMX_GEMM_X = 2.0
+
+
+def amx_gemm_x(cpu, engine: str, type_name: str) -> float:
+    """The factor on a dense (not routed) batched matmul of `type_name` weights for llama.cpp's AMX tiles (1: none)."""
+    return AMX_GEMM_X if cpu.isa == "amx" and engine == "llama.cpp" and type_name in AMX_TYPES else 1.0
 
 
 # Reads from the other socket's memory cross the links between the sockets. John McCalpin's measurement on a 2-socket
@@ -109,6 +124,7 @@ def check(part, allowed: dict[str, tuple[str, ...]], error) -> None:
                         f"{', '.join(values)} (or leave it empty: not stated)")
 
 
-__all__ = ["CPU_FIELDS", "CPU_GENERATIONS", "CPU_ISAS", "CPU_TIERS", "CPU_VENDORS", "GPU_APIS", "GPU_ARCHS",
-           "GPU_BW_SHARE", "GPU_FIELDS", "GPU_MEMORY", "GPU_TIERS", "RDNA3_DGPU_BW", "REMOTE_READ_SHARE",
-           "SOCKET_LINK_GBS", "check", "cpu_int8_x", "gpu_bw_share", "int8_macs_per_cycle", "remote_read_gbs"]
+__all__ = ["AMX_GEMM_X", "AMX_TYPES", "CPU_FIELDS", "CPU_GENERATIONS", "CPU_ISAS", "CPU_TIERS", "CPU_VENDORS",
+           "GPU_APIS", "GPU_ARCHS", "GPU_BW_SHARE", "GPU_FIELDS", "GPU_MEMORY", "GPU_TIERS", "RDNA3_DGPU_BW",
+           "REMOTE_READ_SHARE", "SOCKET_LINK_GBS", "amx_gemm_x", "check", "cpu_int8_x", "gpu_bw_share",
+           "int8_macs_per_cycle", "remote_read_gbs"]

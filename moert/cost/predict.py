@@ -134,6 +134,7 @@ def predict(plan, hardware: Hardware, n_prompt: int = 512, n_gen: int = 128, dep
         cost.cpu_gemm_x = IK_CPU_GEMM_X
     if not hardware.cpu.kernel_gflops:                # the int8 dot path the engine's kernels take on this ISA
         cost.cpu_int8_x = kinds.cpu_int8_x(hardware.cpu, policy)
+        cost.amx_engine = policy                      # llama.cpp's AMX tiles for dense matmuls (kinds.amx_gemm_x)
     m = cost.shape
     q = selection(plan.metadata, trace, m.n_layer)
     parts: list[Part] = []
@@ -198,6 +199,7 @@ class CostModel:
         self.cpu_gemm_x = 1.0                   # CPU batched-matmul speed relative to llama.cpp's (IK_CPU_GEMM_X)
         self.cpu_int8_x = 1.0                   # the ISA's int8 dot rate relative to the fitted one (kinds.cpu_int8_x)
         self.repack = False                     # ik_llama.cpp's -rtr: repack.offloadable decides what op offload takes
+        self.amx_engine = ""                    # the engine whose AMX tiles apply (kinds.amx_gemm_x); "": none
         self.shape = Shape(plan, kv_bytes, experts)
         arch = plan.metadata.get("general.architecture")
         self.swa_period = SWA_PERIOD.get(arch, 0)

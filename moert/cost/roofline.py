@@ -10,6 +10,8 @@ ggml_compute_forward_flash_attn_ext_f16 over ggml_vec_dot_f16), not as an int8 d
 
 from __future__ import annotations
 
+from moert.cost import kinds
+
 # A GPU matmul of few tokens per expert runs at a fraction of the tiled kernel's rate: llama.cpp's MMQ tiles are up to
 # 128 tokens wide and a routed expert sees only B K / E of a u-batch's tokens. The fraction is t / (t + 16) for t tokens
 # per expert, read from llama.cpp PR 26977's table (Qwen3-30B-A3B Q4_K_M, MMQ before the PR, "mean cols/expert" 4 ->
@@ -37,9 +39,15 @@ def _tokens(item, batch: int) -> float:
     return item[3] if len(item) > 3 else batch
 
 
+def _amx(item, cost) -> float:
+    """llama.cpp's AMX factor (kinds.amx_gemm_x) on a dense item; a routed expert's (it carries its tokens) never."""
+    return 1.0 if len(item) > 3 or not cost.amx_engine else kinds.amx_gemm_x(cost.hw.cpu, cost.amx_engine, item[0])
+
+
 def cpu_time(items, ops: float, cost, batch: int) -> tuple[float, float, float, str]:
     """(memory, compute, fixed) seconds and bound of items on the CPU. A batch's weight matmuls run at the int8 dot
-    rate of the engine's kernels on the CPU's ISA (cost.cpu_int8_x, cost.cpu_gemm_x); attention ("KV") at the float
+    rate of the engine's kernels on the CPU's ISA (cost.cpu_int8_x, cost.cpu_gemm_x; llama.cpp's AMX tiles for dense
+    ones, kinds.amx_gemm_x); attention ("KV") at the float
     rate, in decode too: a token at depth d does 2 d H (Dk + Dv) FLOPs a layer, which for MLA's 128 heads over one
     latent KV row (DeepSeek-V3: 2 x 128 x 1088 FLOPs a position) outweighs reading the row's 576 x 2 bytes."""
     cpu, n, aq = cost.hw.cpu, cost.threads, cost.act_quant
@@ -50,7 +58,7 @@ def cpu_time(items, ops: float, cost, batch: int) -> tuple[float, float, float, 
         t_cmp = t_att
     else:
         t_mem = nbytes / (1e9 * cpu.read_gbs(n))
-        t_cmp = t_att + sum(i[2] / (1e9 * cpu.matmul_gflops(i[0], n, aq, _tokens(i, batch)))
+        t_cmp = t_att + sum(i[2] / (1e9 * cpu.matmul_gflops(i[0], n, aq, _tokens(i, batch)) * _amx(i, cost))
                             for i in items if i[0] != "KV") / (cost.cpu_gemm_x * cost.cpu_int8_x)
     t_fix = 0.0 if cpu.layer_us else ops * cpu.call_us * 1e-6
     bound = "kernel" if batch == 1 and t_mem > 1.05 * nbytes / (1e9 * cpu.read_gbs(n)) else "memory"
