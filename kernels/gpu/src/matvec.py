@@ -3,9 +3,15 @@
 Dimension legend: T tokens, N rows (output features), K columns (input features), E experts, KS experts per
 token (ids (T, KS) int32), F expert hidden, D model width; R rows per program, TP tokens rounded up to a power of 2.
 
-Each program owns R rows and walks them in 256-weight chunks (kernels/gpu/src/deq.py): a chunk of R rows is
-read once, as whole blocks, and multiplied by every token's 256 columns of x while it sits in registers, so the
+Each program owns R rows and walks them C chunks of 256 weights at a time (kernels/gpu/src/deq.py): a step's
+weights are read once, as whole blocks, and multiplied by every token's x while they sit in registers, so the
 weights cross memory once whatever T is. Accumulation is float32; x may be float32 or float16.
+
+Models: llama.cpp's ggml-cuda mmvq.cu (a row spread over a block's threads, up to 8 tokens per launch) and, for
+the MoE pair, its mul_mat_id and vLLM's ggml_moe_a8_vec (csrc/quantization/gguf): one program per (row block,
+token-expert pair) reads the expert id from device memory, so the launch shape depends on T and KS only. Both
+quantize x to q8_1 and multiply with dp4a; these kernels decode to float32 and use FMAs (simpler, and the
+interpreter runs them; kernels/gpu/table.py says what that costs).
 """
 
 import triton
