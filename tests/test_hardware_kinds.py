@@ -140,3 +140,17 @@ def test_llama_cpps_amx_tiles_speed_dense_prefill_matmuls_only():
     assert dec_a == pytest.approx(dec_v)
     (ia, _), (iv, _) = parts(amx, "ik_llama.cpp"), parts(vnni, "ik_llama.cpp")
     assert [x.seconds for x in ia["attention"]] == pytest.approx([x.seconds for x in iv["attention"]])
+
+
+def test_server_dram_shares_and_gmi_wide_links_belong_to_the_kind():
+    """Skylake-SP's cores read McCalpin's ~112 of 128 GB/s a socket (kinds.SERVER_READ_SHARE); a Zen 5 server part of
+    at most 8 CCDs a socket joins each CCD by two GMI links (64 B a fabric clock), Zen 4 and 16-CCD parts by one."""
+    sky = cost.CPUS["xeon-gold-6138"]
+    assert sky.read_gbs() == pytest.approx(112.0 * cost.ddr_gbs(6, 2666) / 128)     # 0.875 of its 127.97 GB/s
+    assert cost.CPUS["xeon-8480-qyfs"].bw_efficiency == presets.SERVER_BW_EFFICIENCY   # no reading: the stand-in
+    turin, genoa = cost.CPUS["epyc-9355"], cost.CPUS["epyc-9374f"]
+    assert (kinds.gmi_links_per_ccd(turin), turin.fabric_gbs) == (2, 8 * 2 * 32 * 2.0)
+    assert (kinds.gmi_links_per_ccd(genoa), genoa.fabric_gbs) == (1, 8 * 32 * 2.0)
+    assert kinds.gmi_links_per_ccd(cost.sockets(turin, 2)) == 2                       # per socket, not per machine
+    assert kinds.gmi_links_per_ccd(replace(turin, ccds=16, cores=128)) == 1            # 16 CCDs: one link each
+    assert turin.read_gbs(4) == pytest.approx(2 * 32 * 2.0)                           # 4 threads: one CCD's two links

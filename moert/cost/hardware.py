@@ -45,27 +45,23 @@ class CPU:
                                         # a typical size for the memory channels and says so; --ram sets it)
     ghz: float = 3.0                    # all-core clock under load
     flops_per_cycle: int = 32           # fp32 FLOPs per core per cycle: 2 FMA units x 8 lanes x 2 (AVX2/Zen 4)
-    # The share of peak DRAM bandwidth a many-thread read stream gets. 0.7: desktop DDR5 read tests land at
-    # 60-65 GB/s of 83-90 GB/s peak (a one-CCD part is capped by its CCD link as well: `ccds` below).
-    # Checked on bench/published.json: CPU-only llama.cpp / ik_llama.cpp decode on a Ryzen 7950X and an EPYC
-    # 9B14 lands at -19%..+13% of it; with a GPU beside it decode is slower, by box-dependent amounts no single
-    # factor captures (bench/HISTORY.md, published figures, 2026-11-23 to 2026-11-24), so 0.7 stays.
+    # The share of peak DRAM bandwidth a many-thread read stream gets. 0.7: desktop DDR5 read tests land at 60-65
+    # GB/s of 83-90 GB/s peak (a one-CCD part is capped by its CCD link as well: `ccds` below). Checked on
+    # bench/published.json: CPU-only decode on a Ryzen 7950X and an EPYC 9B14 lands at -19%..+13% of it; with a GPU
+    # beside it decode is slower, by box-dependent amounts no single factor captures (bench/HISTORY.md, published
+    # figures, 2026-11-23 to 2026-11-24), so 0.7 stays (server parts: presets.py, kinds.SERVER_READ_SHARE).
     bw_efficiency: float = 0.7
-    # AMD chiplet CPUs: the cores read DRAM through one link per CCD to the I/O die, 32 bytes per fabric clock
-    # (FCLK) each way (AMD's Zen 2-5 Infinity Fabric; "32 bytes per cycle in both directions" for Strix Halo's
-    # fan-out link too). So the cores together read at most ccds x 32 B x FCLK, a cap below the DRAM's peak on a
-    # one-CCD Ryzen with fast DDR5 or on Strix Halo's 256-bit LPDDR5X. 0: no such cap (Intel, or unknown).
-    # A user's measurement agrees: a one-CCD 7800X3D with DDR5-6000 (96 GB/s peak, 0.7 x = 67) reads "about 64 GB/s
-    # [...] (Limited by 1 CCD)" (github.com/ggml-org/llama.cpp/pull/13435), i.e. 32 B x 2.0 GHz.
+    # AMD chiplet CPUs: the cores read DRAM through a link per CCD (two on some: kinds.gmi_links_per_ccd) to the I/O
+    # die, 32 bytes per fabric clock (FCLK) each way (Zen 2-5 Infinity Fabric; "32 bytes per cycle in both directions"
+    # for Strix Halo's link too): at most ccds x 32 B x FCLK, below the DRAM's peak on a one-CCD Ryzen with fast DDR5 or
+    # Strix Halo's LPDDR5X. 0: no such cap (Intel, or unknown). A one-CCD 7800X3D with DDR5-6000 reads "about 64 GB/s
+    # [...] (Limited by 1 CCD)" (llama.cpp PR 13435), i.e. 32 B x 2.0 GHz.
     ccds: int = 0
     fclk_ghz: float = 0.0
-    # NUMA nodes the cores and memory channels divide into: sockets (x NPS / SNC domains where a source states
-    # them). The figures above are the whole machine's; `sockets(cpu, n)` ("2x epyc-9374f") makes such a CPU, and
-    # `numa_view` says what a run of llama.cpp sees of it under --numa (predict's `numa`).
+    # NUMA nodes the cores and memory channels divide into: sockets (x NPS / SNC domains where a source states them).
+    # The figures are the machine's; `sockets(cpu, n)` makes such a CPU, `numa_view` what llama.cpp's --numa sees.
     numa_nodes: int = 1
-    # The most a run reads, GB/s, where its memory sits on fewer NUMA nodes than its threads span (numa_view's "none":
-    # one node's share, or the socket links'); 0: no such cap. The cores keep their own rate under it.
-    numa_read_gbs: float = 0.0
+    numa_read_gbs: float = 0.0          # the most a run reads with its pages on one node (numa_view "none"); 0: none
     # The share of peak fp32 FLOPs a quantized batched matmul gets: 0.4, fitted by bench/validate_published.py (its
     # cpu_compute factor, 0.79 x the earlier assumed 0.5) on the CPU-only prefill figures of bench/published.json (5
     # figures, 3 sources; out of sample, leaving each source out, 21%). ik_llama.cpp's GEMMs are faster still
@@ -100,8 +96,13 @@ class CPU:
 
     @property
     def fabric_gbs(self) -> float:
-        """The cores' read cap through the CCD links: ccds x 32 bytes x FCLK, GB/s (0: none modelled)."""
-        return self.ccds * 32 * self.fclk_ghz
+        """The cores' read cap through the CCD links: ccds x 32 bytes x FCLK x links a CCD, GB/s (0: none modelled)."""
+        return self.ccds * self.ccd_gbs
+
+    @property
+    def ccd_gbs(self) -> float:
+        """One CCD's read cap: 32 bytes a fabric clock over each of its GMI links (two on kinds.gmi_links_per_ccd)."""
+        return 32 * self.fclk_ghz * kinds.gmi_links_per_ccd(self)
 
     @property
     def peak_gflops(self) -> float:
@@ -122,7 +123,7 @@ class CPU:
             # reads 32 B x FCLK whether one or all of its cores stream: fewer threads than cores lose only the links
             # of the CCDs they leave idle, not a proportional share (a 96-core EPYC at 44 threads keeps 6 of 12 links)
             active = min(self.ccds, math.ceil(n * self.ccds / self.cores))
-            rate = min(whole, active * 32 * self.fclk_ghz)
+            rate = min(whole, active * self.ccd_gbs)
         else:
             rate = whole * n / self.cores
         return min(rate, self.numa_read_gbs) if self.numa_read_gbs else rate
@@ -249,9 +250,8 @@ def numa_view(cpu: CPU, numa: str = "none") -> CPU:
       * "none" (no --numa, the default): every core, but the mmap'd weights sit in the page cache where they were
         first read, so the run reads at most one node's DRAM bandwidth; on several sockets the other sockets'
         threads, (s - 1) / s of the work, reach it through the socket links (kinds.remote_read_gbs), so the whole
-        reads at most remote x s / (s - 1) (numa_read_gbs); each thread still reads at a core's rate, so -t 20 on two
-        20-core sockets reads what 20 cores read, not half of one node (the same holds for the weights that
-        ik_llama.cpp's -rtr or --no-mmap load: the loading thread first-touches them on its node);
+        reads at most remote x s / (s - 1) (numa_read_gbs); each thread reads at a core's rate, so -t 20 on two
+        20-core sockets reads what 20 cores read (so too --no-mmap's weights, first-touched by the loading thread);
       * "distribute" with the pages first read by the threads that use them: every node's bandwidth.
     Read from: llama.cpp issue 11744 (dual EPYC 9175F, 16 x DDR5-6400, Llama-3.1-70B f16: tg 2.4 t/s by default,
     4.31 with --numa distribute and the page cache filled by the tg threads after drop_caches: x1.8 against this
@@ -266,9 +266,8 @@ def numa_view(cpu: CPU, numa: str = "none") -> CPU:
     if k == 1 or numa == "distribute":
         return cpu
     if numa == "none":
-        # the cores, channels and their rates stay the machine's (a core's read rate is its own: its misses in flight
-        # over the latency, McCalpin's "Little's Law" for single-core bandwidth), so fewer threads than cores read
-        # what that many cores read, up to the one node that holds the pages
+        # cores and rates stay the machine's: a core's read rate is its own (its misses in flight over the latency,
+        # McCalpin's "Little's Law" for single-core bandwidth), up to the one node that holds the pages
         cap = cpu.mem_bw_gbs / k * cpu.bw_efficiency
         if cpu.sockets > 1 and kinds.remote_read_gbs(cpu):      # the other sockets read through the links
             cap = min(cap, kinds.remote_read_gbs(cpu) * cpu.sockets / (cpu.sockets - 1))

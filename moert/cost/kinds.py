@@ -97,6 +97,33 @@ def amx_gemm_x(cpu, engine: str, type_name: str) -> float:
     return AMX_GEMM_X if cpu.isa == "amx" and engine == "llama.cpp" and type_name in AMX_TYPES else 1.0
 
 
+# The share of the data sheet's DRAM bandwidth a many-core server part's cores read, by generation, where a measurement
+# of that platform was read (the share a server preset otherwise gets is presets.SERVER_BW_EFFICIENCY, 0.45: an Intel
+# mlc figure of a dual EPYC 9965, 256 GiB/s of 12 x DDR5-6400 a socket, ik_llama.cpp PR 612):
+#   Skylake-SP (Cascade Lake keeps its mesh and memory controllers): John McCalpin's 2-socket Xeon Platinum 8160,
+#     "Local Bandwidth for Reads (each socket) ~112 GB/s" of 6 x DDR4-2666 = 128 GB/s (stackoverflow.com question
+#     47995130, the answer the socket links below come from): 0.875.
+# Not taken: Granite Rapids' mlc figure (a 6980P "benchmarked ~512GB/s RAM bandwidth" a socket, 0.83 of 614.4,
+# ik_llama.cpp PR 534), because the same post finds llama.cpp's decode "not saturating the expected ~512GB socket RAM
+# bandwidth during generation" there (so it keeps the stand-in); Sapphire Rapids, Ice Lake and Zen 2-4: no reading of
+# the platform; McCalpin's multi-core STREAM across generations is "75%-85% of the peak DRAM bandwidth" ('Single-core
+# memory bandwidth', 2025), above what llama.cpp's decode reads on the many-core parts of bench/published.json's
+# training figures (EPYC 9B14, Threadripper PRO 5975WX: predicted too fast at 0.45 already).
+SERVER_READ_SHARE = {"skylake-sp": 112 / 128, "cascade-lake": 112 / 128}
+# Zen 5's server IO die has 16 GMI links, and a part of at most 8 CCDs joins each CCD by two ("GMI-Wide": "giving
+# each CCD 64B/cycle of bandwidth to the rest of the system in both the read and write directions", chipsandcheese.com,
+# "AMD's EPYC 9355P: Inside a 32 Core Zen 5 Server Chip"): a CCD then reads twice the 32 B a fabric clock of one link.
+GMI_LINKS = {"zen5": 16}
+
+
+def gmi_links_per_ccd(cpu) -> int:
+    """GMI links joining each CCD of `cpu` to its IO die: 2 on a Zen 5 server part of at most 8 CCDs a socket, else
+    1."""
+    links = GMI_LINKS.get(cpu.generation, 0) if cpu.tier == "server" else 0
+    per_socket = cpu.ccds // max(cpu.sockets, 1)
+    return 2 if per_socket and links // per_socket >= 2 else 1
+
+
 # Reads from the other socket's memory cross the links between the sockets. John McCalpin's measurement on a 2-socket
 # Xeon Platinum 8160 (Skylake-SP, 2 UPI links between the chips): "Local Bandwidth for Reads (each socket) ~112 GB/s",
 # "Remote Bandwidth for Reads (one-direction at a time) ~34 GB/s" (stackoverflow.com question 47995130, "Memory
@@ -125,6 +152,6 @@ def check(part, allowed: dict[str, tuple[str, ...]], error) -> None:
 
 
 __all__ = ["AMX_GEMM_X", "AMX_TYPES", "CPU_FIELDS", "CPU_GENERATIONS", "CPU_ISAS", "CPU_TIERS", "CPU_VENDORS",
-           "GPU_APIS", "GPU_ARCHS", "GPU_BW_SHARE", "GPU_FIELDS", "GPU_MEMORY", "GPU_TIERS", "RDNA3_DGPU_BW",
-           "REMOTE_READ_SHARE", "SOCKET_LINK_GBS", "amx_gemm_x", "check", "cpu_int8_x", "gpu_bw_share",
-           "int8_macs_per_cycle", "remote_read_gbs"]
+           "GMI_LINKS", "GPU_APIS", "GPU_ARCHS", "GPU_BW_SHARE", "GPU_FIELDS", "GPU_MEMORY", "GPU_TIERS",
+           "RDNA3_DGPU_BW", "REMOTE_READ_SHARE", "SERVER_READ_SHARE", "SOCKET_LINK_GBS", "amx_gemm_x", "check",
+           "cpu_int8_x", "gmi_links_per_ccd", "gpu_bw_share", "int8_macs_per_cycle", "remote_read_gbs"]

@@ -250,6 +250,9 @@ CPU_KINDS = {
 }
 CPUS = {k: replace(c, **dict(zip(kinds.CPU_FIELDS, CPU_KINDS[k].split()))) if k in CPU_KINDS else c
         for k, c in CPUS.items()}
+# a server part of a generation whose DRAM share was read (kinds.SERVER_READ_SHARE) reads that share, not the stand-in
+CPUS = {k: replace(c, bw_efficiency=kinds.SERVER_READ_SHARE[c.generation])
+        if c.tier == "server" and c.generation in kinds.SERVER_READ_SHARE else c for k, c in CPUS.items()}
 
 # Links: PCIe 4.0 16 GT/s and 5.0 32 GT/s per lane, 128b/130b encoding (PCI-SIG base specifications).
 LINKS: dict[str, Link] = {
