@@ -10,7 +10,8 @@ them in NumPy (the block's own `h @ W.T`, so its BLAS sums are the same ones):
 
     h = rms_norm(x) * attn_norm                                      kernels/layers.py _rms_norm
     q, k, v = h @ Wq.T, h @ Wk.T, h @ Wv.T                           the weights' serial matmul drivers
-    a = attention(rope(rms_norm(q)), rope(rms_norm(k)) -> cache, v)  kernels/layers.py _qk_attention1 (_f16 below)
+    a = attention(rope(rms_norm(q)), rope(rms_norm(k)) -> cache, v)  kernels/layers.py _qk_attention1 (_f16 below;
+                                                                     both attend with kernels/flash_decode.attend1)
     x = x + a @ Wo.T;  h = rms_norm(x) * ffn_norm                    (the attention half ends here)
     logits = h @ Wr.T                                                NumPy, between the calls (moert/fused.py)
     ids, w = softmax -> top-k (-> renormalize)                       kernels/layers.py _softmax_topk
@@ -37,8 +38,9 @@ from numba import njit, types
 from numba.extending import intrinsic
 
 from moert.kernels.blockdot import FM, Z0
+from moert.kernels.flash_decode import attend1
 from moert.kernels.jit import variant
-from moert.kernels.layers import _attention1, _no_sinks, _qk_attention1, _rms_norm, _rope, _softmax_topk
+from moert.kernels.layers import _no_sinks, _qk_attention1, _rms_norm, _rope, _softmax_topk
 
 __all__ = ["DIMS", "f16_bits", "layer_kernels", "layer_kernels_n"]
 
@@ -83,7 +85,7 @@ def _qk_attention1_f16(q, k, v, qn, kn, eps, cos, sin, neox, k_cache, v_cache, p
             k_cache[pos0, h, i] = f16_bits(kr[0, h, i])
         for i in range(v.shape[1]):
             v_cache[pos0, h, i] = f16_bits(v[h, i])
-    _attention1(qr[0], k_cache, v_cache, s0, pos0 + 1, scale, _no_sinks(H), out)
+    attend1(qr[0], k_cache, v_cache, s0, pos0 + 1, scale, _no_sinks(H), out)
 
 
 # What `dims` (int64) holds, by index: the layer's sizes and codes that are not array shapes.

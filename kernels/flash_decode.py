@@ -3,6 +3,7 @@ the context, on every thread, over a KV cache read in its own type (f32, f16, bf
 
     split_attention(q, k, v, pos0, scale, window, sinks=None, dv=None)          -> (T, H * Dv)
     split_attention_ref(...)                                                     the NumPy twin, same signature
+    attend1(q, k_cache, v_cache, s0, S, scale, sinks, out)                       one token, serial, in Numba
     Cache(values, scales=None, bf16=False)                                       a cache as this kernel reads it
 
 One work item is (KV head, key chunk, token block): it converts BLOCK keys and values of its chunk at a time to
@@ -33,7 +34,7 @@ from moert.kernels.blockdot import PRANGE_ONLY
 from moert.kernels.fmath import as_f32, exp_neg, f32_of_bits
 from moert.kernels.jit import threads
 
-__all__ = ["Cache", "attention_parallel", "split_attention", "split_attention_ref", "split_plan"]
+__all__ = ["Cache", "attend1", "attention_parallel", "split_attention", "split_attention_ref", "split_plan"]
 
 _FM = {"reassoc", "contract"}
 BLOCK = 64                  # keys converted to float32 tiles at a time
@@ -224,6 +225,21 @@ def _split_n(q, kc, ks, kb, vc, vs, vb, Dv, pos0, window, scale, sinks, chunk, t
         kh, r = x // (T * G), x % (T * G)
         t, g = r // G, r % G
         _merge_row(mp, lp, ap, kh, r, sinks[kh * G + g], out[t, (kh * G + g) * Dv:(kh * G + g + 1) * Dv])
+
+
+@njit(cache=True, fastmath=_FM)
+def attend1(q, k_cache, v_cache, s0, S, scale, sinks, out):
+    """One token (q (H, Dh) at position S - 1) over keys s0 .. S of float32 or f16 (uint16) caches into out (H, Dv),
+    on the calling thread: the split kernel with one chunk a KV head. What the fused decode layer runs
+    (kernels/decode.py) and small work takes; its tiles keep the time linear in S (a (G, S) row of scores is not)."""
+    H, Dh = q.shape
+    Hk, Dv = k_cache.shape[1], v_cache.shape[2]
+    none = np.zeros((1, 1, 1), dtype=np.uint16)
+    mp = np.empty((1, Hk, H // Hk), dtype=np.float32)
+    lp = np.empty_like(mp)
+    ap = np.empty((1, Hk, H // Hk, Dv), dtype=np.float32)
+    _split1(q.reshape(1, H, Dh), k_cache, none, False, v_cache, none, False, Dv, S - 1, S - s0 if s0 > 0 else -1,
+            scale, sinks, max(1, S - s0), 1, mp, lp, ap, out.reshape(1, H * Dv))
 
 
 def attention_parallel(keys: int, n_head_kv: int, head_dim: int, head_dim_v: int) -> bool:

@@ -22,7 +22,8 @@ from numba import njit
 
 from moert.errors import ShapeError
 from moert.kernels.flash_decode import Cache, attention_parallel, split_attention
-from moert.kernels.fmath import as_f32, exp_neg
+from moert.kernels.flash_decode import attend1 as _attention1
+from moert.kernels.fmath import exp_neg
 
 from . import checks
 
@@ -93,47 +94,6 @@ def rope(x: np.ndarray, cos: np.ndarray, sin: np.ndarray, neox: bool) -> np.ndar
     _rope(x, np.ascontiguousarray(cos, dtype=np.float32), np.ascontiguousarray(sin, dtype=np.float32),
           bool(neox), out)
     return out
-
-
-@njit(cache=True, fastmath=_FM, inline="always")
-def _heads(q, k_cache, v_cache, s0, S, kh, h0, h1, scale, sinks, p, out):
-    """out[h] = softmax(scale * K q[h]) V over cache positions [s0, S) of KV head kh, for the query heads
-    h0 <= h < h1 that share it (GQA), each cache row read once for all of them; the logit sinks[h] joins the
-    denominator (-inf: none, gpt-oss's attention sinks otherwise). p is (>= h1 - h0, S) scratch."""
-    Dh, Dv = q.shape[1], out.shape[1]
-    for s in range(s0, S):
-        for g in range(h1 - h0):
-            a = np.float32(0.0)
-            for d in range(Dh):
-                a += q[h0 + g, d] * as_f32(k_cache[s, kh, d])
-            p[g, s] = a * scale
-    for g in range(h1 - h0):
-        m = sinks[h0 + g]
-        for s in range(s0, S):
-            m = max(m, p[g, s])
-        tot = np.float32(np.exp(sinks[h0 + g] - m))                     # 0 without a sink
-        for s in range(s0, S):
-            e = exp_neg(p[g, s] - m)
-            p[g, s] = e
-            tot += e
-        for s in range(s0, S):
-            p[g, s] /= tot
-        for d in range(Dv):
-            out[h0 + g, d] = 0.0
-    for s in range(s0, S):
-        for g in range(h1 - h0):
-            c = p[g, s]
-            for d in range(Dv):
-                out[h0 + g, d] += c * as_f32(v_cache[s, kh, d])
-
-
-@njit(cache=True, fastmath=_FM)
-def _attention1(q, k_cache, v_cache, s0, S, scale, sinks, out):
-    H, Hk = q.shape[0], k_cache.shape[1]
-    G = H // Hk
-    p = np.empty((G, S), dtype=np.float32)
-    for kh in range(Hk):
-        _heads(q, k_cache, v_cache, s0, S, kh, kh * G, (kh + 1) * G, scale, sinks, p, out)
 
 
 @njit(cache=True, fastmath=_FM)

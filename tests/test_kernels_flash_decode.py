@@ -1,5 +1,5 @@
 """kernels/flash_decode.py (attention with the keys split over the threads, the cache read in its own type) against
-its NumPy twin (a plain softmax per query row), the single-thread decode kernel (kernels/layers.py) and
+its NumPy twin (a plain softmax per query row), its one-token serial form (attend1, the fused decode layer's) and
 moert.layers.attention's reference path, per cache type, window, sinks, depth; MLA's latent cache too."""
 
 from __future__ import annotations
@@ -11,7 +11,6 @@ from moert import layers
 from moert.devices import CPU
 from moert.errors import ShapeError
 from moert.kernels import flash_decode as fd
-from moert.kernels import layers as kl
 from moert.kvcache import TypedKV
 
 rng = np.random.default_rng(29)
@@ -71,20 +70,22 @@ def test_twin_reads_the_caches_as_the_cache_reads_them():
 
 
 @pytest.mark.parametrize("kind", ["f32", "f16"])
-@pytest.mark.parametrize("depth", [5, 700, 5000])
-def test_split_equals_the_single_thread_decode_kernel(kind, depth):
-    """One token over an f32 or f16 cache at depths around and above the parallel threshold: the split kernel
-    gives the single-thread kernel's numbers (kernels/layers.py _attention1)."""
+@pytest.mark.parametrize("depth,window", [(5, None), (700, None), (5000, None), (5000, 300)])
+def test_the_serial_one_token_kernel_is_the_twin_and_the_split(kind, depth, window):
+    """attend1 (one token on the calling thread: the fused decode layer's attention) over an f32 or f16 cache equals
+    the twin, and split_attention (split over the threads from depth 700 on) equals it to float rounding."""
     H, Hk, Dh = 8, 2, 64
-    x_k, x_v = rand(depth + 1, Hk, Dh), rand(depth + 1, Hk, Dh)
-    k, v = typed(kind, x_k), typed(kind, x_v)
+    k, v = typed(kind, rand(depth + 1, Hk, Dh)), typed(kind, rand(depth + 1, Hk, Dh))
     kc, vc = as_kernel_cache(k), as_kernel_cache(v)
     q = rand(1, H, Dh, scale=2.0)
     s = rand(H)
-    want = np.empty((H, Dh), np.float32)
-    kl._attention1(q[0], kc.values, vc.values, 0, depth + 1, np.float32(0.125), s, want)
-    got = fd.split_attention(q, kc, vc, depth, 0.125, None, s)
-    np.testing.assert_allclose(got, want.reshape(1, -1), rtol=1e-5, atol=1e-6)
+    s0 = 0 if window is None else depth - window + 1
+    got = np.empty((H, Dh), np.float32)
+    fd.attend1(q[0], kc.values, vc.values, s0, depth + 1, np.float32(0.125), s, got)
+    np.testing.assert_allclose(got.reshape(1, -1), fd.split_attention_ref(q, kc, vc, depth, 0.125, window, s),
+                               rtol=2e-5, atol=2e-6)
+    split = fd.split_attention(q, kc, vc, depth, 0.125, window, s)
+    np.testing.assert_allclose(split, got.reshape(1, -1), rtol=1e-5, atol=1e-6)
 
 
 def test_plan_splits_deep_decode_over_two_threads_and_keeps_small_work_on_one():

@@ -98,11 +98,11 @@ def test_a_prompt_over_a_typed_cache_takes_the_cpu_flash_kernel_and_equals_the_t
 
 
 def test_as_f32_reads_every_half_as_numpy_does():
-    """The decode kernel's f16 read (kernels/layers.as_f32 on a uint16 view): every one of the 65536 bit patterns,
+    """The decode kernel's f16 read (kernels/fmath.as_f32 on a uint16 view): every one of the 65536 bit patterns,
     subnormals, infinities and NaNs included, as NumPy's float16 -> float32."""
     from numba import njit
 
-    from moert.kernels.layers import as_f32
+    from moert.kernels.fmath import as_f32
 
     @njit
     def widen(bits):
