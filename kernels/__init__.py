@@ -1,4 +1,5 @@
-"""moert.kernels: Numba CPU kernels (installed as moert.kernels; each has a NumPy reference twin).
+"""moert.kernels: Numba CPU kernels (installed as moert.kernels; each has a NumPy reference twin). Its subpackage
+moert.kernels.gpu (kernels/gpu/) holds the Triton GPU kernels of the same GGML types, beside them in ktypes' table.
 
 Dequantization fast paths (kernels/dequant.py; twins in moert/quants/dequant.py):
 
