@@ -215,13 +215,14 @@ def _split1(q, kc, ks, kb, vc, vs, vb, Dv, pos0, window, scale, sinks, chunk, tb
 
 @njit(cache=True, fastmath=_FM, parallel=PRANGE_ONLY)
 def _split_n(q, kc, ks, kb, vc, vs, vb, Dv, pos0, window, scale, sinks, chunk, tb, mp, lp, ap, out):
-    """_split1 with the work items, then the merge, spread over the threads."""
+    """_split1 with the work items spread over the threads; the merge (T * H rows) after the region, on the calling
+    thread: a second region would wait a second time for a worker the OS took off its core."""
     T, H, _ = q.shape
     Hk = kc.shape[1]
     G = H // Hk
     for i in prange(Hk * -(-T // tb) * mp.shape[0]):
         _run(q, kc, ks, kb, vc, vs, vb, Dv, pos0, window, scale, chunk, tb, i, mp, lp, ap)
-    for x in prange(Hk * T * G):
+    for x in range(Hk * T * G):
         kh, r = x // (T * G), x % (T * G)
         t, g = r // G, r % G
         _merge_row(mp, lp, ap, kh, r, sinks[kh * G + g], out[t, (kh * G + g) * Dv:(kh * G + g + 1) * Dv])
