@@ -5,7 +5,8 @@ module imports neither Triton nor CuPy.
 Every kernel walks a weight row in chunks of 256 weights (one k-quant super-block, eight 32-weight blocks, or 256
 plain values) and holds them as a tile with one sub-block per tile row, so a sub-block's scale is loaded once per
 thread (kernels/gpu/src/deq.py says why this shape). The nibble types' decode kernels read a tile row as a run of
-bytes whose two nibbles are two weights (deq2: one byte load and unpack feeds both).
+bytes whose two nibbles are two weights (deq2: one byte load and unpack feeds both), Q6_K's as byte positions
+that hold four weights (deq4).
 
 Why these configurations (none is autotuned; each is reasoned from the compiled code, to be timed on a GPU with
 bench/bench_gpu_kernels.py --rows 1,2,4, which also checks the twin):
@@ -21,6 +22,8 @@ bench/bench_gpu_kernels.py --rows 1,2,4, which also checks the twin):
           (~40% of an H100's 3.35 TB/s). R = 4 makes it 10 instructions per weight instead of 12.9 but 88 registers
           (20 warps per SM): which wins is for bench/bench_gpu_kernels.py to say. The step after that for the
           k-quants is an int8 path (q8_1 activations, dp4a: llama.cpp's vecdotq.cuh), four weights an instruction.
+          Q6_K's 2-byte-aligned blocks allow no vector loads; reading four weights per byte position (deq4) took
+          its step from 24.6 to 16.6 PTX instructions per weight and 90 to 48 registers.
   warps   4 for decode: 128 threads for one step's 2 x 1024 weights.
   tiled   BM x BN = 32 tokens x 64 rows per program for prompts (T > 8), k-steps of BK = 64 columns (two 32-weight
           sub-blocks, four of Q6_K's), f16 operands into tl.dot (mma.sync m16n8k16 on sm_80 and sm_90), 8 warps,
@@ -53,15 +56,17 @@ class GpuType:
     tile_m: int = 32     # BM: tokens per program of the tiled kernel
     tile_n: int = 64     # BN: rows per program of the tiled kernel
     tile_warps: int = 8  # num_warps of the tiled kernel
-    pair: bool = False   # decode kernels read the type two nibbles per byte (src/deq.py's deq2) over a (R * S2, L2)
-    #                      tile: Q4_K / Q5_K S2 = 4 runs of 32 bytes, Q4_0 / Q5_0 / MXFP4 S2 = 8 blocks of 16 bytes
+    per_byte: int = 1    # NW: weights the decode kernels take from one byte position of a tile row (src/deq.py):
+    #                      1 (deq), 2 (deq2: a byte's two nibbles), 4 (deq4: Q6_K's two ql bytes and a qh byte)
 
     @property
     def decode_tile(self) -> tuple[int, int]:
-        """(S, L) of the decode kernels' tile rows: the chunk's sub-blocks, or its byte runs for a paired type."""
-        if not self.pair:
-            return self.sub, self.lanes
-        return (4, 32) if self.qt in (7, 8) else (8, 16)
+        """(S, L) of the decode kernels' tile rows per chunk: sub-blocks, or byte runs for NW > 1."""
+        if self.per_byte == 4:
+            return 4, 16                            # Q6_K: two halves x two runs of 16 bytes
+        if self.per_byte == 2:
+            return (4, 32) if self.qt in (7, 8) else (8, 16)    # Q4_K/Q5_K: 4 runs of 32; 32-blocks: 16 bytes each
+        return self.sub, self.lanes
 
     def tiled_constexprs(self) -> dict:
         """The tiled kernel's constexprs: a k-step of SK sub-blocks, 64 columns (see the module docstring)."""
@@ -70,7 +75,7 @@ class GpuType:
     def decode_constexprs(self) -> dict:
         """The constexprs the decode kernels (matvec, MoE) are compiled with (TP, ACT, HAS_BIAS aside)."""
         s, l = self.decode_tile
-        return dict(QT=self.qt, R=self.rows, S=s, L=l, C=self.chunks, PAIR=self.pair)
+        return dict(QT=self.qt, R=self.rows, S=s, L=l, C=self.chunks, NW=self.per_byte)
 
     # The kernels, by name (kernels/gpu/src/*.py); every type has all of them.
     matvec: str = "matvec_kernel"           # out (T, N) = x (T, K) @ W.T, T <= 8
@@ -95,10 +100,10 @@ GPU_TYPES: dict[str, GpuType] = {t.name: t for t in (
     _entry("F16"),
     _entry("BF16"),
     _entry("Q8_0"),
-    _entry("Q4_0", pair=True),
-    _entry("Q5_0", pair=True),
-    _entry("MXFP4", pair=True),
-    _entry("Q4_K", pair=True),
-    _entry("Q5_K", pair=True),
-    _entry("Q6_K", sub=16, lanes=16),         # 16 sub-blocks of 16, each with its int8 scale
+    _entry("Q4_0", per_byte=2),
+    _entry("Q5_0", per_byte=2),
+    _entry("MXFP4", per_byte=2),
+    _entry("Q4_K", per_byte=2),
+    _entry("Q5_K", per_byte=2),
+    _entry("Q6_K", sub=16, lanes=16, per_byte=4),     # 16 sub-blocks of 16, each with its int8 scale
 )}

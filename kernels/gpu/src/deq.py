@@ -176,3 +176,30 @@ def deq2(wp, roff, c, K, s, l, QT: tl.constexpr):
             e = _e8m0_half(_u8(base, ok))[:, None]
             lo, hi = e * _e2m1x2(q & 0xF), e * _e2m1x2(q >> 4)
     return lo, hi
+
+
+@triton.jit
+def deq4(wp, roff, c, K, s, l, QT: tl.constexpr):
+    """Q6_K for the decode kernels, four weights per byte position: (w0, w1, w2, w3), each (R * S, L = 16) float32.
+    S = 4 tile rows per chunk: row s covers half h = s // 2 of the block, bytes j = 16 (s % 2) + l of its runs,
+    and w_t is weight 128 h + 32 t + j: its low bits the nibble t // 2 of ql[64 h + 32 (t % 2) + j], its high bits
+    bits 2t, 2t + 1 of qh[32 h + j], its scale scales[8 h + 2 t + s % 2]. Three byte loads feed four weights, where
+    deq's tile loads two bytes for each."""
+    base = wp + roff + c * 210                                               # (R * S,)
+    ok = roff * 0 + c * 256 < K
+    h, j0 = s // 2, 16 * (s % 2)
+    ok2 = ok[:, None]
+    l2 = l[None, :]
+    q0 = _u8((base + 64 * h + j0)[:, None] + l2, ok2)                       # parts t = 0 (low nibble), 2 (high)
+    q1 = _u8((base + 64 * h + 32 + j0)[:, None] + l2, ok2)                  # parts t = 1, 3
+    qh = _u8((base + 128 + 32 * h + j0)[:, None] + l2, ok2)
+    d = _half(base + 208, ok)
+    sc = base + 192 + 8 * h + s % 2                                         # scale of part t at sc + 2 t
+    w0 = (d * _u8(sc, ok).to(tl.int8).to(tl.float32))[:, None] * (((q0 & 0xF) | ((qh & 3) << 4)) - 32).to(tl.float32)
+    w1 = (d * _u8(sc + 2, ok).to(tl.int8).to(tl.float32))[:, None] * (
+        ((q1 & 0xF) | (((qh >> 2) & 3) << 4)) - 32).to(tl.float32)
+    w2 = (d * _u8(sc + 4, ok).to(tl.int8).to(tl.float32))[:, None] * (
+        ((q0 >> 4) | (((qh >> 4) & 3) << 4)) - 32).to(tl.float32)
+    w3 = (d * _u8(sc + 6, ok).to(tl.int8).to(tl.float32))[:, None] * (
+        ((q1 >> 4) | ((qh >> 6) << 4)) - 32).to(tl.float32)
+    return w0, w1, w2, w3
