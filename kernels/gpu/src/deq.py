@@ -50,11 +50,11 @@ def _scale_min_k4(sb, j, mask):
 
 @triton.jit
 def _e2m1x2(q):
-    """MXFP4 code (4 bits) -> twice its E2M1 value (ggml's doubled table 0 1 2 3 4 6 8 12, sign in bit 3)."""
-    m = q & 7
-    big = (2 + (m & 1)) << ((m >> 1) - 1)             # m >= 4: 4 6 8 12 (the shift is >= 1 there)
-    v = tl.where(m < 4, m, big).to(tl.float32)
-    return tl.where(q >= 8, -v, v)
+    """MXFP4 code (4 bits) -> twice its E2M1 value: ggml's doubled magnitudes 0 1 2 3 4 6 8 12 are the nibbles of
+    0xC8643210 (one shift and mask picks one), and bit 3, the sign, goes straight to the float's sign bit."""
+    u = q.to(tl.uint32)                                    # the table does not fit an int32
+    mag = ((0xC8643210 >> (4 * (u & 7))) & 0xF).to(tl.float32)
+    return (mag.to(tl.uint32, bitcast=True) | ((u & 8) << 28)).to(tl.float32, bitcast=True)
 
 
 @triton.jit
