@@ -154,3 +154,15 @@ def test_server_dram_shares_and_gmi_wide_links_belong_to_the_kind():
     assert kinds.gmi_links_per_ccd(cost.sockets(turin, 2)) == 2                       # per socket, not per machine
     assert kinds.gmi_links_per_ccd(replace(turin, ccds=16, cores=128)) == 1            # 16 CCDs: one link each
     assert turin.read_gbs(4) == pytest.approx(2 * 32 * 2.0)                           # 4 threads: one CCD's two links
+
+
+def test_a_server_cpu_described_by_its_spec_sheet_reads_its_kinds_dram_share():
+    """The DRAM share is the kind's (kinds.cpu_bw_share), so a part given by its fields gets what a preset of the same
+    kind gets: Skylake-SP's reading, the many-channel share, or the desktop's; a stated share wins."""
+    sky = moert.CPU("my 6138", 20, cost.ddr_gbs(6, 2666), 6, 2666, vendor="intel", generation="skylake-sp",
+                    tier="server")
+    genoa = moert.CPU("my genoa", 32, cost.ddr_gbs(12, 4800), 12, 4800, generation="zen4", tier="server")
+    assert sky.bw_efficiency == cost.CPUS["xeon-gold-6138"].bw_efficiency == 112 / 128
+    assert genoa.bw_efficiency == cost.CPUS["epyc-9374f"].bw_efficiency == kinds.MANY_CHANNEL_BW_SHARE
+    assert moert.CPU("desk", 8, 76.8, 2, 4800).bw_efficiency == kinds.CPU_BW_SHARE
+    assert moert.CPU("mine", 8, 76.8, bw_efficiency=0.5, tier="server").bw_efficiency == 0.5

@@ -45,12 +45,11 @@ class CPU:
                                         # a typical size for the memory channels and says so; --ram sets it)
     ghz: float = 3.0                    # all-core clock under load
     flops_per_cycle: int = 32           # fp32 FLOPs per core per cycle: 2 FMA units x 8 lanes x 2 (AVX2/Zen 4)
-    # The share of peak DRAM bandwidth a many-thread read stream gets. 0.7: desktop DDR5 read tests land at 60-65
-    # GB/s of 83-90 GB/s peak (a one-CCD part is capped by its CCD link as well: `ccds` below). Checked on
-    # bench/published.json: CPU-only decode on a Ryzen 7950X and an EPYC 9B14 lands at -19%..+13% of it; with a GPU
-    # beside it decode is slower, by box-dependent amounts no single factor captures (bench/HISTORY.md, published
-    # figures, 2026-11-23 to 2026-11-24), so 0.7 stays (server parts: presets.py, kinds.SERVER_READ_SHARE).
-    bw_efficiency: float = 0.7
+    # The share of peak DRAM bandwidth a many-thread read stream gets; 0: its kind's (kinds.cpu_bw_share). 0.7 for a
+    # desktop: DDR5 read tests land at 60-65 GB/s of 83-90 GB/s peak (a one-CCD part is capped by its CCD link too).
+    # CPU-only decode on a Ryzen 7950X and an EPYC 9B14 in bench/published.json lands at -19%..+13% of it; with a GPU
+    # beside it decode is slower by box-dependent amounts (bench/HISTORY.md, 2026-11-23 to 2026-11-24).
+    bw_efficiency: float = 0.0
     # AMD chiplet CPUs: the cores read DRAM through a link per CCD (two on some: kinds.gmi_links_per_ccd) to the I/O
     # die, 32 bytes per fabric clock (FCLK) each way (Zen 2-5 Infinity Fabric; "32 bytes per cycle in both directions"
     # for Strix Halo's link too): at most ccds x 32 B x FCLK, below the DRAM's peak on a one-CCD Ryzen with fast DDR5 or
@@ -87,9 +86,11 @@ class CPU:
     def __post_init__(self):
         _positive(self, "cores", "mem_bw_gbs", "ghz", "flops_per_cycle", "numa_nodes", "sockets")
         kinds.check(self, kinds.CPU_FIELDS, HardwareError)
-        _share(self, "bw_efficiency", "compute_efficiency")
         _not_negative(self, "mem_channels", "mem_mts", "mem_gib", "call_us", "layer_us", "token_us",
                       "bw_1thread_gbs", "ccds", "fclk_ghz", "numa_read_gbs")
+        if self.bw_efficiency == 0:                          # not given: the share of the part's kind
+            object.__setattr__(self, "bw_efficiency", kinds.cpu_bw_share(self))
+        _share(self, "bw_efficiency", "compute_efficiency")
         if (self.ccds > 0) != (self.fclk_ghz > 0):
             raise HardwareError(f"CPU {self.name!r}: ccds and fclk_ghz go together (both > 0, or both 0 for no "
                                 f"fabric cap); got ccds={self.ccds!r}, fclk_ghz={self.fclk_ghz!r}")

@@ -98,8 +98,8 @@ def amx_gemm_x(cpu, engine: str, type_name: str) -> float:
 
 
 # The share of the data sheet's DRAM bandwidth a many-core server part's cores read, by generation, where a measurement
-# of that platform was read (the share a server preset otherwise gets is presets.SERVER_BW_EFFICIENCY, 0.45: an Intel
-# mlc figure of a dual EPYC 9965, 256 GiB/s of 12 x DDR5-6400 a socket, ik_llama.cpp PR 612):
+# of that platform was read (else MANY_CHANNEL_BW_SHARE below, 0.45: an Intel mlc figure of a dual EPYC 9965, 256 GiB/s
+# of 12 x DDR5-6400 a socket, ik_llama.cpp PR 612):
 #   Skylake-SP (Cascade Lake keeps its mesh and memory controllers): John McCalpin's 2-socket Xeon Platinum 8160,
 #     "Local Bandwidth for Reads (each socket) ~112 GB/s" of 6 x DDR4-2666 = 128 GB/s (stackoverflow.com question
 #     47995130, the answer the socket links below come from): 0.875.
@@ -110,6 +110,20 @@ def amx_gemm_x(cpu, engine: str, type_name: str) -> float:
 # memory bandwidth', 2025), above what llama.cpp's decode reads on the many-core parts of bench/published.json's
 # training figures (EPYC 9B14, Threadripper PRO 5975WX: predicted too fast at 0.45 already).
 SERVER_READ_SHARE = {"skylake-sp": 112 / 128, "cascade-lake": 112 / 128}
+# A desktop's cores saturate its two channels: 0.7 (hardware.CPU's bw_efficiency); the cores of an 8-12 channel server
+# or workstation part do not: 0.45, the EPYC 9965 mlc figure above ("mlc clocks it at around 256GiB/s RAM bandwidth per
+# socket", against 12 x DDR5-6400 = 614 GB/s), not fitted on bench/published.json.
+CPU_BW_SHARE = 0.7
+MANY_CHANNEL_BW_SHARE = 0.45
+
+
+def cpu_bw_share(cpu) -> float:
+    """The share of peak DRAM bandwidth the cores of a CPU of this kind read: its generation's server reading, the
+    many-channel share (8+ channels a socket, server or workstation), or the desktop default."""
+    if cpu.tier == "server" and cpu.generation in SERVER_READ_SHARE:
+        return SERVER_READ_SHARE[cpu.generation]
+    many = cpu.tier in ("server", "workstation") and cpu.mem_channels >= 8 * max(cpu.sockets, 1)
+    return MANY_CHANNEL_BW_SHARE if many else CPU_BW_SHARE
 # Zen 5's server IO die has 16 GMI links, and a part of at most 8 CCDs joins each CCD by two ("GMI-Wide": "giving
 # each CCD 64B/cycle of bandwidth to the rest of the system in both the read and write directions", chipsandcheese.com,
 # "AMD's EPYC 9355P: Inside a 32 Core Zen 5 Server Chip"): a CCD then reads twice the 32 B a fabric clock of one link.
@@ -151,7 +165,8 @@ def check(part, allowed: dict[str, tuple[str, ...]], error) -> None:
                         f"{', '.join(values)} (or leave it empty: not stated)")
 
 
-__all__ = ["AMX_GEMM_X", "AMX_TYPES", "CPU_FIELDS", "CPU_GENERATIONS", "CPU_ISAS", "CPU_TIERS", "CPU_VENDORS",
-           "GMI_LINKS", "GPU_APIS", "GPU_ARCHS", "GPU_BW_SHARE", "GPU_FIELDS", "GPU_MEMORY", "GPU_TIERS",
-           "RDNA3_DGPU_BW", "REMOTE_READ_SHARE", "SERVER_READ_SHARE", "SOCKET_LINK_GBS", "amx_gemm_x", "check",
-           "cpu_int8_x", "gmi_links_per_ccd", "gpu_bw_share", "int8_macs_per_cycle", "remote_read_gbs"]
+__all__ = ["AMX_GEMM_X", "AMX_TYPES", "CPU_BW_SHARE", "CPU_FIELDS", "CPU_GENERATIONS", "CPU_ISAS", "CPU_TIERS",
+           "CPU_VENDORS", "GMI_LINKS", "GPU_APIS", "GPU_ARCHS", "GPU_BW_SHARE", "GPU_FIELDS", "GPU_MEMORY", "GPU_TIERS",
+           "MANY_CHANNEL_BW_SHARE", "RDNA3_DGPU_BW", "REMOTE_READ_SHARE", "SERVER_READ_SHARE", "SOCKET_LINK_GBS",
+           "amx_gemm_x", "check", "cpu_bw_share", "cpu_int8_x", "gmi_links_per_ccd", "gpu_bw_share",
+           "int8_macs_per_cycle", "remote_read_gbs"]

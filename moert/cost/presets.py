@@ -120,11 +120,9 @@ GPUS = {k: replace(g, **dict(zip(kinds.GPU_FIELDS, GPU_KINDS[k].split())),   # 0
         if k in GPU_KINDS else g for k, g in GPUS.items()}
 
 # The share of peak DRAM bandwidth the cores of an 8-12 channel server or workstation part read (EPYC, Threadripper
-# PRO): 0.45, read from a published Intel mlc figure: "dual socket AMD EPYC 9965 192-Core [...] mlc clocks it at around
-# 256GiB/s RAM bandwidth per socket" (ik_llama.cpp PR 612), against 12 x DDR5-6400 = 614 GB/s per socket (275 / 614).
-# Desktop dual-channel parts keep the CPU default (0.7): their cores saturate two channels, many-channel parts' do not.
-# Not fitted on bench/published.json.
-SERVER_BW_EFFICIENCY = 0.45
+# PRO) is a term of the part's kind (kinds.cpu_bw_share: 0.45 from an Intel mlc figure of a dual EPYC 9965, ik_llama.cpp
+# PR 612; Skylake-SP's own reading); desktop dual-channel parts keep 0.7. Not fitted on bench/published.json.
+SERVER_BW_EFFICIENCY = kinds.MANY_CHANNEL_BW_SHARE
 
 # CPUs with their official memory speed; peak = channels x MT/s x 8 bytes (ddr_gbs).
 CPUS: dict[str, CPU] = {c.name: c for c in (
@@ -248,11 +246,9 @@ CPU_KINDS = {
     "xeon-gold-6138": "intel skylake-sp avx512 server", "epyc-9355": "amd zen5 avx512-vnni server",
     "xeon-8480-qyfs": "intel sapphire-rapids amx server",
 }
-CPUS = {k: replace(c, **dict(zip(kinds.CPU_FIELDS, CPU_KINDS[k].split()))) if k in CPU_KINDS else c
-        for k, c in CPUS.items()}
-# a server part of a generation whose DRAM share was read (kinds.SERVER_READ_SHARE) reads that share, not the stand-in
-CPUS = {k: replace(c, bw_efficiency=kinds.SERVER_READ_SHARE[c.generation])
-        if c.tier == "server" and c.generation in kinds.SERVER_READ_SHARE else c for k, c in CPUS.items()}
+CPUS = {k: replace(c, **dict(zip(kinds.CPU_FIELDS, CPU_KINDS[k].split())),   # 0: the kind's share, unless set
+                   bw_efficiency=0.0 if c.bw_efficiency in (kinds.CPU_BW_SHARE, SERVER_BW_EFFICIENCY) else
+                   c.bw_efficiency) if k in CPU_KINDS else c for k, c in CPUS.items()}
 
 # Links: PCIe 4.0 16 GT/s and 5.0 32 GT/s per lane, 128b/130b encoding (PCI-SIG base specifications).
 LINKS: dict[str, Link] = {
