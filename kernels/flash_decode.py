@@ -34,7 +34,8 @@ from moert.kernels.blockdot import PRANGE_ONLY
 from moert.kernels.fmath import as_f32, exp_neg, f32_of_bits
 from moert.kernels.jit import threads
 
-__all__ = ["Cache", "attend1", "attention_parallel", "split_attention", "split_attention_ref", "split_plan"]
+__all__ = ["NO_SCALES", "Cache", "attend1", "attention_parallel", "check_inputs", "merge_row", "split_attention",
+           "split_attention_ref", "split_plan", "tile"]
 
 _FM = {"reassoc", "contract"}
 BLOCK = 64                  # keys converted to float32 tiles at a time
@@ -52,13 +53,13 @@ class Cache(NamedTuple):
     bf16: bool = False
 
 
-def _tile(cache, scales, bf16, a, n, kh, out):
+def tile(cache, scales, bf16, a, n, kh, out):
     """Rows a .. a+n of KV head kh, their first out.shape[1] dims, as float32 into out (n, D)."""
 
 
 # The loops index 1-D views with range variables only: an index Numba cannot prove >= 0 gets a wraparound
 # test per element, which keeps LLVM from vectorizing the loop (4x slower tiles).
-@overload(_tile, jit_options={"fastmath": _FM})
+@overload(tile, jit_options={"fastmath": _FM})
 def _tile_impl(cache, scales, bf16, a, n, kh, out):
     dt = cache.dtype
     if dt == types.float32:
@@ -109,8 +110,8 @@ def _item(q, kc, ks, kb, vc, vs, vb, Dv, pos0, window, kh, t0, t1, a0, a1, scale
     qs = np.empty((G, Dh), dtype=np.float32)
     for a in range(lo, hi, BLOCK):
         n = min(BLOCK, hi - a)
-        _tile(kc, ks, kb, a, n, kh, kt[:n])                          # (n, Dh): converted once for every row
-        _tile(vc, vs, vb, a, n, kh, vt[:n])                          # (n, Dv)
+        tile(kc, ks, kb, a, n, kh, kt[:n])                          # (n, Dh): converted once for every row
+        tile(vc, vs, vb, a, n, kh, vt[:n])                          # (n, Dv)
         for t in range(t0, t1):
             p = pos0 + t
             j0 = 0 if window <= 0 else max(0, p - window + 1 - a)       # this token's keys in the tile: j0 .. j1
@@ -180,7 +181,7 @@ def _run(q, kc, ks, kb, vc, vs, vb, Dv, pos0, window, scale, chunk, tb, i, mp, l
 
 
 @njit(cache=True, fastmath=_FM, inline="always")
-def _merge_row(mp, lp, ap, kh, r, sink, out_row):
+def merge_row(mp, lp, ap, kh, r, sink, out_row):
     """Row r of KV head kh: the chunks' partials merged with the sink logit into out_row (Dv,)."""
     M = sink
     for c in range(mp.shape[0]):
@@ -210,7 +211,7 @@ def _split1(q, kc, ks, kb, vc, vs, vb, Dv, pos0, window, scale, sinks, chunk, tb
     for x in range(Hk * T * G):
         kh, r = x // (T * G), x % (T * G)
         t, g = r // G, r % G
-        _merge_row(mp, lp, ap, kh, r, sinks[kh * G + g], out[t, (kh * G + g) * Dv:(kh * G + g + 1) * Dv])
+        merge_row(mp, lp, ap, kh, r, sinks[kh * G + g], out[t, (kh * G + g) * Dv:(kh * G + g + 1) * Dv])
 
 
 @njit(cache=True, fastmath=_FM, parallel=PRANGE_ONLY)
@@ -225,7 +226,7 @@ def _split_n(q, kc, ks, kb, vc, vs, vb, Dv, pos0, window, scale, sinks, chunk, t
     for x in range(Hk * T * G):
         kh, r = x // (T * G), x % (T * G)
         t, g = r // G, r % G
-        _merge_row(mp, lp, ap, kh, r, sinks[kh * G + g], out[t, (kh * G + g) * Dv:(kh * G + g + 1) * Dv])
+        merge_row(mp, lp, ap, kh, r, sinks[kh * G + g], out[t, (kh * G + g) * Dv:(kh * G + g + 1) * Dv])
 
 
 @njit(cache=True, fastmath=_FM)
@@ -262,7 +263,9 @@ def split_plan(T: int, H: int, Hk: int, keys: int, Dh: int, Dv: int, n_threads: 
     return n_threads, tb, -(-keys // n_chunks)
 
 
-def _check(q, k: Cache, v: Cache, pos0: int, dv: int, sinks) -> None:
+def check_inputs(q, k: Cache, v: Cache, pos0: int, dv: int, sinks) -> None:
+    """ShapeError unless q (T, H, Dh), the caches, dv, the position and sinks fit together (the kernels index
+    without bounds checks)."""
     T, H, Dh = q.shape
     kc, vc = k.values, v.values
     ok = (kc.ndim == 3 and vc.ndim == 3 and kc.shape[:2] == vc.shape[:2] and kc.shape[2] == Dh
@@ -281,7 +284,7 @@ def _check(q, k: Cache, v: Cache, pos0: int, dv: int, sinks) -> None:
         raise ShapeError(f"split_attention: sinks {np.shape(sinks)}, expected ({H},)")
 
 
-_NO_SCALES = np.zeros((1, 1, 1), dtype=np.uint16)
+NO_SCALES = np.zeros((1, 1, 1), dtype=np.uint16)   # the scales argument of a cache without any
 
 
 def split_attention(q: np.ndarray, k: Cache, v: Cache, pos0: int, scale: float, window: int | None,
@@ -292,7 +295,7 @@ def split_attention(q: np.ndarray, k: Cache, v: Cache, pos0: int, scale: float, 
     (T, H * Dv) float32."""
     T, H, Dh = q.shape
     dv = v.values.shape[2] if dv is None else int(dv)
-    _check(q, k, v, pos0, dv, sinks)
+    check_inputs(q, k, v, pos0, dv, sinks)
     Hk = k.values.shape[1]
     w = -1 if window is None else int(window)
     s0 = 0 if w <= 0 else max(0, pos0 - w + 1)
@@ -306,7 +309,7 @@ def split_attention(q: np.ndarray, k: Cache, v: Cache, pos0: int, scale: float, 
     q = np.ascontiguousarray(q, dtype=np.float32)
     args = []
     for c in (k, v):
-        args += [c.values, _NO_SCALES if c.scales is None else c.scales, bool(c.bf16)]
+        args += [c.values, NO_SCALES if c.scales is None else c.scales, bool(c.bf16)]
     (_split_n if n > 1 else _split1)(q, *args, dv, pos0, w, np.float32(scale), sinks, chunk, tb, mp, lp, ap, out)
     return out
 

@@ -30,7 +30,7 @@ from moert.kernels.ktypes import TYPES
 from moert.kernels.qtensor import QTensor
 from moert.quants.dequant import dequantize as _ref_dequantize
 
-__all__ = ["MIN_TOKENS", "Tiled", "tiled", "tiled_ref"]
+__all__ = ["MIN_TOKENS", "Tiled", "one_blas_thread", "tiled", "tiled_ref"]
 
 MIN_TOKENS = 128         # from this many tokens a float matmul takes the tiles (fewer: kernels/matmul.py's;
 #                          Q4_K/Q6_K 4096 x 2048 on 2 threads: 0.8-1.0x at 32-64 tokens, 1.1-1.4x at 128, 1.5-2x at 512)
@@ -73,7 +73,7 @@ _BLAS = None          # threadpoolctl's views of every loaded BLAS, SciPy's (Num
 
 
 @contextlib.contextmanager
-def _one_blas_thread():
+def one_blas_thread():
     """Every BLAS on one thread inside: each of the kernel's threads runs its own sgemm."""
     global _BLAS
     if _BLAS is None:
@@ -108,7 +108,7 @@ class Tiled:
         n_items = -(-self.shape[0] // rows)
         if n_items < 4 * threads():                                     # >= 4 items a thread: none idles long
             rows = max(8, -(-self.shape[0] // (4 * threads())))
-        with _one_blas_thread():
+        with one_blas_thread():
             self.kernel(self.raw, x, out, self.f16, rows)
         return out
 

@@ -64,11 +64,16 @@ def _split_cache(cache):
     return None
 
 
-def _split(q, k_cache, v_cache, pos0: int, scale: float, window, sinks, dv=None):
-    """kernels/flash_decode.split_attention over these caches, or None where it does not take them."""
+def _split(q, k_cache, v_cache, pos0: int, scale: float, window, sinks, dv=None, prompt: bool = False):
+    """kernels/flash_decode.split_attention (prompt: kernels/flash_prompt.prompt_attention) over these caches, or
+    None where it does not take them."""
     kc, vc = _split_cache(k_cache), _split_cache(v_cache)
     if kc is None or vc is None or (sinks is not None and type(sinks) is not np.ndarray):
         return None
+    if prompt:
+        from moert.kernels.flash_prompt import prompt_attention
+
+        return prompt_attention(q, kc, vc, pos0, scale, window, sinks, dv)
     from moert.kernels.flash_decode import split_attention
 
     return split_attention(q, kc, vc, pos0, scale, window, sinks, dv)
@@ -174,7 +179,7 @@ def attention(q, k, v, k_cache, v_cache, pos0: int, xp=np, *, scale: float | Non
     One token on the CPU (fast):
     kernels/layers.attention_decode, over f32 caches or an f16 TypedKV's storage (a uint16 view); up to
     SPLIT_TOKENS tokens over any cache type: kernels/flash_decode.py (the keys split over the threads, the
-    cache read in its own type).
+    cache read in its own type); more, with flash: kernels/flash_prompt.py (the same by sgemm; with SciPy).
     Returns (T, H * Dv). Caches that are kvcache.Rows (a batch of sequences, moert/batch.py): attention per
     sequence over its own cache, its rows of q, k, v; pos0 is not used."""
     if isinstance(k_cache, Rows):
@@ -192,8 +197,8 @@ def attention(q, k, v, k_cache, v_cache, pos0: int, xp=np, *, scale: float | Non
         return _kernels().attention_decode(q, k, v, kb, vb, pos0, scale, window, sinks)
     store(k_cache, pos0, k)
     store(v_cache, pos0, v)
-    if fast and T <= SPLIT_TOKENS and cpu_arrays(xp, q):             # a few tokens (typed caches too): every thread
-        out = _split(q, k_cache, v_cache, pos0, scale, window, sinks)
+    if fast and (T <= SPLIT_TOKENS or flash) and cpu_arrays(xp, q):   # a few tokens, or a prompt: every thread
+        out = _split(q, k_cache, v_cache, pos0, scale, window, sinks, prompt=T > SPLIT_TOKENS)
         if out is not None:
             return out                                                  # (T, H*Dv)
     s0 = 0 if window is None else max(0, pos0 - window + 1)            # no query here sees keys before s0

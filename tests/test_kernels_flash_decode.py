@@ -61,6 +61,25 @@ def test_split_attention_is_its_twin(threads_mode, kind, T, depth, window, sinks
     np.testing.assert_allclose(got, want, rtol=2e-5, atol=2e-6)
 
 
+@pytest.mark.parametrize("kind", ["f32", "f16", "bf16", "q8_0"])
+@pytest.mark.parametrize("T,pos0,window,sinks", [(40, 150, None, True), (9, 1, None, False), (70, 20, 33, True)])
+def test_prompt_kernel_is_the_twin(kind, T, pos0, window, sinks):
+    """kernels/flash_prompt.py (many query tokens, sgemm over tiles of keys: several token blocks and key tiles,
+    the last ones short) gives the twin's softmax, per cache type, window and sinks."""
+    fp = pytest.importorskip("moert.kernels.flash_prompt")
+    if not fp.available():
+        pytest.skip("Numba's np.dot needs SciPy")
+    H, Hk, Dh, Dv = 6, 2, 64, 32
+    k, v = typed(kind, rand(pos0 + T + 2, Hk, Dh, scale=2.0)), typed(kind, rand(pos0 + T + 2, Hk, Dv))
+    q = rand(T, H, Dh, scale=2.0)
+    s = rand(H, scale=3.0) if sinks else None
+    kc, vc = as_kernel_cache(k), as_kernel_cache(v)
+    got = fp.prompt_attention(q, kc, vc, pos0, 0.2, window, s)
+    # logits up to ~25 (|q|, |k| ~ 2, 64 dims): a float32 score is off by ~25 * 2^-24 * 8 relative, so a weight
+    # by ~1e-5 of itself, however the sums are ordered (sgemm's blocks here, a row at a time in the twin)
+    np.testing.assert_allclose(got, fd.split_attention_ref(q, kc, vc, pos0, 0.2, window, s), rtol=2e-5, atol=1e-5)
+
+
 def test_twin_reads_the_caches_as_the_cache_reads_them():
     """The twin's own read of an f16/bf16/q8_0 cache equals kvcache.TypedKV.read (so it does not grade itself)."""
     x = rand(40, 2, 64, scale=3.0)

@@ -75,9 +75,13 @@ def test_flash_attention_equals_the_standard_one(pos0, T, window, sinks):
 # T > layers.SPLIT_TOKENS (fewer tokens go to kernels/flash_decode.py); last: past `chunk`, the twin
 @pytest.mark.parametrize("pos0,T,chunk", [(0, 12, 256), (13, 10, 256), (9, 9, 16)])
 def test_a_prompt_over_a_typed_cache_takes_the_cpu_flash_kernel_and_equals_the_twin(kind, pos0, T, chunk, monkeypatch):
-    """Typed caches up to `chunk` positions go to kernels/flash.py read as float32 (fast=True); the xp twin
-    (fast=False) over the same typed caches gives the same attention. Past `chunk` the twin runs."""
+    """Without kernels/flash_prompt.py (no SciPy), typed caches up to `chunk` positions go to kernels/flash.py read
+    as float32 (fast=True); the xp twin (fast=False) over the same typed caches gives the same attention. Past
+    `chunk` the twin runs."""
     import moert.kernels.flash as kflash
+    import moert.kernels.flash_prompt as kprompt
+
+    monkeypatch.setattr(kprompt, "available", lambda: False)
 
     H, Hk, Dh, n = 4, 2, 32, 32
     q, k, v = (RNG.standard_normal((T, h, Dh)).astype(np.float32) for h in (H, Hk, Hk))
