@@ -7,19 +7,17 @@ from __future__ import annotations
 
 import argparse
 import logging
-import sys
 import threading
 import time
 import warnings
-from pathlib import Path
 
 import pytest
+from bench_scripts import bench_module
 
 import moert
 from moert.errors import MoertError
 from moert.text.generate import SamplingParams, generate_ids
 
-BENCH = Path(__file__).resolve().parents[1] / "bench"
 GREEDY = SamplingParams(temperature=0)
 RULES = r"blk\.0\.ffn_.*_exps=RAY0"
 ASK = {"prompt": [1, 2, 3], "max_tokens": 5, "temperature": 0}
@@ -33,12 +31,7 @@ def load(path, **kw):
 
 def cpu_share(pid: int, seconds: float) -> float:
     """The share of one core the process used over `seconds`: bench/bench_cluster_idle.py's measure."""
-    sys.path.insert(0, str(BENCH))
-    try:
-        from bench_cluster_idle import cpu_share as measure
-    finally:
-        sys.path.remove(str(BENCH))
-    return measure(pid, seconds)
+    return bench_module("bench_cluster_idle").cpu_share(pid, seconds)
 
 
 def wait_until(check, seconds: float = 20.0) -> bool:

@@ -8,18 +8,12 @@ import json
 import subprocess
 import sys
 import zipfile
-from pathlib import Path
 
-BENCH = Path(__file__).resolve().parent.parent / "bench"
+from bench_scripts import BENCH, bench_module
 
 
 def _gpu_check():
-    sys.path.insert(0, str(BENCH))
-    try:
-        import gpu_check
-    finally:
-        sys.path.remove(str(BENCH))
-    return gpu_check
+    return bench_module("gpu_check")
 
 
 def test_dry_runs_every_stage_and_prints_one_table(tmp_path):

@@ -5,26 +5,18 @@ from __future__ import annotations
 
 import json
 import math
-import sys
-from pathlib import Path
 
 import pytest
+from bench_scripts import bench_module
 
 import moert
 from moert import cost
 from moert.cost import coverage
 from moert.cost.range import VALIDATION, choose
 
-BENCH = Path(__file__).resolve().parents[1] / "bench"
-
 
 def _validator():
-    sys.path.insert(0, str(BENCH))
-    try:
-        import validate_published
-    finally:
-        sys.path.remove(str(BENCH))
-    return validate_published
+    return bench_module("validate_published")
 
 
 @pytest.mark.parametrize("name, family", [("Q4_K_M", "k-quant"), ("UD-Q4_K_XL", "k-quant"), ("IQ4_XS", "i-quant"),
