@@ -12,7 +12,9 @@ Reported: tokens/s per engine and depth (median of rounds; best in parentheses),
 llama-cpp-python is installed, one table and, with --plot, tok/s against depth with error bars (the rounds'
 min..max). --variants adds moert engines with a kernel choice switched off, each round in turn with the others:
 `one-thread-attention` (decode attention at depth on one thread, as the stall guard left it before its depth
-fix) and `no-tiles` (float prompts on the batch kernels instead of kernels/matmul_tiles.py).
+fix), `no-tiles` (float prompts' matmuls on the batch kernels instead of kernels/matmul_tiles.py) and
+`no-prompt-attention` (prompts' attention on kernels/flash.py or the NumPy twin instead of kernels/flash_prompt.py).
+Without llama.cpp the ratios are moert's over each variant's.
 """
 
 from __future__ import annotations
@@ -25,7 +27,8 @@ import numpy as np
 
 # moert variants: (module, attribute, value while that engine runs)
 VARIANTS = {"one-thread-attention": ("moert.kernels.flash_decode", "PARALLEL_MIN_WORK", 1 << 62),
-            "no-tiles": ("moert.kernels.matmul_tiles", "MIN_TOKENS", 1 << 62)}
+            "no-tiles": ("moert.kernels.matmul_tiles", "MIN_TOKENS", 1 << 62),
+            "no-prompt-attention": ("moert.kernels.flash_prompt", "available", lambda: False)}
 
 
 def _is_moert(e) -> bool:
@@ -144,20 +147,21 @@ def _cell(v: list[float]) -> str:
 
 def _report(args, path, engines, res: dict, depths: list[int], mach: dict) -> dict:
     names = [e.name for e in engines]
-    base = "llama.cpp" if "llama.cpp" in res else (names[-1] if len(names) > 1 else None)
+    if "llama.cpp" in res:                                              # (engine, over): each over llama.cpp
+        pairs = [(n, "llama.cpp") for n in names if n != "llama.cpp"]
+    else:                                                               # moert over each variant
+        pairs = [(names[0], n) for n in names[1:]]
     rows = []
     for d in depths:
         for n in names:
             row = [d, n, _cell(res[n][d]["pp"]), _cell(res[n][d]["tg"])]
-            if base is not None and n != base:
-                row += [f"{statistics.median(res[n][d][k]) / statistics.median(res[base][d][k]):.2f}x"
-                        for k in ("pp", "tg")]
-            elif base is not None:
-                row += ["", ""]
+            for a, b in pairs:
+                row += [f"{statistics.median(res[a][d][k]) / statistics.median(res[b][d][k]):.2f}x"
+                        if n == a else "" for k in ("pp", "tg")]
             rows.append(row)
     heads = ["depth", "engine", f"pp{args.prompt} tok/s", f"tg{args.decode} tok/s"]
-    if base is not None:
-        heads += [f"pp / {base}", f"tg / {base}"]
+    for a, b in pairs:
+        heads += [f"pp {a} / {b}", f"tg {a} / {b}"]
     print()
     print(f"# {path.name}: speed at depth (the context filled with `depth` tokens, then pp{args.prompt} and "
           f"tg{args.decode} continuing there); median of {args.rounds} rounds (best in parentheses)")
@@ -166,7 +170,7 @@ def _report(args, path, engines, res: dict, depths: list[int], mach: dict) -> di
         print("# llama-cpp-python is not installed: no llama.cpp column (pip install llama-cpp-python, then re-run)")
     print(common.table(heads, rows))
     print(f"# command: {common.command()}")
-    out = dict(depths=depths, results=res, baseline=base)
+    out = dict(depths=depths, results=res, ratios=pairs)
     if args.plot:
         plot(res, depths, args, path, args.plot)
         print(f"# plot: {args.plot}")
