@@ -30,7 +30,7 @@ from moert.kernels.ktypes import TYPES
 from moert.kernels.qtensor import QTensor
 from moert.quants.dequant import dequantize as _ref_dequantize
 
-__all__ = ["MIN_TOKENS", "Tiled", "one_blas_thread", "tiled", "tiled_ref"]
+__all__ = ["MIN_TOKENS", "Tiled", "one_blas_thread", "serial_dequant", "tiled", "tiled_ref"]
 
 MIN_TOKENS = 128         # from this many tokens a float matmul takes the tiles (fewer: kernels/matmul.py's;
 #                          Q4_K/Q6_K 4096 x 2048 on 2 threads: 0.8-1.0x at 32-64 tokens, 1.1-1.4x at 128, 1.5-2x at 512)
@@ -63,10 +63,16 @@ def tiled(type_name: str):
     kt = TYPES.get(type_name)
     if kt is None or kt.dequant is None or kt.layout is None or importlib.util.find_spec("scipy") is None:
         return None
-    n = type_name.lower()
-    serial = variant(kt.dequant.py_func, f"deq_tile_{n}", fastmath=False)     # its prange runs as range
-    return variant(_tiled, f"tiled_{n}", parallel=PRANGE_ONLY, fastmath={"reassoc", "contract"}, deq=serial,
-                   BLOCK=kt.block, BYTES=kt.block_bytes)
+    return variant(_tiled, f"tiled_{type_name.lower()}", parallel=PRANGE_ONLY, fastmath={"reassoc", "contract"},
+                   deq=serial_dequant(type_name), BLOCK=kt.block, BYTES=kt.block_bytes)
+
+
+@functools.cache
+def serial_dequant(type_name: str):
+    """The type's dequantize kernel (kernels/dequant.py: kernel(blocks, y, f16), exact) compiled without threads,
+    for a tile inside a parallel region."""
+    kt = TYPES[type_name]
+    return variant(kt.dequant.py_func, f"deq_tile_{type_name.lower()}", fastmath=False)   # its prange runs as range
 
 
 _BLAS = None          # threadpoolctl's views of every loaded BLAS, SciPy's (Numba's np.dot) included

@@ -32,13 +32,14 @@ import numpy as np
 from numba import njit, prange
 
 from moert.activations import ACTS, glu
-from moert.kernels import matmul_q
+from moert.kernels import matmul_q, moe_tiles
 from moert.kernels.blockdot import Z0
 from moert.kernels.glu import act_mul
 from moert.kernels.jit import variant
 from moert.kernels.ktypes import MATMUL_TYPES, PRANGE_ONLY, TYPES
 from moert.kernels.matmul import matmul_ref, packs, table, threads_for
 from moert.kernels.matmul_q import quantize_rows, quantized
+from moert.kernels.matmul_tiles import one_blas_thread
 from moert.kernels.moe import check_biases, check_experts, check_inputs, group_by_expert
 from moert.kernels.qtensor import QTensor
 from moert.quants.dequant import lookup, slice_expert
@@ -121,8 +122,20 @@ def layer_kernel(g_type: str, d_type: str, aq: int = 0, g_packed: bool = False, 
                                d_rows=d.rows, d_sums=d.sums_of, DQ=dq, d_rows_q=d_q, d_x=d_x,
                                GM=gm, g_quant32=g32[0], g_rows32=g32[1], DM=dm, d_quant32=d32[0], d_rows32=d32[1])
         _LAYERS[key] = (variant(_moe_layer, f"moe_layer_{name}", parallel=PRANGE_ONLY, items=items),
-                        variant(_moe_layer, f"moe_layer_{name}_serial", items=items))
+                        variant(_moe_layer, f"moe_layer_{name}_serial", items=items), items)
     return _LAYERS[key][0]
+
+
+def items_kernel(g_type: str, d_type: str) -> object:
+    """The float layer's per-thread worker for these types (what kernels/moe_tiles.py falls back on)."""
+    layer_kernel(g_type, d_type)
+    return _LAYERS[(g_type, d_type, 0, False, False)][2]
+
+
+def layer_of(items, name: str):
+    """The layer kernel (this module's plan, region and sum) around another per-thread worker of _moe_items'
+    signature (kernels/moe_tiles.py)."""
+    return variant(_moe_layer, name, parallel=PRANGE_ONLY, items=items)
 
 
 def serial_kernel(g_type: str, d_type: str, aq: int = 0, g_packed: bool = False, d_packed: bool = False):
@@ -272,7 +285,7 @@ class PreparedExperts:
     """One layer's gate/up/down made ready for repeated calls (a model keeps one per CPU expert layer): the
     checks, raw views, tables and the compiled kernel looked up once."""
 
-    __slots__ = ("shape", "args", "kernel", "serial", "packed_bytes", "expert_bytes")
+    __slots__ = ("shape", "args", "kernel", "serial", "packed_bytes", "expert_bytes", "tiled")
 
     def __init__(self, gate: QTensor, up: QTensor, down: QTensor, act_quant: str | None = None,
                  act: str = "swiglu", biases: tuple | None = None, repack: bool = False):
@@ -299,6 +312,9 @@ class PreparedExperts:
                      D // TYPES[gate.type].block, F // bd, bd, 0, _act_code(act), gb, ub, db)
         self.kernel = layer_kernel(gate.type, down.type, aq, gp, dp)
         self.serial = serial_kernel(gate.type, down.type, aq, gp, dp)   # for one thread: compiles without a region
+        self.tiled = None                                               # a float prompt: tiles, then sgemm
+        if not (aq or gp or dp):
+            self.tiled = moe_tiles.layer(gate.type, down.type, items_kernel(gate.type, down.type), layer_of)
 
     def __call__(self, x: np.ndarray, ids: np.ndarray, weights: np.ndarray) -> np.ndarray:
         """sum_k weights[t, k] * expert_{ids[t, k]}(x[t]) -> (T, D) float32."""
@@ -313,6 +329,9 @@ class PreparedExperts:
             return np.zeros((0, self.shape[2]), dtype=np.float32)
         hit = min(ids.size, self.shape[0])                              # at most this many experts read
         n = threads_for(hit * self.expert_bytes)                        # small: one thread, no region
+        if x.shape[0] >= moe_tiles.MIN_TOKENS and self.tiled is not None:
+            with one_blas_thread():
+                return self.tiled(x, ids, weights, *self.args, n)
         return (self.kernel if n > 1 else self.serial)(x, ids, weights, *self.args, n)
 
 
