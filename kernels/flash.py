@@ -13,6 +13,8 @@ per head in the denominator, no value) are a key seen first: m starts at the sin
 Measured against the twin (T = 512 prompt tokens, 32 query / 4 KV heads of 128, this shared 2-core box):
 0.31 s against 0.50 s at position 0, 1.56 s against 1.31 s at position 1024.
 
+Where SciPy is installed, moert.layers.attention runs prompts on kernels/flash_prompt.py (sgemm) instead.
+
 Dimension legend: T query tokens, H query heads, Hk key/value heads, Dh, Dv head dims, S cached positions.
 """
 
