@@ -12,10 +12,11 @@ from moert.cli.args import add_sampling_args, sampling
 from moert.errors import MoertError
 
 
-def load_from_args(model: str, args: argparse.Namespace, **load_options):
+def load_from_args(model: str, args: argparse.Namespace, announce: bool = False, **load_options):
     """moert.load with the placement (--fit), context, thread and batch flags, plus `load_options` (trace=...);
     the plan is built once here (fitted with --fit on, printed with -v) and handed to load; warnings print as
-    they happen."""
+    they happen. announce (run, chat, serve): the GPU line (common.gpu_line) first on stderr, once the file has
+    read as a model (a file that fails says one line: its error)."""
     from moert import gguf, models
     from moert.cli.common import physical_cores, planned_context, ray_options
     from moert.cli.placement import fitted, placement_from_args, print_overrides
@@ -41,6 +42,10 @@ def load_from_args(model: str, args: argparse.Namespace, **load_options):
 
             apply_override_kv(g, args.override_kv)
         models.read(g)                       # a file that lies about its model fails before any planning
+        if announce:
+            from moert.cli.common import gpu_line
+
+            print(gpu_line(args), file=sys.stderr, flush=True)
         kw, ctx, plan = fitted(g, args, placement)
         ctx = planned_context(g, ctx)
         if plan is None:
@@ -172,10 +177,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     prompt = read_prompt_file(args.file) if args.file else args.prompt
     if prompt is None:
         raise MoertError("no prompt: give one with -p TEXT or -f FILE")
-    from moert.cli.common import gpu_line
-
-    print(gpu_line(args), file=sys.stderr, flush=True)
-    model = load_from_args(args.model, args, trace=bool(getattr(args, "trace", None)))
+    model = load_from_args(args.model, args, announce=True, trace=bool(getattr(args, "trace", None)))
     if not model.tokenizer.has_vocab:  # a vocabulary-less model runs from token ids
         return _run_ids(model, prompt, args)
     text, stats = _stream_to_stdout(model, llama_flags.bos_if_empty(model, prompt), args,
@@ -220,12 +222,9 @@ def _run_ids(model, prompt: str, args: argparse.Namespace) -> int:
 
 
 def cmd_chat(args: argparse.Namespace) -> int:
-    from moert.cli.common import gpu_line
-
     check_n_predict(args.n_predict)
     llama_flags.apply_escapes(args)
-    print(gpu_line(args), file=sys.stderr, flush=True)
-    model = load_from_args(args.model, args)
+    model = load_from_args(args.model, args, announce=True)
     messages = [{"role": "system", "content": args.system_prompt}] if args.system_prompt else []
     interactive = sys.stdin.isatty()
     while True:

@@ -26,10 +26,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         sock = listen(args.host, args.port)       # bound before loading: a taken port fails fast
     except OSError as e:
         raise MoertError(listen_error(args.host, args.port, e)) from None
-    from moert.cli.common import gpu_line
-
-    print(gpu_line(args), file=sys.stderr, flush=True)
-    model = load_from_args(args.model, args, trace=args.trace)
+    model = load_from_args(args.model, args, announce=True, trace=args.trace)
     server = Server(model, name=args.alias or model.gguf.path.name, queue_size=args.queue,
                     defaults=_defaults(args), chat_template=args.chat_template, max_body=args.max_body,
                     n_parallel=args.parallel, ray_idle_s=args.ray_idle_seconds)
