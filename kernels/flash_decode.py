@@ -98,9 +98,9 @@ def _tile_impl(cache, scales, bf16, a, n, kh, out):
 
 
 @njit(cache=True, fastmath=_FM, inline="always")
-def _item(q, kc, ks, kb, vc, vs, vb, Dv, pos0, window, kh, t0, t1, a0, a1, scale, m, l, acc, kt, vt, sc):
+def _item(q, kc, ks, kb, vc, vs, vb, Dv, pos0, window, kh, t0, t1, a0, a1, scale, m, l, acc, kt, vt, sc, qs):
     """One work item: tokens t0 .. t1 (their G heads of KV head kh) over keys a0 .. a1 -> the partials m, l (R,)
-    and acc (R, Dv), rows (t - t0) * G + g. kt (BLOCK, Dh), vt (BLOCK, Dv), sc (G, BLOCK) scratch."""
+    and acc (R, Dv), rows (t - t0) * G + g. kt (BLOCK, Dh), vt (BLOCK, Dv), sc (G, BLOCK), qs (G, Dh) scratch."""
     H, Dh = q.shape[1], q.shape[2]
     Hk = kc.shape[1]
     G = H // Hk
@@ -111,7 +111,6 @@ def _item(q, kc, ks, kb, vc, vs, vb, Dv, pos0, window, kh, t0, t1, a0, a1, scale
             acc[r, i] = 0.0
     lo = a0 if window <= 0 else max(a0, pos0 + t0 - window + 1)        # no token of the block sees keys < lo
     hi = min(a1, pos0 + t1)                                             # nor keys >= hi
-    qs = np.empty((G, Dh), dtype=np.float32)
     for a in range(lo, hi, BLOCK):
         n = min(BLOCK, hi - a)
         tile(kc, ks, kb, a, n, kh, kt[:n])                          # (n, Dh): converted once for every row
@@ -164,8 +163,8 @@ def _item(q, kc, ks, kb, vc, vs, vb, Dv, pos0, window, kh, t0, t1, a0, a1, scale
 
 
 @njit(cache=True, fastmath=_FM, inline="always")
-def _run(q, kc, ks, kb, vc, vs, vb, Dv, pos0, window, scale, chunk, tb, i, mp, lp, ap):
-    """Work item i of the (KV head, token block, chunk) grid into its partials' slot."""
+def _run(q, kc, ks, kb, vc, vs, vb, Dv, pos0, window, scale, chunk, tb, i, mp, lp, ap, scratch):
+    """Work item i of the (KV head, token block, chunk) grid into its partials' slot; scratch: _scratch's."""
     T, H, Dh = q.shape
     Hk = kc.shape[1]
     nc, nt = mp.shape[0], -(-T // tb)
@@ -177,11 +176,16 @@ def _run(q, kc, ks, kb, vc, vs, vb, Dv, pos0, window, scale, chunk, tb, i, mp, l
     a1 = min(pos0 + T, a0 + chunk)
     G = H // Hk
     R0, R1 = t0 * G, t1 * G
-    kt = np.empty((BLOCK, Dh), dtype=np.float32)
-    vt = np.empty((BLOCK, Dv), dtype=np.float32)
-    sc = np.empty((G, BLOCK), dtype=np.float32)
+    kt, vt, sc, qs = scratch
     _item(q, kc, ks, kb, vc, vs, vb, Dv, pos0, window, kh, t0, t1, a0, a1, scale, mp[c, kh, R0:R1], lp[c, kh, R0:R1],
-          ap[c, kh, R0:R1], kt, vt, sc)
+          ap[c, kh, R0:R1], kt, vt, sc, qs)
+
+
+@njit(cache=True, inline="always")
+def _scratch(G, Dh, Dv):
+    """A work item's float32 tiles: keys (BLOCK, Dh), values (BLOCK, Dv), scores (G, BLOCK), scaled q (G, Dh)."""
+    return (np.empty((BLOCK, Dh), dtype=np.float32), np.empty((BLOCK, Dv), dtype=np.float32),
+            np.empty((G, BLOCK), dtype=np.float32), np.empty((G, Dh), dtype=np.float32))
 
 
 @njit(cache=True, fastmath=_FM, inline="always")
@@ -207,11 +211,12 @@ def merge_row(mp, lp, ap, kh, r, sink, out_row):
 
 @njit(cache=True, fastmath=_FM)
 def _split1(q, kc, ks, kb, vc, vs, vb, Dv, pos0, window, scale, sinks, chunk, tb, mp, lp, ap, out):
-    T, H, _ = q.shape
+    T, H, Dh = q.shape
     Hk = kc.shape[1]
     G = H // Hk
+    scratch = _scratch(G, Dh, Dv)                                       # one set, reused by every item
     for i in range(Hk * -(-T // tb) * mp.shape[0]):
-        _run(q, kc, ks, kb, vc, vs, vb, Dv, pos0, window, scale, chunk, tb, i, mp, lp, ap)
+        _run(q, kc, ks, kb, vc, vs, vb, Dv, pos0, window, scale, chunk, tb, i, mp, lp, ap, scratch)
     for x in range(Hk * T * G):
         kh, r = x // (T * G), x % (T * G)
         t, g = r // G, r % G
@@ -222,11 +227,11 @@ def _split1(q, kc, ks, kb, vc, vs, vb, Dv, pos0, window, scale, sinks, chunk, tb
 def _split_n(q, kc, ks, kb, vc, vs, vb, Dv, pos0, window, scale, sinks, chunk, tb, mp, lp, ap, out):
     """_split1 with the work items spread over the threads; the merge (T * H rows) after the region, on the calling
     thread: a second region would wait a second time for a worker the OS took off its core."""
-    T, H, _ = q.shape
+    T, H, Dh = q.shape
     Hk = kc.shape[1]
     G = H // Hk
     for i in prange(Hk * -(-T // tb) * mp.shape[0]):
-        _run(q, kc, ks, kb, vc, vs, vb, Dv, pos0, window, scale, chunk, tb, i, mp, lp, ap)
+        _run(q, kc, ks, kb, vc, vs, vb, Dv, pos0, window, scale, chunk, tb, i, mp, lp, ap, _scratch(G, Dh, Dv))
     for x in range(Hk * T * G):
         kh, r = x // (T * G), x % (T * G)
         t, g = r // G, r % G
