@@ -22,18 +22,8 @@ from contextlib import contextmanager
 import numpy as np
 
 from moert.errors import MoertError
-from moert.explain import Recorder, host_array
+from moert.explain.walk import Recorder, host_array, prompt_ids
 from moert.layers import rms_norm, softmax
-
-
-def _ids(m, prompt, token: int) -> tuple[list[int], int]:
-    ids = m.tokenize(prompt) if isinstance(prompt, str) else [int(t) for t in prompt]
-    if not ids:
-        raise MoertError("the prompt has no tokens; give a non-empty prompt with -p TEXT")
-    if not -len(ids) <= token < len(ids):
-        raise MoertError(f"--token {token} is outside the prompt's {len(ids)} tokens; give an index from "
-                         f"{-len(ids)} to {len(ids) - 1}")
-    return ids, token % len(ids)
 
 
 def _text(m, t: int) -> str:
@@ -94,7 +84,7 @@ def _recording_attention(m, out: dict):
 
 def attention_view(m, prompt, token: int = -1, top: int = 5) -> dict:
     """Per layer and KV head group: the `top` earlier positions the token attended to, with their weights."""
-    ids, i = _ids(m, prompt, token)
+    ids, i = prompt_ids(m, prompt, token)
     m.reset()
     if i:
         m.forward(ids[:i], last_only=True)
@@ -118,7 +108,7 @@ def logit_lens(m, prompt, token: int = -1, top: int = 5) -> dict:
     """Per layer: the top predictions of the residual after that layer, through the final norm and output."""
     from moert.quants.dequant import dequantize_rows
 
-    ids, i = _ids(m, prompt, token)
+    ids, i = prompt_ids(m, prompt, token)
     m.reset()
     if i:
         m.forward(ids[:i], last_only=True)
@@ -144,7 +134,7 @@ def logit_lens(m, prompt, token: int = -1, top: int = 5) -> dict:
 
 def routing_view(m, prompt) -> dict:
     """For every prompt token, per layer, the experts the router chose (in the router's order)."""
-    ids, _ = _ids(m, prompt, -1)
+    ids, _ = prompt_ids(m, prompt, -1)
     if not getattr(m.config, "n_expert", 0):
         raise MoertError("this model has no routed experts (a dense model): there is no routing to show")
     m.reset()

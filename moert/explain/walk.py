@@ -159,15 +159,22 @@ def _layer_bytes(m, il: int, experts: list[int], expert_names) -> dict[str, int]
     return out
 
 
+def prompt_ids(m, prompt: str | list[int], token: int, what: str = "") -> tuple[list[int], int]:
+    """The prompt's token ids and the index of its token `token` (negative from the end), or a MoertError saying
+    what to give; `what` prefixes the message ("explain")."""
+    ids = m.tokenize(prompt) if isinstance(prompt, str) else [int(t) for t in prompt]
+    head = f"{what}: " if what else ""
+    if not ids:
+        raise MoertError(f"{head}the prompt has no tokens; give a non-empty prompt with -p TEXT")
+    if not -len(ids) <= token < len(ids):
+        raise MoertError(f"{head}--token {token} is outside the prompt's {len(ids)} tokens; give an index from "
+                         f"{-len(ids)} to {len(ids) - 1}")
+    return ids, token % len(ids)
+
+
 def explain(m, prompt: str | list[int], token: int = -1, top: int = 5) -> Trace:
     """Run `prompt` and trace its token `token` (an index into the prompt's ids, negative from the end)."""
-    ids = m.tokenize(prompt) if isinstance(prompt, str) else [int(t) for t in prompt]
-    if not ids:
-        raise MoertError("explain: the prompt has no tokens; give a non-empty prompt with -p TEXT")
-    if not -len(ids) <= token < len(ids):
-        raise MoertError(f"explain: --token {token} is outside the prompt's {len(ids)} tokens; "
-                         f"give an index from {-len(ids)} to {len(ids) - 1}")
-    i = token % len(ids)
+    ids, i = prompt_ids(m, prompt, token, "explain")
     m.reset()
     if i:
         m.forward(ids[:i], last_only=True)                     # the context before the token
