@@ -7,8 +7,7 @@ Three layouts of a layer's gate/up/down (ExpertLayout):
   experts split over devices            each device runs the (token, slot) pairs of its experts, the other
                                         slots marked -1 (skipped by the kernels), partial outputs summed;
   an expert's three tensors apart       each matmul runs where its weight is, the activations move.
-On the CPU the fused Numba kernel (kernels/moe_fused.py) reads the quantized bytes in place.
-
+On the CPU the fused Numba kernel (kernels/moe_fused.py) reads the quantized bytes in place, on a GPU kernels/gpu.
 Dimension legend: T tokens, D hidden, F expert hidden, E experts, K experts per token.
 """
 
@@ -128,8 +127,8 @@ def _on(m, dev: Device, ffn, x, ids, weights, counts: np.ndarray, src: Device):
 
 
 def _expert_ffn(ts: list, bs: list | None, act: str, xp):
-    """run(e, xs) for dispatch: expert e's gated FFN on xs (n, D), each matmul read from its blocks where the device
-    has kernels for its type (Weight.matmul), else from its dequantized matrix; biases (F32 rows) added."""
+    """run(e, xs) for dispatch: expert e's gated FFN on xs (n, D) (activations.glu_ffn's, each matmul a Weight.matmul:
+    blocks read in place where the device has kernels for the type, else dequantized), biases (F32 rows) added."""
     gate, up, down = ts
 
     def run(e: int, xs):
@@ -143,13 +142,12 @@ def _expert_ffn(ts: list, bs: list | None, act: str, xp):
 
 
 def _fused_moe(dev: Device, ts: list, bs: list | None, act: str, x, ids, weights, counts: np.ndarray):
-    """The layer's selected experts in the device's fused MoE kernel (kernels/gpu moe: two launches, ids read on the
-    device), where it takes them: one GGML type for gate, up and down, every expert's tensors whole on dev, and every
-    (token, slot) pair an expert of dev's (no -1 slot: the kernel reads ids unchecked). Else None."""
+    """The selected experts in dev's fused MoE kernel (kernels/gpu moe: ids read on the device) where it takes them: one
+    type for gate/up/down, all whole on dev, no -1 slot (the kernel reads ids unchecked); else None."""
     types = {t.type for t in ts}
     k = dev.block_kernels(*types) if len(types) == 1 else None
-    if k is None or int(counts.sum()) != ids.size or any(getattr(t, "experts", 0) is not None or t.device is not dev
-                                                          for t in ts):
+    if k is None or int(counts.sum()) != ids.size or any(not isinstance(t, Weight) or t.experts is not None
+                                                          or t.device is not dev for t in ts):
         return None
     b = None if bs is None else tuple(t.data.reshape(t.shape) for t in bs)
     with dev:
@@ -202,15 +200,18 @@ def _remote_finish(m, il: int, ffn, dev, handle, args) -> np.ndarray:
         return _cpu_layer(m, ffn, dev)(*args)
 
 
-def offload_gpu(m, dev: Device, src: Device, n_tokens: int) -> Device | None:
-    """The GPU a batch of n_tokens runs dev's experts on when dev is the CPU, a GPU exists and n_tokens >=
-    m.offload_min_batch (llama.cpp's ggml_backend_cuda_device_offload_op, GGML_OP_OFFLOAD_MIN_BATCH = 32; 0: never);
-    the attention's GPU if src is one, else the first. None: they run on dev."""
+def op_offload_gpu(m, n_tokens: int, prefer: Device | None = None) -> Device | None:
+    """The GPU a batch of n_tokens runs CPU weights' matmuls on (llama.cpp's op offload: n_tokens >=
+    m.offload_min_batch, GGML_OP_OFFLOAD_MIN_BATCH = 32, 0 never; `prefer` if a GPU, else the first), or None."""
     n = getattr(m, "offload_min_batch", OFFLOAD_MIN_BATCH)
-    if dev is not CPU or not n or n_tokens < n or getattr(m, "expert_cache", None) is not None:
-        return None
-    gpus = [d for d in m.plan.devices if d.kind in ("cuda", "sim")]
-    return (src if src in gpus else gpus[0]) if gpus else None
+    gpus = [d for d in m.plan.devices if d.kind in ("cuda", "sim")] if n and n_tokens >= n else []
+    return (prefer if prefer in gpus else gpus[0]) if gpus else None
+
+
+def offload_gpu(m, dev: Device, src: Device, n_tokens: int) -> Device | None:
+    """op_offload_gpu for dev's experts (src, the attention's GPU, first) when dev is the CPU and no expert cache
+    moves them instead; None: they run on dev."""
+    return None if dev is not CPU or getattr(m, "expert_cache", None) is not None else op_offload_gpu(m, n_tokens, src)
 
 
 def _offload_fits(m, gpu: Device, ffn, counts: np.ndarray, x) -> bool:

@@ -11,7 +11,7 @@ import numpy as np
 
 from moert import devices as _devices
 from moert.devices import CPU, Device
-from moert.experts import run_experts
+from moert.experts import op_offload_gpu, run_experts
 from moert.kernels import DEQUANT_TYPES, dequantize_block_rows
 from moert.layers import rms_norm, rope_angles
 from moert.stats import Phase
@@ -131,18 +131,15 @@ class ModelRuntime:
         """The GPU that runs x @ W.T for CPU weights `names` (llama.cpp's op offload: a batch of at least
         offload_min_batch tokens, a GPU present, the weights' bytes and the batch fitting what is free there; the
         first GPU), or None: where they live."""
-        from moert.experts import OFFLOAD_MIN_BATCH
-
-        n = getattr(self, "offload_min_batch", OFFLOAD_MIN_BATCH)
-        if not n or x.ndim != 2 or x.shape[0] < n or dev not in (None, CPU) or type(x) is not np.ndarray \
+        if x.ndim != 2 or dev not in (None, CPU) or type(x) is not np.ndarray \
                 or self.clock is not None:           # a virtual clock prices a stage, not one of its matmuls
             return None
-        gpus = [d for d in self.plan.devices if d.kind in ("cuda", "sim")]
+        gpu = op_offload_gpu(self, x.shape[0])
         ws = [self.weights[self.weights.tensor_name(k)] for k in names]
-        if not gpus or any(getattr(w, "device", None) is not CPU or len(w.shape) != 2 for w in ws):
+        if gpu is None or any(getattr(w, "device", None) is not CPU or len(w.shape) != 2 for w in ws):
             return None
         need = max(w.data.nbytes + 4 * w.shape[0] * min(w.shape[1], 4096) for w in ws) + 8 * x.nbytes
-        return gpus[0] if gpus[0].free_bytes is None or need <= gpus[0].free_bytes else None
+        return gpu if gpu.free_bytes is None or need <= gpu.free_bytes else None
 
     def _offloaded_linear(self, x, name: str, gpu: Device):
         """x @ W.T on gpu for the CPU weight `name`: its bytes copied there for this call (TransferStats.offload_bytes),
@@ -155,9 +152,7 @@ class ModelRuntime:
             t = Weight(w.name, w.type, tuple(w.shape), gpu, data)
             xg = self.to(x, gpu, "hidden")
             with self.phase(self._phases[-1][0] if self._phases else "ffn", gpu):    # the caller's phase, on gpu
-                rows = max(1, (1 << 24) // w.shape[1])                      # float32 row chunks of 64 MiB
-                y = gpu.xp.concatenate([xg @ t.dequantize_rows(r, min(r + rows, w.shape[0])).T
-                                        for r in range(0, w.shape[0], rows)], axis=1)        # (T, out)
+                y = t.matmul(xg)                                            # (T, out)
         finally:
             gpu.free(data)
         return self.to(y, CPU, "offload output")

@@ -93,14 +93,20 @@ class Weight:
         return self.dequantize_raw(self.raw_expert(e), self.shape[1:])
 
     def matmul(self, x, e: int | None = None) -> Any:
-        """x (T, in) @ W.T (expert e's W of an *_exps tensor) on this weight's device: read from its blocks where the
-        device has a kernel for the type (Device.block_kernels: kernels/gpu on a CUDA GPU), else dequantized."""
+        """x (T, in) @ W.T (expert e's W of an *_exps tensor) on this weight's device: read from its blocks where it
+        has kernels for the type (Device.block_kernels: kernels/gpu), else dequantized (big 2-D ones in row chunks)."""
         k = self.device.block_kernels(self.type) if self.type != "F32" else None
-        if k is None:
-            return x @ (self.dequantize() if e is None else self.dequantize_expert(e)).T
-        raw, shape = (self.data, self.shape) if e is None else (self.raw_expert(e), self.shape[1:])
-        with self.device:
-            return k.matmul(raw, self.type, shape, x)                   # (T, out)
+        if k is not None:
+            raw, shape = (self.data, self.shape) if e is None else (self.raw_expert(e), self.shape[1:])
+            with self.device:
+                return k.matmul(raw, self.type, shape, x)               # (T, out)
+        if e is not None:
+            return x @ self.dequantize_expert(e).T
+        rows = max(1, _CHUNK_ELEMENTS // self.shape[-1])
+        if rows >= self.shape[0]:
+            return x @ self.dequantize().T
+        return self.device.xp.concatenate([x @ self.dequantize_rows(r, min(r + rows, self.shape[0])).T
+                                           for r in range(0, self.shape[0], rows)], axis=1)   # (T, rows) each
 
     def dequantize_rows(self, start: int, stop: int) -> Any:
         """Rows [start, stop) of a 2-D tensor as float32 (stop - start, shape[-1]) on this device."""
@@ -228,9 +234,8 @@ class WeightStore(dict):
 
         On the CPU a type with a fused kernel (moert.kernels.matmul: Q8_0, Q4_K, Q6_K, ...) is read straight
         from its quantized bytes; any other type is dequantized once and kept as float32 (up to
-        `dense_cache_bytes` in all), not once per token. On a GPU with kernels for the type (kernels/gpu) the
-        blocks are read in place by one fused kernel; else the weight is dequantized per call, in row chunks. A
-        weight used on another device is dequantized at home and moved (counted)."""
+        `dense_cache_bytes` in all), not once per token. On a GPU, Weight.matmul: its blocks read in place by a kernel,
+        else dequantized per call in row chunks. A weight used elsewhere is dequantized at home and moved (counted)."""
         mm = self.prepared.get(name)                                   # the per-token path: a CPU kernel
         if mm is not None and (dev is None or dev is CPU):
             return mm(x)                                                # (T, out)
@@ -249,12 +254,7 @@ class WeightStore(dict):
                 w = self.dense[name] = t.dequantize()                  # (out, in) float32, kept
             if w is not None:
                 return x @ w.T
-        rows = max(1, _CHUNK_ELEMENTS // t.shape[1])
-        if rows >= t.shape[0] or (t.type != "F32" and dev.block_kernels(t.type) is not None):
-            return t.matmul(x)                              # a GPU kernel reads the blocks in place, or dequantized
-        parts = [x @ t.dequantize_rows(r, min(r + rows, t.shape[0])).T
-                 for r in range(0, t.shape[0], rows)]                   # (T, rows) each
-        return dev.xp.concatenate(parts, axis=1)
+        return t.matmul(x)                          # a GPU kernel reads the blocks in place, or dequantized in chunks
 
     def linears(self, x, names: tuple[str, ...], dev: Device | None = None) -> tuple:
         """linear(x, name, dev) for each of names, weights that read the same x (q, k, v): on the CPU, three
