@@ -11,6 +11,7 @@ import pytest
 import moert
 from moert import quants
 from moert.demo import demo_model_path
+from moert.devices.gpus import CudaDevice
 from moert.devices.sim import SimDevice
 from moert.kernels import gpu as kgpu
 from moert.testing import write_tiny
@@ -78,3 +79,6 @@ def test_a_type_without_a_gpu_kernel_is_dequantized_as_before(monkeypatch):
     assert dev.block_kernels("Q4_K", "IQ4_XS") is None and dev.block_kernels("Q2_K") is None
     monkeypatch.setattr(SimDevice, "run_kernels", False)
     assert dev.block_kernels("Q4_K") is None
+    # no CuPy needed to ask: a CUDA device reads these in place
+    assert CudaDevice.block_kernels(object(), "Q4_K", "Q6_K") is kgpu
+    assert CudaDevice.block_kernels(object(), "Q4_K", "IQ4_XS") is None

@@ -3,6 +3,7 @@ or cuda:N (CudaDevice, CuPy underneath: moert/devices/cuda.py). The host and the
 
 from __future__ import annotations
 
+import functools
 import time
 from typing import Any
 
@@ -42,13 +43,7 @@ class CudaDevice(Device):
     def block_kernels(self, *qtypes: str) -> Any:
         """kernels/gpu (Triton, launched by CuPy) where every type has a GPU entry and Triton is installed: weights
         stay quantized on the GPU and are read by one fused kernel per call. Else None: dequantized per call."""
-        import importlib.util
-
-        from moert.kernels import gpu
-
-        if importlib.util.find_spec("triton") is None:      # pip install 'moert[gpu]' brings it
-            return None
-        return gpu if all(q in gpu.GPU_TYPES for q in qtypes) else None
+        return _block_kernels(qtypes)
 
     def owns(self, arr: Any) -> bool:
         return isinstance(arr, self._cp.ndarray) and arr.device.id == self.index
@@ -98,6 +93,18 @@ class CudaDevice(Device):
 
 
 # ---------------------------------------------------------------------------------------- functions
+
+
+@functools.cache
+def _block_kernels(qtypes: tuple[str, ...]) -> Any:
+    """CudaDevice.block_kernels, decided once per set of types (every GPU matmul asks)."""
+    import importlib.util
+
+    from moert.kernels import gpu
+
+    if importlib.util.find_spec("triton") is None:          # pip install 'moert[gpu]' brings it
+        return None
+    return gpu if all(q in gpu.GPU_TYPES for q in qtypes) else None
 
 
 def get_devices(gpu_backend: str = "auto", gpu_memory: str | int | list | None = None) -> list[Device]:
