@@ -115,9 +115,17 @@ GPU_KINDS = {
     "rtx-pro-6000": "cuda blackwell gddr7 workstation", "h100-pcie": "cuda hopper hbm2e datacenter",
     "a100-sxm-80gb": "cuda ampere hbm2e datacenter",
 }
-GPUS = {k: replace(g, **dict(zip(kinds.GPU_FIELDS, GPU_KINDS[k].split())),   # 0: the kind's share, unless set
-                   bw_efficiency=0.0 if g.bw_efficiency == kinds.GPU_BW_SHARE else g.bw_efficiency)
-        if k in GPU_KINDS else g for k, g in GPUS.items()}
+
+
+def _kinded(parts: dict, table: dict, fields: tuple, shares: tuple) -> dict:
+    """Each part named in `table` with its kind's fields ("api arch memory tier" / "vendor generation isa tier"), and
+    bw_efficiency 0 (its kind's share, kinds.py) where it was one of the default `shares` rather than its own."""
+    return {k: replace(p, **dict(zip(fields, table[k].split())),
+                       bw_efficiency=0.0 if p.bw_efficiency in shares else p.bw_efficiency) if k in table else p
+            for k, p in parts.items()}
+
+
+GPUS = _kinded(GPUS, GPU_KINDS, kinds.GPU_FIELDS, (kinds.GPU_BW_SHARE,))
 
 # The share of peak DRAM bandwidth the cores of an 8-12 channel server or workstation part read (EPYC, Threadripper
 # PRO) is a term of the part's kind (kinds.cpu_bw_share: 0.45 from an Intel mlc figure of a dual EPYC 9965, ik_llama.cpp
@@ -246,9 +254,7 @@ CPU_KINDS = {
     "xeon-gold-6138": "intel skylake-sp avx512 server", "epyc-9355": "amd zen5 avx512-vnni server",
     "xeon-8480-qyfs": "intel sapphire-rapids amx server",
 }
-CPUS = {k: replace(c, **dict(zip(kinds.CPU_FIELDS, CPU_KINDS[k].split())),   # 0: the kind's share, unless set
-                   bw_efficiency=0.0 if c.bw_efficiency in (kinds.CPU_BW_SHARE, SERVER_BW_EFFICIENCY) else
-                   c.bw_efficiency) if k in CPU_KINDS else c for k, c in CPUS.items()}
+CPUS = _kinded(CPUS, CPU_KINDS, kinds.CPU_FIELDS, (kinds.CPU_BW_SHARE, SERVER_BW_EFFICIENCY))
 
 # Links: PCIe 4.0 16 GT/s and 5.0 32 GT/s per lane, 128b/130b encoding (PCI-SIG base specifications).
 LINKS: dict[str, Link] = {
