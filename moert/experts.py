@@ -24,7 +24,7 @@ from moert.devices.remote import RemoteDeviceError
 from moert.errors import PlacementError
 from moert.kernels.moe_fused import expert_layer
 from moert.kernels.qtensor import QTensor
-from moert.moe import dispatch
+from moert.moe import dispatch, fused_moe, takes
 from moert.weights import SplitWeight, Weight
 
 OFFLOAD_MIN_BATCH = 32     # llama.cpp's GGML_OP_OFFLOAD_MIN_BATCH: a batch this big runs CPU weights on a GPU
@@ -34,17 +34,18 @@ def run_experts(m, il: int, x, ids, weights, names: tuple[str, str, str], logits
                 biases: tuple[str, str, str] | None = None):
     """Routed gated experts of layer il: x (T, D), ids/weights (T, K) on the attention device; returns
     (T, D) there. act: the gated activation (moert.activations.ACTS); biases: the names of the gate, up and down
-    expert bias tensors ((E, F), (E, F), (E, D)), or None. Each expert runs where the plan put its weights;
-    only activations move:
-      one device holds the layer's experts   x, ids, weights go there, the output comes back;
-      experts split over devices             each device runs the (token, slot) pairs of its experts
-                                             (the others marked -1), partial outputs summed here;
-      gate/up/down of an expert apart        each matmul runs where its weight is, activations move.
+    expert bias tensors ((E, F), (E, F), (E, D)), or None. Each expert runs where the plan put its weights (the
+    three layouts above); only activations move. All on the attention's GPU with its fused kernel: no host read.
     logits: the router's (T, E), for traces with trace="full" (optional)."""
     ffn = (names, act, biases)
     src = _devices.device_of(x, m.plan.devices)
     layout = m.cached(("layout", ffn), lambda: ExpertLayout.of(m.weights, (*names, *(biases or ())),
                                                               m.config.n_expert))
+    y = _on_device(m, il, layout, ffn, x, ids, weights, src)
+    if y is not None:
+        return y
+    if src is not CPU and layout.home is CPU and m.expert_cache is None and offload_gpu(m, CPU, src, len(x)) is None:
+        x, ids, weights = m.to_together((x, ids, weights), CPU, "hidden, expert ids, weights")   # one crossing
     ids_h = ids if src is CPU else m.to(ids, CPU, "expert ids")          # (T, K) host: counts, masks
     counts = np.bincount(ids_h.reshape(-1), minlength=m.config.n_expert)
     m.record_routing(il, counts, ids_h, weights, logits)
@@ -120,7 +121,7 @@ def _on(m, dev: Device, ffn, x, ids, weights, counts: np.ndarray, src: Device):
         else:
             ts = [m.weights[n] for n in names]
             bs = [m.weights[n] for n in biases] if biases else None
-            y = _fused_moe(dev, ts, bs, act, x, ids, weights, counts)
+            y = fused_moe(dev, ts, bs, act, x, ids, weights) if int(counts.sum()) == ids.size else None   # no -1
             if y is None:
                 y = dispatch(x, ids, weights, counts, _expert_ffn(ts, bs, act, dev.xp), dev.xp)
     return y if src is dev else m.to(y, src, "expert output")
@@ -141,18 +142,16 @@ def _expert_ffn(ts: list, bs: list | None, act: str, xp):
     return run
 
 
-def _fused_moe(dev: Device, ts: list, bs: list | None, act: str, x, ids, weights, counts: np.ndarray):
-    """The selected experts in dev's fused MoE kernel (kernels/gpu moe: ids read on the device) where it takes them: one
-    type for gate/up/down, all whole on dev, no -1 slot (the kernel reads ids unchecked); else None."""
-    types = {t.type for t in ts}
-    k = dev.block_kernels(*types) if len(types) == 1 else None
-    if k is None or int(counts.sum()) != ids.size or any(not isinstance(t, Weight) or t.experts is not None
-                                                          or t.device is not dev for t in ts):
+def _on_device(m, il: int, layout: ExpertLayout, ffn, x, ids, weights, src: Device):
+    """Layer il's experts, all whole on the GPU src whose fused MoE kernel takes them, when nothing needs the ids on
+    the host (no expert cache, trace, virtual clock: m.record_routing_on_device counts them on src): (T, D) on src,
+    nothing read back. Else None: the ids go to the host."""
+    names, act, biases = ffn
+    ts = [m.weights[n] for n in names] if src.is_gpu and layout.home is src and m.expert_cache is None else None
+    if ts is None or not takes(src, ts) or not m.record_routing_on_device(il, ids, src):
         return None
-    b = None if bs is None else tuple(t.data.reshape(t.shape) for t in bs)
-    with dev:
-        return k.moe(x, ids.astype(np.int32), weights.astype(np.float32), *(t.data for t in ts), ts[0].type,
-                     tuple(t.shape for t in ts), act=act, biases=b)
+    with m.phase("experts", src):
+        return fused_moe(src, ts, [m.weights[n] for n in biases] if biases else None, act, x, ids, weights)
 
 
 def _remote_start(m, ffn, dev, x, ids, weights):

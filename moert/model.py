@@ -31,6 +31,7 @@ from moert.errors import (
 from moert.experts import OFFLOAD_MIN_BATCH
 from moert.kernels.jit import blas_one_thread, threads
 from moert.model_runtime import ModelRuntime
+from moert.moe import expert_counts
 from moert.stats import PHASES, ModelStats, Phase, Stats  # noqa: F401  (PHASES, Stats: re-exported)
 from moert.text.generate import TextAPI
 from moert.threads import StallGuard, one_kernel_thread
@@ -84,6 +85,7 @@ class Model(ModelRuntime, TextAPI, Tracing):
         # the phase "layer"); False: always the architecture's Python block, with per-phase times
         self.fused_decode = True
         self._fused: dict = {}                    # a fused layer kind -> per layer its fused.LayerStep or None
+        self._device_counts: dict = {}            # GPU name -> (device, (n_layer, E) expert counts there)
 
     # -- the public interface
     def forward(self, tokens, last_only: bool = False, *, batch=None) -> np.ndarray:
@@ -135,6 +137,7 @@ class Model(ModelRuntime, TextAPI, Tracing):
                 self.expert_cache.restore(snap)
             raise
         finally:
+            self._read_device_counts()
             self._call.seconds = time.perf_counter() - t0 - self._replaced + self._call.predicted_seconds
             self._call.transfers = {d.name: d.stats - before[d.name] for d in devs}
             self._call.remote = {d.name: d.remote - remote[d.name] for d in self.plan.remote}
@@ -223,6 +226,25 @@ class Model(ModelRuntime, TextAPI, Tracing):
         if logits is not None and self._trace.full:
             lg = logits if isinstance(logits, np.ndarray) else self.to(logits, CPU, "trace: router logits")
         self._trace.layer(il, np.array(ids_h, dtype=np.int32), np.array(w, dtype=np.float32), lg)
+
+    def record_routing_on_device(self, il: int, ids, dev) -> bool:
+        """Count layer il's choices (ids (T, K) on the GPU dev) on dev, in counts read back once at the end of the
+        forward call (no sync inside the step); False, nothing counted, where the host needs the ids now (a trace,
+        a virtual clock): then record_routing."""
+        if self._trace is not None or self.clock is not None or self._call is None:
+            return False
+        got = self._device_counts.get(dev.name)
+        if got is None:
+            shape = (self.config.n_layer, self.config.n_expert)
+            got = self._device_counts[dev.name] = (dev, dev.zeros(shape, np.int64, "expert counts"))
+        got[1][il] += expert_counts(ids, self.config.n_expert, dev.xp)                  # (E,) on dev
+        return True
+
+    def _read_device_counts(self) -> None:
+        """The expert counts record_routing_on_device kept on the GPUs, into this call's stats (one read a GPU)."""
+        for _, acc in self._device_counts.values():
+            self._call.expert_counts += self.to(acc, CPU, "expert counts")
+            acc[...] = 0
 
     @property
     def repacked_bytes(self) -> int:

@@ -51,6 +51,24 @@ class ModelRuntime:
         with Phase(self, "transfers", f"{src.name}->{dev.name}", predicted):
             return _devices.transfer(x, src, dev, what)
 
+    def to_together(self, arrays: tuple, dev: Device, what: str = "") -> tuple:
+        """Arrays of one device, each (T, ...) float or int, moved to dev as ONE transfer (a GPU's expert layer on
+        the CPU: hidden state, ids and weights in one crossing, not three syncs): packed side by side as 4-byte
+        columns (float32, int32 bit for bit) where they are, split on dev. Floats come back float32, ints int32."""
+        src = _devices.device_of(arrays[0], self.plan.devices)
+        if src is dev:
+            return tuple(arrays)
+        xp, T = src.xp, arrays[0].shape[0]
+        cols = [a.reshape(T, -1).astype(np.float32 if a.dtype.kind == "f" else np.int32).view(np.float32)
+                for a in arrays]
+        buf = self.to(xp.concatenate(cols, axis=1), dev, what)                             # (T, sum of widths)
+        out, at = [], 0
+        for a, c in zip(arrays, cols):
+            part = dev.xp.ascontiguousarray(buf[:, at:at + c.shape[1]])
+            out.append((part if a.dtype.kind == "f" else part.view(np.int32)).reshape(a.shape))
+            at += c.shape[1]
+        return tuple(out)
+
     def copy_weights(self, host: np.ndarray, dev: Device, what: str = "", kind: str = "weight"):
         """Weight bytes from the host onto dev at run time (an expert cache admitting an expert; kind="offload": a
         big batch's CPU experts): counted as weights, apart from activations (TransferStats.weight_bytes /

@@ -66,8 +66,7 @@ def grouped_topk(probs, k: int, bias=None, xp=np, renorm: bool = True, scale: fl
         g = sel.reshape(T, n_group, E // n_group)                       # (T, G, E/G)
         top2 = -xp.sort(-g, axis=-1)[:, :, :2].sum(axis=-1)             # (T, G)
         keep, _ = _topk(top2, topk_group, xp)                           # (T, topk_group) best groups
-        mask = xp.zeros((T, n_group), dtype=bool)
-        xp.put_along_axis(mask, keep.astype(xp.int64), True, axis=-1)
+        mask = (keep[:, :, None] == xp.arange(n_group)[None, None, :]).any(axis=1)     # (T, G) kept groups
         sel = xp.where(xp.repeat(mask, E // n_group, axis=-1), sel, -xp.inf)
     ids, _ = _topk(sel, k, xp)
     w = xp.take_along_axis(probs, ids.astype(xp.int64), axis=-1)        # (T, K)
@@ -77,8 +76,24 @@ def grouped_topk(probs, k: int, bias=None, xp=np, renorm: bool = True, scale: fl
 
 
 def expert_counts(ids, n_expert: int, xp=np):
-    """How many (token, slot) pairs picked each expert: (E,) int64 on the device of ids."""
-    return xp.bincount(ids.reshape(-1).astype(xp.int64), minlength=n_expert)
+    """How many (token, slot) pairs picked each expert: (E,) int64 on the device of ids, by comparison, not
+    bincount (CuPy's bincount reads the ids' maximum back to the host: a sync)."""
+    hits = ids.reshape(-1, 1) == xp.arange(n_expert, dtype=ids.dtype)[None, :]        # (T*K, E)
+    return hits.sum(axis=0, dtype=xp.int64)
+
+
+def fused_moe(dev, ts: list, bs: list | None, act: str, x, ids, weights):
+    """The selected experts in dev's fused MoE kernel (kernels/gpu moe: ids and weights read on the device, nothing
+    read back for up to DECODE_MAX_T tokens) where it takes them: gate/up/down `ts` (moert.weights.Weight) of one
+    type, all whole on dev; biases `bs` F32 (E, n) or None. The kernel reads ids unchecked: the caller passes no -1
+    slot. (T, D) on dev, or None where the kernel does not take them."""
+    k = takes(dev, ts)
+    if k is None:
+        return None
+    b = None if bs is None else tuple(t.data.reshape(t.shape) for t in bs)
+    with dev:
+        return k.moe(x, ids.astype(np.int32), weights.astype(np.float32), *(t.data for t in ts), ts[0].type,
+                     tuple(t.shape for t in ts), act=act, biases=b)
 
 
 def dispatch(x, ids, weights, counts: np.ndarray, run_expert: Callable, xp=np):
@@ -101,3 +116,15 @@ def dispatch(x, ids, weights, counts: np.ndarray, run_expert: Callable, xp=np):
             out[t] += run_expert(e, x[t]) * w[start:start + n]
             start += n
     return out
+
+
+def takes(dev, ts: list):
+    """dev's kernels (Device.block_kernels) when its fused MoE kernel takes gate/up/down `ts`: one type, each a whole
+    moert.weights.Weight on dev; else None."""
+    from moert.weights import Weight
+
+    types = {t.type for t in ts}
+    k = dev.block_kernels(*types) if len(types) == 1 else None
+    if k is None or any(not isinstance(t, Weight) or t.experts is not None or t.device is not dev for t in ts):
+        return None
+    return k

@@ -116,8 +116,8 @@ def test_stats_and_counted_transfers(path):
     assert set(s.time["experts"]) == {"cpu"} and set(s.time["embed"]) == {"cpu"}
     assert {"cpu->sim:0", "sim:0->cpu"} <= set(s.time["transfers"])
     t = s.transfers["sim:0"]
-    # per layer: hidden, ids, weights to the cpu; the experts' sum back. Then embeddings in, logits out.
-    assert (t.h2d_count, t.d2h_count) == (c.n_layer + 1, 3 * c.n_layer + 1)
+    # per layer: hidden, ids, weights to the cpu in one transfer; the experts' sum back. Then embeddings in, logits out.
+    assert (t.h2d_count, t.d2h_count) == (c.n_layer + 1, c.n_layer + 1)
     D, K, V = c.n_embd, c.n_expert_used, c.n_vocab
     assert t.h2d_bytes == (c.n_layer + 1) * T * D * 4
     assert t.d2h_bytes == c.n_layer * T * (D * 4 + K * 4 + K * 4) + T * V * 4

@@ -120,18 +120,26 @@ class SimArray(NDArrayOperatorsMixin):
 
     def __array_function__(self, func, types, args, kwargs):
         dev = _common_device(f"numpy.{func.__name__}", args, kwargs)
-        return _wrap(func(*_unwrap(args), **_unwrap(kwargs)), dev)
+        name = func.__name__
+        if name in _SYNCS or name == "where" and len(args) + len(kwargs) == 1:
+            dev.host_read(f"numpy.{name} (CuPy reads its output's size back)")
+        out = func(*_unwrap(args), **_unwrap(kwargs))
+        if type(out) in (bool, int, float) and name not in ("ndim", "size", "shape"):
+            dev.host_read(f"numpy.{name}")                  # CuPy gives a 0-d device array; a Python value is a read
+        return _wrap(out, dev)
 
     # -- indexing
     def __getitem__(self, key):
         _common_device("indexing", self, _no_host(key))
+        if any(type(k) is SimArray and k._a.dtype == bool for k in (key if isinstance(key, tuple) else (key,))):
+            self.device.host_read("a boolean mask's indexing (CuPy reads the count back)")
         return _wrap(self._a[_unwrap(key)], self.device)
 
     def __setitem__(self, key, value):
         _common_device("item assignment", self, _no_host(key), value)
         self._a[_unwrap(key)] = _unwrap(value)
 
-    # -- Python protocols (CuPy allows these on device arrays, with an implicit sync)
+    # -- Python protocols (CuPy allows these on device arrays, with an implicit sync: counted, SimDevice.host_reads)
     def __len__(self) -> int:
         return len(self._a)
 
@@ -140,18 +148,23 @@ class SimArray(NDArrayOperatorsMixin):
             yield _wrap(row, self.device)
 
     def __bool__(self) -> bool:
+        self.device.host_read("bool()")
         return bool(self._a)
 
     def __int__(self) -> int:
+        self.device.host_read("int()")
         return int(self._a)
 
     def __float__(self) -> float:
+        self.device.host_read("float()")
         return float(self._a)
 
     def __index__(self) -> int:
+        self.device.host_read("an index (__index__)")
         return self._a.__index__()
 
     def __complex__(self) -> complex:
+        self.device.host_read("complex()")
         return complex(self._a)
 
     def __repr__(self) -> str:
@@ -172,6 +185,8 @@ class SimArray(NDArrayOperatorsMixin):
         if name.startswith("__"):  # no __array_interface__ & co: numpy must not see through us
             raise AttributeError(name)
         attr = getattr(self._a, name)
+        if name in _READS:                                  # values to the host: .item(), .tolist(), .tobytes()
+            self.device.host_read(f".{name}()")
         if not callable(attr):
             return _wrap(attr, self.device) if isinstance(attr, np.ndarray) else attr
         dev = self.device
@@ -183,6 +198,11 @@ class SimArray(NDArrayOperatorsMixin):
             return _wrap(attr(*_unwrap(args), **_unwrap(kwargs)), dev)
 
         return method
+
+
+_READS = frozenset({"item", "tolist", "tobytes", "tofile", "itemset"})
+# functions whose output size depends on the values: CuPy reads a count back (a sync), e.g. bincount's max
+_SYNCS = frozenset({"bincount", "nonzero", "flatnonzero", "argwhere", "unique", "compress", "extract"})
 
 
 def _plain(values: Any) -> bool:
@@ -250,6 +270,20 @@ class SimDevice(Device):
         super().__init__(index, int(capacity))
         self.xp = SimNamespace(self)
         self._memo: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+        # values the host read back (each a sync on a GPU): to_host, int()/float()/bool()/an index/.item()/.tolist()
+        self.host_reads = 0
+        self.recording: str | None = None     # while a graph capture is simulated (devices/graph.py): what records
+
+    def host_read(self, what: str) -> None:
+        """Count one read of device values by the host; while `recording`, refuse it as a CUDA graph capture
+        fails (a sync inside a capture is cudaErrorStreamCaptureUnsupported)."""
+        if self.recording is not None:
+            from moert.devices.graph import CaptureError
+
+            raise CaptureError(f"{what} reads a {self.name} array back to the host while {self.recording} is "
+                               f"recorded; a CUDA graph cannot hold a sync. Keep the value on the device, or run "
+                               f"this step eagerly")
+        self.host_reads += 1
 
     def memo(self, owner: Any, make: Callable[[], SimArray]) -> SimArray:
         """make(), a float32 SimArray computed from `owner` (a weight), computed once while the memo holds
@@ -325,6 +359,7 @@ class SimDevice(Device):
 
     def to_host(self, arr: SimArray) -> np.ndarray:
         t0 = time.perf_counter()
+        self.host_read("to_host")
         out = self._to_host_uncounted(arr)
         self._count("d2h", out.nbytes, time.perf_counter() - t0)
         return out
@@ -352,6 +387,8 @@ class _SimKernels:
         return self.device._adopt(self.kernels.matmul(_unwrap(raw), qtype, shape, _unwrap(x), **kw))
 
     def moe(self, *args, **kw):
+        if args[0].shape[0] > self.kernels.DECODE_MAX_T:     # a prompt: the CUDA kernel groups its ids on the host
+            self.device.host_read("moe's ids of a prompt")
         args = [_unwrap(a) for a in args]
         kw = {k: _unwrap(v) for k, v in kw.items()}
         return self.device._adopt(self.kernels.moe(*args, **kw))
