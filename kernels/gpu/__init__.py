@@ -6,7 +6,11 @@
                                                          a layer's routed experts: two launches with the ids read on
                                                          the device (T <= 8), or grouped by expert (prompts)
     dequantize(w, qtype, shape, dtype=float16)           W on the device as f16/f32; gemm_f16(wf16, x) its GEMM
-    matmul_ref / moe_ref                                 the NumPy twins every kernel is tested against
+    attention(q, k_cache, v_cache, pos, scale=None, window=None, sinks=None, out=None, work=None, stream=None)
+                                                         decode attention (T <= 8) over a KV cache in its own type
+                                                         (f32, f16, bf16, q8_0): keys split over programs, then
+                                                         merged (flash-decoding); pos may live on the device
+    matmul_ref / moe_ref / attention_ref                 the NumPy twins every kernel is tested against
 
 w is the tensor's raw GGUF bytes (any dtype, read as uint8) in the device's memory, shape its NumPy-order shape.
 On a CuPy array a kernel is compiled on first use for the device's compute capability (triton.compile to a cubin,
@@ -23,14 +27,15 @@ warp shuffles or dp4a and ran ~50x slower than Triton's interpreter. Triton's ow
 torch and launches on torch's stream, which a CuPy graph capture would miss (kernels/gpu/launch.py).
 
 Files: table.py (per type: kernel code, tile, launch configuration; pure data, kernels/ktypes.py reads it),
-src/ (the Triton sources: deq.py the block decoders, matvec.py decode and MoE, tiled.py prompts), launch.py
-(interpreter and CuPy launcher), ops.py (this API), aot.py (every kernel of a type to cubins). It may import
-moert.quants, moert.activations and moert.errors; Triton and CuPy only inside functions, so importing it needs
-neither.
+src/ (the Triton sources: deq.py the block decoders, matvec.py decode and MoE, tiled.py prompts, attention.py
+decode attention), launch.py (interpreter and CuPy launcher), ops.py (this API), attn.py (attention's host side),
+aot.py (every kernel of a type to cubins). It may import moert.quants, moert.activations and moert.errors; Triton
+and CuPy only inside functions, so importing it needs neither.
 """
 
+from .attn import attention, attention_ref
 from .ops import BACKENDS, dequantize, gemm_f16, gpu_type, matmul, matmul_ref, matvec, moe, moe_ref
 from .table import DECODE_MAX_T, GPU_TYPES, GpuType
 
-__all__ = ["BACKENDS", "DECODE_MAX_T", "GPU_TYPES", "GpuType", "dequantize", "gemm_f16", "gpu_type", "matmul",
-           "matmul_ref", "matvec", "moe", "moe_ref"]
+__all__ = ["BACKENDS", "DECODE_MAX_T", "GPU_TYPES", "GpuType", "attention", "attention_ref", "dequantize", "gemm_f16",
+           "gpu_type", "matmul", "matmul_ref", "matvec", "moe", "moe_ref"]

@@ -40,8 +40,9 @@ def specs(qtype, x: str = "fp32", tokens: int = 1) -> list[tuple[str, dict, dict
 
 def aligned(signature: dict) -> frozenset[str]:
     """The arguments ops.run marks divisible by 16 on a typical launch: every pointer (CuPy allocates at 256 bytes)
-    and every size but the token and expert-slot counts (T, KS): what a model's aligned shapes compile to."""
-    return frozenset(a for a in signature if a not in ("T", "KS"))
+    and every size but the token and expert-slot counts (T, KS), never a float: what a model's aligned shapes
+    compile to."""
+    return frozenset(a for a in signature if a not in ("T", "KS") and signature[a] != "fp32")
 
 
 GEMM_SPEC = ("gemm_kernel", dict(w_ptr="*fp16", x_ptr="*fp32", out_ptr="*fp32", N="i32", K="i32", T="i32",

@@ -35,7 +35,7 @@ import numpy as np
 from moert.errors import MoertError
 
 SRC = Path(__file__).parent / "src"
-_MODULES = ("matvec", "tiled")            # the kernel modules of src/ (deq.py is imported by both)
+_MODULES = ("matvec", "tiled", "attention")    # the kernel modules of src/ (deq.py: matvec's and tiled's)
 
 
 class GpuKernelError(MoertError):

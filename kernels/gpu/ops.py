@@ -150,6 +150,8 @@ def run(name: str, grid: tuple[int, ...], args: dict, constexprs: dict, warps: i
             sig.append((k, _TY[np.dtype(v.dtype)]))
             if v.data.ptr % 16 == 0:
                 aligned.add(k)
+        elif isinstance(v, float):
+            sig.append((k, "fp32"))
         else:
             sig.append((k, "i64" if abs(int(v)) >= 2**31 else "i32"))
             if int(v) % 16 == 0 and k not in ("T", "KS"):    # counts that change per call: not specialized

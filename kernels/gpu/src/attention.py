@@ -1,0 +1,125 @@
+"""Triton attention kernels over a KV cache read in its own storage type (f32, f16, bf16, q8_0): flash-decoding.
+
+Dimension legend: T query tokens (<= 8), H query heads, Hk KV heads, G = H / Hk, Dh key dims, Dv value dims, S keys
+visible (pos0 + T), NS key splits; RP = G * T rows padded to a power of 2 (>= 16, tl.dot's least), DP / DVP the
+head dims padded the same way, BN keys per step.
+
+attn_split_kernel, grid (Hk, NS): one program takes one KV head, all G query heads of its group and every token
+(row r = t * G + g), and one split of the visible keys. It converts BN keys and values at a time to float32 tiles
+(each key row read once for the G * T rows), scores them with tl.dot, and keeps per row FlashAttention's running
+max m, sum l and weighted values acc; then writes those partials. attn_merge_kernel, grid (T * H,): one row's
+partials merged, with the attention sink in the denominator: M = max(sink, m_c), out = sum_c acc_c e^(m_c - M) /
+(e^(sink - M) + sum_c l_c e^(m_c - M)). The same split and merge as kernels/flash_decode.py on the CPU (Dao et
+al.'s flash-decoding; llama.cpp's ggml-cuda fattn-vec splits the same way).
+
+The position pos0 is read from device memory (pos_ptr), and each program finds its keys from it: the grid depends
+on Hk, NS and T only, so a captured graph replays at every position. Scores and weighted values are tl.dot with
+input_precision="ieee" (float32 products, no TF32): decode reads every cache byte once and does 2 FLOPs per byte
+per row, so tensor cores would buy little and cost the float32 result the NumPy twin is held to.
+
+Cache codes (KT, VT): 0 f32, 1 f16, 2 bf16 (the uint16 bits, passed as an f16 view), 3 q8_0 (int8 values passed as
+uint8, per 32 values an f16 scale in a second array (n_ctx, Hk, D / 32)). Caches are (n_ctx, Hk, D) row-major;
+D the stored row (Dkr, Dvr) may exceed the dims read (Dh, Dv): MLA's latent cache is its own values' cache.
+"""
+
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _tile(ptr, sptr, keys, kh, Hk, D, d, ok, CT: tl.constexpr):
+    """(BN, DP) float32: dims d (DP,) of rows keys (BN,) of KV head kh, in cache type CT; 0 where not ok."""
+    row = (keys.to(tl.int64) * Hk + kh) * D                                  # (BN,) each row's first value
+    off = row[:, None] + d[None, :]                                          # (BN, DP)
+    if CT == 0:
+        x = tl.load(ptr + off, mask=ok, other=0.0)
+    elif CT == 1:
+        x = tl.load(ptr + off, mask=ok, other=0.0).to(tl.float32)
+    elif CT == 2:        # bf16: the high half of a float32
+        bits = tl.load(ptr + off, mask=ok, other=0.0).to(tl.uint16, bitcast=True)
+        x = (bits.to(tl.uint32) << 16).to(tl.float32, bitcast=True)
+    else:                # q8_0: value * its block's scale
+        q = tl.load(ptr + off, mask=ok, other=0).to(tl.int8, bitcast=True).to(tl.float32)
+        soff = (row // 32)[:, None] + (d // 32)[None, :]                     # D % 32 == 0: row // 32 is exact
+        x = q * tl.load(sptr + soff, mask=ok, other=0.0).to(tl.float32)
+    return x
+
+
+@triton.jit
+def attn_split_kernel(q_ptr, k_ptr, ks_ptr, v_ptr, vs_ptr, pos_ptr, mp_ptr, lp_ptr, ap_ptr,
+                      T, H, Hk, Dh, Dv, Dkr, Dvr, window, n_split, scale,
+                      KT: tl.constexpr, VT: tl.constexpr, G: tl.constexpr, RP: tl.constexpr, DP: tl.constexpr,
+                      DVP: tl.constexpr, BN: tl.constexpr, WINDOW: tl.constexpr):
+    """Partials of split sp = program_id(1) for KV head kh = program_id(0): mp, lp (NS, T, H) and ap (NS, T, H, Dv)
+    float32 at [sp, t, kh * G + g]. q (T, H, Dh) float32; pos_ptr: pos0 (int32); window: keys s with
+    p - window < s <= p for the query at p (WINDOW), else p >= s only. A split past the visible keys writes m = -inf,
+    l = 0, acc = 0."""
+    kh = tl.program_id(0)
+    sp = tl.program_id(1)
+    pos0 = tl.load(pos_ptr)
+    S = pos0 + T
+    s0 = 0
+    if WINDOW:
+        s0 = tl.maximum(pos0 - window + 1, 0)                                # no query here sees keys before s0
+    per = tl.cdiv(tl.cdiv(S - s0, n_split), BN) * BN                         # keys per split, whole steps
+    a0 = s0 + sp * per
+    a1 = tl.minimum(S, a0 + per)
+    r = tl.arange(0, RP)                                                     # (RP,) rows t * G + g
+    t = r // G
+    h = kh * G + r % G
+    rok = r < T * G
+    d = tl.arange(0, DP)
+    dv = tl.arange(0, DVP)
+    qrow = (t * H + h).to(tl.int64)
+    qv = tl.load(q_ptr + qrow[:, None] * Dh + d[None, :], mask=rok[:, None] & (d < Dh)[None, :], other=0.0)
+    qv = qv * scale                                                          # (RP, DP)
+    p = pos0 + t                                                             # (RP,) each row's position
+    m = tl.full((RP,), float("-inf"), tl.float32)
+    l = tl.zeros((RP,), tl.float32)
+    acc = tl.zeros((RP, DVP), tl.float32)
+    for a in range(a0, a1, BN):
+        keys = a + tl.arange(0, BN)                                          # (BN,)
+        kok = keys < a1
+        kt = _tile(k_ptr, ks_ptr, keys, kh, Hk, Dkr, d, kok[:, None] & (d < Dh)[None, :], KT)         # (BN, DP)
+        s = tl.dot(qv, tl.trans(kt), input_precision="ieee")                                            # (RP, BN)
+        seen = (keys[None, :] <= p[:, None]) & kok[None, :]
+        if WINDOW:
+            seen = seen & (keys[None, :] > p[:, None] - window)
+        s = tl.where(seen, s, float("-inf"))
+        m_new = tl.maximum(m, tl.max(s, axis=1))
+        base = tl.where(m_new == float("-inf"), 0.0, m_new)                  # a row with nothing seen yet stays 0
+        alpha = tl.exp(m - base)                                             # rescales what was summed before
+        e = tl.exp(s - base[:, None])                                        # (RP, BN)
+        l = l * alpha + tl.sum(e, axis=1)
+        vt = _tile(v_ptr, vs_ptr, keys, kh, Hk, Dvr, dv, kok[:, None] & (dv < Dv)[None, :], VT)      # (BN, DVP)
+        acc = acc * alpha[:, None] + tl.dot(e, vt, input_precision="ieee")
+        m = m_new
+    prow = (sp * T * H + qrow)                                               # (RP,) [sp, t, h]
+    tl.store(mp_ptr + prow, m, mask=rok)
+    tl.store(lp_ptr + prow, l, mask=rok)
+    tl.store(ap_ptr + prow[:, None] * Dv + dv[None, :], acc, mask=rok[:, None] & (dv < Dv)[None, :])
+
+
+@triton.jit
+def attn_merge_kernel(mp_ptr, lp_ptr, ap_ptr, sinks_ptr, out_ptr, TH, H, Dv, n_split,
+                      SP: tl.constexpr, DVP: tl.constexpr, SINKS: tl.constexpr):
+    """out[t, h] (Dv,) of row t * H + h = program_id(0): the NS splits' partials merged, the sink logit sinks[h]
+    in the denominator (SINKS). out (T, H, Dv) float32."""
+    row = tl.program_id(0)
+    c = tl.arange(0, SP)
+    cok = c < n_split
+    mc = tl.load(mp_ptr + c * TH + row, mask=cok, other=float("-inf"))      # (SP,)
+    lc = tl.load(lp_ptr + c * TH + row, mask=cok, other=0.0)
+    big = tl.max(mc, axis=0)
+    if SINKS:
+        sink = tl.load(sinks_ptr + row % H)
+        big = tl.maximum(big, sink)
+    f = tl.where(mc == float("-inf"), 0.0, tl.exp(mc - big))                 # splits this row saw nothing of: 0
+    tot = tl.sum(lc * f, axis=0)
+    if SINKS:
+        tot += tl.exp(sink - big)
+    dv = tl.arange(0, DVP)
+    prow = (c * TH + row).to(tl.int64)
+    ac = tl.load(ap_ptr + prow[:, None] * Dv + dv[None, :], mask=cok[:, None] & (dv < Dv)[None, :], other=0.0)
+    o = tl.sum(ac * f[:, None], axis=0) / tot                                # (DVP,)
+    tl.store(out_ptr + row.to(tl.int64) * Dv + dv, o, mask=dv < Dv)

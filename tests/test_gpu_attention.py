@@ -1,0 +1,141 @@
+"""moert.kernels.gpu.attention: the decode attention kernels' own Triton source under the interpreter against their
+NumPy twin, and the twin against moert.layers.attention, for every KV cache type, GQA ratios, windows, sinks and
+key counts on either side of a step (32 keys) and of a split; cubins for sm_80 and sm_90 without a GPU.
+
+Error bound: each score is a float32 dot of Dh terms (within Dh 2^-24 of sum |q k| scale: d), the softmax and the
+weighted sum add a float32 rounding per key; so a row's output is within (2 d + 4 S 2^-24) max |v| of the float64
+twin's, and we allow twice that. Seeing one key too many or too few moves a row by ~1/S of max |v| (the keys are
+random), far outside it at these sizes.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from moert import layers
+from moert.devices import CPU
+from moert.errors import ShapeError, UnsupportedTypeError
+from moert.kvcache import TypedKV, store
+
+pytest.importorskip("triton", reason="the GPU kernels are Triton sources: pip install triton (the dev extra has it)")
+
+from test_gpu_kernels import COMPILES, _check_cubin  # noqa: E402
+
+from moert.kernels import gpu  # noqa: E402
+from moert.kernels.gpu import attn  # noqa: E402
+
+U = 2.0 ** -24
+
+
+def _cache(rng, kind: str, n_ctx: int, hk: int, d: int):
+    """A cache of `kind` filled with random rows, as moert/kvcache.py stores them: (cache argument, TypedKV or the
+    f32 array)."""
+    x = rng.standard_normal((n_ctx, hk, d), dtype=np.float32)
+    if kind == "f32":
+        return x, x
+    c = TypedKV(CPU, kind, (n_ctx, hk, d), kind)
+    store(c, 0, x)
+    return (kind, *c.parts), c
+
+
+def _bound(q, kc, vc, pos: int, scale: float) -> float:
+    """The module docstring's allowance for these inputs (the largest over rows)."""
+    K, V = np.abs(attn.read(kc)).astype(np.float64), np.abs(attn.read(vc)).astype(np.float64)
+    T, H, Dh = q.shape
+    G = H // K.shape[1]
+    d = max(float((K[:pos + t + 1, h // G] @ np.abs(q[t, h])).max()) for t in range(T) for h in range(H))
+    return 2 * (2 * Dh * U * d * scale + 4 * (pos + T) * U) * float(V.max())
+
+
+def _case(rng, kk: str, vk: str, T: int, H: int, Hk: int, n_ctx: int, Dh: int = 32, Dv: int | None = None):
+    q = rng.standard_normal((T, H, Dh), dtype=np.float32)
+    return q, _cache(rng, kk, n_ctx, Hk, Dh), _cache(rng, vk, n_ctx, Hk, Dv or Dh)
+
+
+@pytest.mark.parametrize("kk,vk", [("f32", "f32"), ("f16", "f16"), ("bf16", "bf16"), ("q8_0", "q8_0"),
+                                   ("f16", "q8_0")])
+def test_kernel_matches_twin_per_cache_type(kk, vk):
+    """Keys 1, 32, 33 and 70 at T = 1 and 3, GQA 4:1 and 1:1, one split and several (70 keys in 3 splits: 32 + 32 +
+    6); a window of 5 and sinks on two of them."""
+    rng = np.random.default_rng(1)
+    for T, H, Hk, pos, n_split, window, sinks in [(1, 4, 1, 0, None, None, False), (3, 4, 1, 29, 1, None, True),
+                                                  (1, 2, 2, 32, 2, None, False), (3, 8, 2, 67, 3, 5, False),
+                                                  (1, 4, 2, 69, None, 5, True)]:
+        q, (kc, _), (vc, _) = _case(rng, kk, vk, T, H, Hk, 72)
+        s = rng.standard_normal(H, dtype=np.float32) if sinks else None
+        got = gpu.attention(q, kc, vc, pos, window=window, sinks=s, n_split=n_split, backend="interpret")
+        want = gpu.attention_ref(q, kc, vc, pos, window=window, sinks=s)
+        bound = _bound(q, kc, vc, pos, 1 / np.sqrt(32))
+        assert got.shape == (T, H * 32) and np.max(np.abs(got - want)) <= bound, (T, H, Hk, pos, n_split)
+
+
+@pytest.mark.parametrize("kk", ["f32", "f16", "bf16", "q8_0"])
+def test_twin_is_layers_attention(kk):
+    """The twin against moert.layers.attention's array code (fast=False: what a GPU ran before these kernels) over
+    TypedKV caches that store this step's keys and values as the layer does: GQA 4:2, T = 1 and 3, window, sinks."""
+    rng = np.random.default_rng(2)
+    T, H, Hk, Dh, n_ctx = 3, 4, 2, 32, 40
+    for pos, window, sinks in [(0, None, None), (36, None, rng.standard_normal(H, dtype=np.float32)), (20, 6, None)]:
+        for t in (1, T):
+            (_, kt), (_, vt) = (_cache(rng, kk, n_ctx, Hk, Dh) for _ in range(2))
+            q, k, v = (rng.standard_normal((t, h, Dh), dtype=np.float32) for h in (H, Hk, Hk))
+            ref = layers.attention(q, k, v, kt, vt, pos, window=window, sinks=sinks, fast=False)   # stores k, v
+            got = gpu.attention_ref(q, kt, vt, pos, window=window, sinks=sinks)
+            np.testing.assert_allclose(got, ref, rtol=1e-5, atol=1e-5 * float(np.abs(ref).max()))
+
+
+def test_device_position_fixed_splits_and_buffers():
+    """pos as an int32 array read by the kernel, n_split fixed from the cache's length (most splits empty at pos
+    3), out and work given: the same result as an int position, written into the buffers given."""
+    rng = np.random.default_rng(3)
+    q, (kc, _), (vc, _) = _case(rng, "f16", "f16", 2, 4, 2, 128, Dh=32, Dv=16)
+    for pos in (3, 120):
+        n_split = attn.splits(128, 2)                        # 1 per 256 keys: 1 here; take 4 to have empty ones
+        out = np.full((2, 4 * 16), np.nan, dtype=np.float32)
+        work = np.empty(attn.work_size(2, 4, 16, 4), dtype=np.float32)
+        got = gpu.attention(q, kc, vc, np.array([pos], dtype=np.int32), n_split=4, out=out, work=work,
+                            backend="interpret")
+        assert got is out and n_split == 1
+        want = gpu.attention(q, kc, vc, pos, backend="interpret")
+        np.testing.assert_allclose(out, want, rtol=0, atol=_bound(q, kc, vc, pos, 1 / np.sqrt(32)))
+        np.testing.assert_array_equal(gpu.attention(q, kc, vc, pos, out=np.empty_like(out)), attn.attention_ref(
+            q, kc, vc, pos))                                 # NumPy arrays without a backend: the twin
+
+
+def test_value_dims_and_scale():
+    """dv < the value rows (the first dv dims read) and an explicit scale."""
+    rng = np.random.default_rng(4)
+    q, (kc, _), (vc, _) = _case(rng, "f32", "bf16", 1, 2, 1, 50, Dh=16, Dv=64)
+    got = gpu.attention(q, kc, vc, 40, scale=0.5, dv=48, backend="interpret")
+    want = gpu.attention_ref(q, kc, vc, 40, scale=0.5, dv=48)
+    assert got.shape == (1, 96) and np.max(np.abs(got - want)) <= _bound(q, kc, vc, 40, 0.5)
+
+
+def test_errors():
+    rng = np.random.default_rng(5)
+    q, (kc, _), (vc, _) = _case(rng, "q8_0", "f16", 1, 4, 2, 16)
+    with pytest.raises(ShapeError, match="up to 8 tokens"):
+        gpu.attention(np.zeros((9, 4, 32), np.float32), kc, vc, 0)
+    with pytest.raises(UnsupportedTypeError, match="q4_0"):
+        gpu.attention(q, ("q4_0", kc[1]), vc, 0)
+    with pytest.raises(ShapeError, match="scales"):
+        gpu.attention(q, kc[:2], vc, 0)
+    with pytest.raises(ShapeError, match="past the cache"):
+        gpu.attention(q, kc, vc, 16)
+    with pytest.raises(ShapeError, match="do not fit"):
+        gpu.attention(q[:, :3], kc, vc, 0)
+    with pytest.raises(ShapeError, match="MLA"):
+        z = np.zeros((4, 1, 576), np.float32)
+        gpu.attention(np.zeros((1, 2, 576), np.float32), z, z, 0)
+    with pytest.raises(ShapeError, match="sinks"):
+        gpu.attention(q, kc, vc, 0, sinks=np.zeros(3, np.float32))
+
+
+@COMPILES
+@pytest.mark.parametrize("cc", (80, 90))
+def test_attention_compiles(cc):
+    """The f16 cache's kernels (GQA 4:1, one token, 128 dims, window and sinks) for sm_80 and sm_90;
+    tests/test_gpu_kernels_compile.py builds every cache type and shape class."""
+    for name, sig, const, warps in attn.specs("f16", T=1, G=4, Dh=128, window=True, sinks=True):
+        _check_cubin(name, sig, const, cc, warps)
