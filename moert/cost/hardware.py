@@ -66,7 +66,8 @@ class CPU:
     # figures, 3 sources; out of sample, leaving each source out, 21%). ik_llama.cpp's GEMMs are faster still
     # (moert/cost/predict.py IK_CPU_GEMM_X).
     compute_efficiency: float = 0.4
-    call_us: float = 2.0                # fixed cost of one op (ggml's per-node thread barrier: a few us)
+    call_us: float = 2.0                # fixed cost of one op (its call and ggml's per-node barrier: a few us), and
+    barrier_us_per_thread: float = 0.0  # per thread: the barrier growing with them (roofline.op_us; 0: not modelled)
     layer_us: float = 0.0               # fixed cost per layer per forward beyond the ops (moert: Python glue)
     token_us: float = 0.0               # fixed cost per forward call (embedding, logits, bookkeeping)
     # Measured, per thread: (("Q4_K", GB/s of weights one thread's matvec streams), ("Q4_K/int8", ...), ...)
@@ -87,7 +88,7 @@ class CPU:
         _positive(self, "cores", "mem_bw_gbs", "ghz", "flops_per_cycle", "numa_nodes", "sockets")
         kinds.check(self, kinds.CPU_FIELDS, HardwareError)
         _not_negative(self, "mem_channels", "mem_mts", "mem_gib", "call_us", "layer_us", "token_us",
-                      "bw_1thread_gbs", "ccds", "fclk_ghz", "numa_read_gbs")
+                      "bw_1thread_gbs", "ccds", "fclk_ghz", "numa_read_gbs", "barrier_us_per_thread")
         if self.bw_efficiency == 0:                          # not given: the share of the part's kind
             object.__setattr__(self, "bw_efficiency", kinds.cpu_bw_share(self))
         _share(self, "bw_efficiency", "compute_efficiency")
@@ -394,7 +395,6 @@ def pcie_gbs(gen: int, lanes: int = 16) -> float:
 
 
 MAX_GPUS = 64                                   # one machine; a bigger count is a typo, not a box
-
 
 __all__ = ["CPU", "GPU", "Hardware", "HardwareError", "Link", "MAX_GPUS", "MAX_SOCKETS", "NUMA_MODES", "ddr_gbs",
            "numa_view", "pcie_gbs", "sockets"]

@@ -28,6 +28,25 @@ MMQ_HALF_FILL_TOKENS = 16.0
 MMVQ_MAX_BATCH = 8
 
 
+# ggml's CPU backend runs a graph node by node, every thread on a share of each node, and ends each node with
+# ggml_barrier (ggml-cpu.c ggml_graph_compute_thread; reshapes, views and other no-ops are skipped): each thread's
+# arrival is an atomic add on one shared counter, and those adds (one cache line passed core to core) can queue one
+# behind another, so a barrier may cost a part per thread beyond the op's call (hardware.CPU's barrier_us_per_thread,
+# which a spec-sheet JSON can set; call_us is the rest). llama.cpp PR 9598's test-barrier (2000 tiny matmuls a graph,
+# where "barriers in between will dominate", on an EPYC, ggml's threadpool): 1962.74 ns a node at 4 threads, 3039.05
+# ns at 8, i.e. 0.27 us a thread on 0.88 us; ik_llama.cpp PR 238 puts the barriers at about 7% of a CPU token's graph
+# time (DeepSeek-Lite). Not on by default (0): that line, extrapolated to 44 threads, predicts an EPYC 9B14's CPU-only
+# Qwen3-30B-A3B decode (a training figure of bench/published.json) at 38.7 t/s where 59.8 was measured (84.1 without
+# it), so it overstates the barrier at server thread counts, and no source read gives it past 8 threads. A big
+# model's prompt barely notices it either way: at 0.27 us a thread it slows the server CPU-only pp512 figures of
+# bench/published.json by 3% at most, even at 128 threads (a node is milliseconds there), so it is not why those
+# prompts are predicted up to 2x fast (bench/RESULTS.md, published figures).
+def op_us(cpu, threads: int | None = None) -> float:
+    """Microseconds of fixed cost one graph node (op) has on `cpu` with `threads` threads (default: its cores): its
+    call and its barrier, which every thread reaches (SMT siblings too, though they add no work)."""
+    return cpu.call_us + cpu.barrier_us_per_thread * (threads or cpu.cores)
+
+
 def tile_fill(tokens: float, batch: int) -> float:
     """The share of a GPU's matmul rate a (routed-expert) matmul of `tokens` tokens reaches in a batch of `batch`."""
     if batch <= MMVQ_MAX_BATCH:
@@ -60,7 +79,7 @@ def cpu_time(items, ops: float, cost, batch: int) -> tuple[float, float, float, 
         t_mem = nbytes / (1e9 * cpu.read_gbs(n))
         t_cmp = t_att + sum(i[2] / (1e9 * cpu.matmul_gflops(i[0], n, aq, _tokens(i, batch)) * _amx(i, cost))
                             for i in items if i[0] != "KV") / (cost.cpu_gemm_x * cost.cpu_int8_x)
-    t_fix = 0.0 if cpu.layer_us else ops * cpu.call_us * 1e-6
+    t_fix = 0.0 if cpu.layer_us else ops * op_us(cpu, n) * 1e-6
     bound = "kernel" if batch == 1 and t_mem > 1.05 * nbytes / (1e9 * cpu.read_gbs(n)) else "memory"
     return t_mem, t_cmp, t_fix, bound
 
@@ -83,4 +102,4 @@ def part_time(dev: str, items, ops: float, cost, batch: int) -> tuple[float, str
     return max(t_mem, t_cmp) + t_fix, bound
 
 
-__all__ = ["MMQ_HALF_FILL_TOKENS", "MMVQ_MAX_BATCH", "cpu_time", "part_time", "tile_fill"]
+__all__ = ["MMQ_HALF_FILL_TOKENS", "MMVQ_MAX_BATCH", "cpu_time", "op_us", "part_time", "tile_fill"]
