@@ -109,10 +109,6 @@ class LayerStep:
         self.rope = (c.head_dim, c.rope_base)                           # m.rope's arguments
         self.heads = (c.n_head_kv, c.head_dim, c.head_dim_v)
 
-    def runs(self, pos: int) -> bool:
-        """Whether the step runs at position pos (else `block` runs): see `threads`."""
-        return self.threads(pos) > 0
-
     def threads(self, pos: int) -> int:
         """The step's threads at position pos, as the block would run its kernels: 1 where every one would run on
         one thread; n > 1 where q/k/v (one group), the output and the experts would each be a parallel region on
@@ -126,10 +122,12 @@ class LayerStep:
             return 1
         return n if self.parallel is not None and threads_for(self.least) == n else 0
 
-    def __call__(self, x: np.ndarray, pos: int, cos: np.ndarray, sin: np.ndarray, counts: np.ndarray, il: int):
+    def __call__(self, x: np.ndarray, pos: int, cos: np.ndarray, sin: np.ndarray, counts: np.ndarray, il: int,
+                 n: int | None = None):
         """x (1, D) float32 -> after the layer (1, D); ids, wts then hold its routing, added to counts[il]
-        (counts (n_layer, E) int64: Stats.expert_counts); cos, sin (1, Dh/2) the position's RoPE angles."""
-        n = self.threads(pos)
+        (counts (n_layer, E) int64: Stats.expert_counts); cos, sin (1, Dh/2) the position's RoPE angles; n the
+        step's threads at pos if the caller has asked them already (`threads`, > 0)."""
+        n = self.threads(pos) if n is None else n
         if n > 1:
             if self.halves_n is None:
                 from moert.kernels.decode import layer_kernels_n

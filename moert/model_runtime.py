@@ -106,11 +106,12 @@ class ModelRuntime:
         if steps is None:
             steps = self._fused[fused] = [fused.prepare(self, i) for i in range(self.config.n_layer)]
         step = steps[il]
-        if step is None or not step.runs(self.position) or type(x) is not np.ndarray:
+        n = 0 if step is None or type(x) is not np.ndarray else step.threads(self.position)
+        if n == 0:
             return None
         self._layer, t0 = il, time.perf_counter()
         cos, sin = self.rope(CPU, *step.rope)
-        x = step(x, self.position, cos, sin, self._call.expert_counts, il)     # (1, D); the routing counted
+        x = step(x, self.position, cos, sin, self._call.expert_counts, il, n)  # (1, D); the routing counted
         if self._trace is not None:
             self._trace.layer(il, step.ids.copy(), step.wts.copy(), None)
         self._add_time("layer", "cpu", time.perf_counter() - t0)
