@@ -8,6 +8,8 @@
     python bench/e2e.py --shapes gpt-oss-20b ...     # a gpt-oss-20b-shaped MXFP4_MOE file instead (built once)
     python bench/e2e.py --overhead                   # Python overhead per decoded token per layer (tiny models)
     python bench/e2e.py -d 0,4096,16384,32768        # pp and tg at depth, as llama-bench -d (e2e_depth.py)
+    python bench/e2e.py --full --act-quant none,int8  # the full 48-layer Qwen3-30B-A3B Q4_K_M twin (18.6 GB, random
+                                                      # valid blocks: moert twin; written once into the zoo cache)
 
 The benchmark model has Qwen3-30B-A3B's layer shapes (hidden 2048, 128 experts, 8 used, expert FFN 768,
 32 query heads, 4 KV heads, head dim 128) but few layers and a 4096-token vocabulary without a
@@ -113,6 +115,23 @@ def write_gptoss_shapes(path: Path, n_layer: int) -> None:
     w.write_tensors_to_file()
     w.close()
     Path(str(path) + ".tmp").replace(path)
+
+
+def full_twin_path() -> Path:
+    """The full 48-layer Qwen3-30B-A3B Q4_K_M twin with random valid blocks (moert/cost/zoo_data.py), written into
+    the zoo cache on first use with a progress bar; llama.cpp loads it too (its tokenizer model is "none")."""
+    from tqdm import tqdm
+
+    from moert.cost import zoo, zoo_data
+
+    path = zoo.cache_dir() / "qwen3-30b-a3b-Q4_K_M-materialized.gguf"
+    if not path.exists():
+        with tqdm(total=0, unit="B", unit_scale=True, desc=f"writing {path.name}") as bar:
+            def progress(done: int, total: int) -> None:
+                bar.total = total
+                bar.update(done - bar.n)
+            zoo_data.materialize("qwen3-30b-a3b", "Q4_K_M", path, progress=progress)
+    return path
 
 
 def model_path(layers: int) -> Path:
@@ -267,6 +286,8 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--shapes", choices=["qwen3-30b-a3b", "gpt-oss-20b"], default="qwen3-30b-a3b",
                     help="the built model's layer shapes (gpt-oss-20b: MXFP4_MOE)")
     ap.add_argument("--layers", type=int, default=3, help="layers of the built model (390 MB each)")
+    ap.add_argument("--full", action="store_true", help="the full-size Qwen3-30B-A3B Q4_K_M twin (48 layers, 18.6 GB; "
+                    "written once, about 140 s at this box's disk speed), not --layers of the built model")
     ap.add_argument("--llama-quantized", action="store_true",
                     help="the built model quantized by llama.cpp (Q4_K_M from F16, via llama-cpp-python), not moert")
     ap.add_argument("--threads", "-t", type=int, default=2)
@@ -290,7 +311,9 @@ def main(argv: list[str] | None = None) -> dict:
                     "moert engines with a kernel choice off, each in turn: one-thread-attention, no-tiles")
     args = ap.parse_args(argv)
 
-    if args.llama_quantized:
+    if args.full:
+        path = args.model or full_twin_path()
+    elif args.llama_quantized:
         from llama_quantized import llama_quantized_path
         path = args.model or llama_quantized_path(args.layers, args.threads)
     else:
