@@ -64,6 +64,11 @@ def _split_cache(cache):
     return None
 
 
+def _stored(cache):
+    """A cache as kernels/gpu's attention reads it: an f32 array as it is, a TypedKV as (kind, *its arrays)."""
+    return (cache.kind, *cache.parts) if isinstance(cache, TypedKV) else cache
+
+
 def _split(q, k_cache, v_cache, pos0: int, scale: float, window, sinks, dv=None, prompt: bool = False):
     """kernels/flash_decode.split_attention (prompt: kernels/flash_prompt.prompt_attention) over these caches, or
     None where it does not take them."""
@@ -165,7 +170,7 @@ def rope(x, cos, sin, neox: bool, xp=np, fast: bool = True):
 
 def attention(q, k, v, k_cache, v_cache, pos0: int, xp=np, *, scale: float | None = None,
               window: int | None = None, sinks=None, fast: bool = True, flash: bool = False,
-              chunk: int = FLASH_CHUNK):
+              chunk: int = FLASH_CHUNK, kernels=None):
     """Causal GQA attention continuing at position pos0: writes k, v into the caches, attends over
     positions [0, pos0 + T). q (T, H, Dh), k (T, Hk, Dh), v (T, Hk, Dv); caches (n_ctx, Hk, D*), float32
     arrays or kvcache.TypedKV (-ctk/-ctv f16, bf16, q8_0: rounded when written, float32 when read).
@@ -180,11 +185,13 @@ def attention(q, k, v, k_cache, v_cache, pos0: int, xp=np, *, scale: float | Non
     kernels/layers.attention_decode, over f32 caches or an f16 TypedKV's storage (a uint16 view); up to
     SPLIT_TOKENS tokens over any cache type: kernels/flash_decode.py (the keys split over the threads, the
     cache read in its own type); more, with flash: kernels/flash_prompt.py (the same by sgemm; with SciPy).
-    Returns (T, H * Dv). Caches that are kvcache.Rows (a batch of sequences, moert/batch.py): attention per
-    sequence over its own cache, its rows of q, k, v; pos0 is not used."""
+    kernels: the device's GPU kernels (Device.block_kernels()): up to 8 tokens run as kernels/gpu's attention
+    over the cache as stored (heads of up to 256 dims). Returns (T, H * Dv). Caches that are kvcache.Rows (a batch
+    of sequences, moert/batch.py): attention per sequence over its own cache, its rows of q, k, v; pos0 is not
+    used."""
     if isinstance(k_cache, Rows):
         return xp.concatenate([attention(q[a:b], k[a:b], v[a:b], kc, vc, p, xp, scale=scale, window=window,
-                                         sinks=sinks, fast=fast, flash=flash, chunk=chunk)
+                                         sinks=sinks, fast=fast, flash=flash, chunk=chunk, kernels=kernels)
                                for a, b, p, kc, vc in k_cache.each(v_cache)])                  # (T, H*Dv)
     T, H, Dh = q.shape
     Hk, Dv = k.shape[1], v.shape[2]
@@ -197,6 +204,9 @@ def attention(q, k, v, k_cache, v_cache, pos0: int, xp=np, *, scale: float | Non
         return _kernels().attention_decode(q, k, v, kb, vb, pos0, scale, window, sinks)
     store(k_cache, pos0, k)
     store(v_cache, pos0, v)
+    if kernels is not None and T <= SPLIT_TOKENS and max(Dh, Dv) <= 256:   # a GPU's decode: two kernel launches
+        return kernels.attention(q, _stored(k_cache), _stored(v_cache), pos0, scale=scale, window=window,
+                                 sinks=sinks)                                                  # (T, H*Dv)
     if fast and (T <= SPLIT_TOKENS or flash) and cpu_arrays(xp, q):   # a few tokens, or a prompt: every thread
         out = _split(q, k_cache, v_cache, pos0, scale, window, sinks, prompt=T > SPLIT_TOKENS)
         if out is not None:

@@ -378,7 +378,7 @@ class SimDevice(Device):
 
 
 class _SimKernels:
-    """moert.kernels.gpu's matmul and moe on a sim device's arrays: unwrapped, run on the twins, adopted back."""
+    """kernels/gpu's matmul, moe and attention on a sim device's arrays: unwrapped, run on the twins, adopted back."""
 
     def __init__(self, device: SimDevice, kernels: Any):
         self.device, self.kernels = device, kernels
@@ -392,4 +392,7 @@ class _SimKernels:
         args = [_unwrap(a) for a in args]
         kw = {k: _unwrap(v) for k, v in kw.items()}
         return self.device._adopt(self.kernels.moe(*args, **kw))
+
+    def attention(self, *args, **kw):
+        return self.device._adopt(self.kernels.attention(*_unwrap(args), **{k: _unwrap(v) for k, v in kw.items()}))
 

@@ -61,7 +61,7 @@ def qk_norm_attention(m, il: int, h, dev, rope_base: float, *, neox: bool = True
     k = rms_norm(k, kn, c.rms_eps, xp)
     q, k = rope(q, cos, sin, neox, xp), rope(k, cos, sin, neox, xp)
     a = attention(q, k, v, k_cache, v_cache, m.position, xp, scale=scale, window=window,
-                  flash=m.flash_attn)                                                    # (T, H*Dv)
+                  flash=m.flash_attn, kernels=dev.block_kernels())                       # (T, H*Dv)
     return m.linear(a, b + "attn_output.weight", dev)                                     # (T, D)
 
 
@@ -109,7 +109,7 @@ def gqa_attention(m, il: int, h, dev, rope_base: float, *, neox: bool, qk_norm: 
     q, k = rope(q, cos, sin, neox, xp), rope(k, cos, sin, neox, xp)
     k_cache, v_cache = m.kv_cache(il)
     a = attention(q, k, v, k_cache, v_cache, m.position, xp, scale=scale, window=window, sinks=sinks,
-                  flash=m.flash_attn)                                                    # (T, H*Dv)
+                  flash=m.flash_attn, kernels=dev.block_kernels())                       # (T, H*Dv)
     return _biased(m, m.linear(a, b + "attn_output.weight", dev), b + "attn_output.bias", dev)
 
 
