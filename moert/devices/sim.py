@@ -1,11 +1,12 @@
 """`sim:N`: a simulated GPU. NumPy underneath, a GPU's rules on top, so every GPU code path runs in tests.
 
-Its arrays are `SimArray`s tagged with their device. An operation that mixes arrays of two devices (or a
-sim array with a host ndarray) raises `DeviceMismatchError`; `np.asarray(sim_array)` raises like CuPy's
-implicit-conversion error; every array it holds (weights, KV cache, and the temporaries operations create,
+Its arrays are `SimArray`s tagged with their device (moert/devices/simarray.py). An operation that mixes arrays of
+two devices (or a sim array with a host ndarray) raises `DeviceMismatchError`; `np.asarray(sim_array)` raises like
+CuPy's implicit-conversion error; every array it holds (weights, KV cache, and the temporaries operations create,
 until they are garbage-collected) counts against its capacity, and going beyond it raises
 `DeviceOutOfMemory`. So a forward pass that forgets a transfer, or needs more memory than the estimate
-said, fails in the test suite the way it would on a real card.
+said, fails in the test suite the way it would on a real card. Reads of device values by the host are counted
+(`host_reads`); a simulated graph capture records operations and replays them (moert/devices/graph.py).
 """
 
 from __future__ import annotations
@@ -16,210 +17,12 @@ from collections.abc import Callable
 from typing import Any
 
 import numpy as np
-from numpy.lib.mixins import NDArrayOperatorsMixin
 
 from moert.devices import Device, DeviceMismatchError, GiB, check_host, where
+from moert.devices.simarray import SimArray, call, into, unwrap
 
 DEFAULT_SIM_MEMORY = 24 * GiB
-
-
-def _devices_in(obj: Any, found: list, depth: int = 0) -> None:
-    """Collect the device of every array in obj (nested tuples/lists/dicts); 0-d host arrays are constants."""
-    if isinstance(obj, SimArray):
-        found.append(obj.device)
-    elif isinstance(obj, np.ndarray):
-        if obj.ndim > 0:
-            found.append(None)  # None = host
-    elif depth < 3 and isinstance(obj, (tuple, list)):
-        for o in obj:
-            _devices_in(o, found, depth + 1)
-    elif depth < 3 and isinstance(obj, dict):
-        for o in obj.values():
-            _devices_in(o, found, depth + 1)
-
-
-def _common_device(what: str, *objs: Any) -> SimDevice:
-    found: list = []
-    for o in objs:
-        _devices_in(o, found)
-    devs = {id(d): d for d in found}
-    sims = [d for d in devs.values() if d is not None]
-    if len(devs) > 1:
-        names = sorted({"host (numpy.ndarray)" if d is None else d.name for d in devs.values()})
-        if len(names) == 1:
-            names = [f"{names[0]} (two different {names[0]} device objects)"]
-        raise DeviceMismatchError(
-            f"{what} mixes arrays on {' and '.join(names)}; a GPU operation needs all its arrays on one "
-            f"device. Move one explicitly: dev.put(host_array), dev.to_host(arr) or "
-            f"moert.devices.transfer(arr, src, dst)")
-    return sims[0]
-
-
-def _unwrap(obj: Any, depth: int = 0) -> Any:
-    if isinstance(obj, SimArray):
-        return obj._a
-    if depth < 3 and isinstance(obj, tuple):
-        return tuple(_unwrap(o, depth + 1) for o in obj)
-    if depth < 3 and isinstance(obj, list):
-        return [_unwrap(o, depth + 1) for o in obj]
-    if depth < 3 and isinstance(obj, dict):
-        return {k: _unwrap(v, depth + 1) for k, v in obj.items()}
-    return obj
-
-
-def _wrap(obj: Any, dev: SimDevice) -> Any:
-    if isinstance(obj, np.ndarray):
-        return dev._adopt(obj)
-    if isinstance(obj, np.generic):  # reductions give 0-d device arrays, as in CuPy
-        return dev._adopt(np.asarray(obj))
-    if isinstance(obj, tuple):
-        return tuple(_wrap(o, dev) for o in obj)
-    if isinstance(obj, list):
-        return [_wrap(o, dev) for o in obj]
-    return obj
-
-
-class SimArray(NDArrayOperatorsMixin):
-    """A NumPy array living on a simulated GPU: operations keep the tag, mixing devices raises."""
-
-    __slots__ = ("_a", "device", "__weakref__")
-
-    def __init__(self, a: np.ndarray, device: SimDevice):
-        self._a = a
-        self.device = device
-
-    # -- NumPy protocols
-    def __array__(self, dtype=None, copy=None):
-        raise DeviceMismatchError(
-            f"implicit conversion of a {self.device.name} array to a host numpy.ndarray is not allowed "
-            f"(CuPy refuses it too); use {self.device.name}.to_host(arr) or moert.devices.transfer")
-
-    def __array_ufunc__(self, ufunc, method, *inputs, **kwargs):
-        if method == "__call__" and not kwargs:     # the common case, checked inline: a x b, exp(a), a + 1.0
-            dev = self.device
-            raw = []
-            for x in inputs:
-                if type(x) is SimArray:
-                    if x.device is not dev:
-                        break
-                    raw.append(x._a)
-                elif isinstance(x, (np.ndarray, SimArray)):
-                    break                                # host or mismatched arrays: the checks below say so
-                else:
-                    raw.append(x)
-            else:
-                return _wrap(ufunc(*raw), dev)
-        # ufunc.at takes host index arrays like indexing does
-        checked = (inputs[0], _no_host(inputs[1]), inputs[2:]) if method == "at" else inputs
-        dev = _common_device(f"numpy.{ufunc.__name__}.{method}", checked, kwargs.get("out", ()))
-        out = kwargs.get("out")
-        result = getattr(ufunc, method)(*_unwrap(inputs), **_unwrap(kwargs))
-        if out is not None:
-            return out[0] if len(out) == 1 else out
-        return _wrap(result, dev)
-
-    def __array_function__(self, func, types, args, kwargs):
-        dev = _common_device(f"numpy.{func.__name__}", args, kwargs)
-        name = func.__name__
-        if name in _SYNCS or name == "where" and len(args) + len(kwargs) == 1:
-            dev.host_read(f"numpy.{name} (CuPy reads its output's size back)")
-        out = func(*_unwrap(args), **_unwrap(kwargs))
-        if type(out) in (bool, int, float) and name not in ("ndim", "size", "shape"):
-            dev.host_read(f"numpy.{name}")                  # CuPy gives a 0-d device array; a Python value is a read
-        return _wrap(out, dev)
-
-    # -- indexing
-    def __getitem__(self, key):
-        _common_device("indexing", self, _no_host(key))
-        if any(type(k) is SimArray and k._a.dtype == bool for k in (key if isinstance(key, tuple) else (key,))):
-            self.device.host_read("a boolean mask's indexing (CuPy reads the count back)")
-        return _wrap(self._a[_unwrap(key)], self.device)
-
-    def __setitem__(self, key, value):
-        _common_device("item assignment", self, _no_host(key), value)
-        self._a[_unwrap(key)] = _unwrap(value)
-
-    # -- Python protocols (CuPy allows these on device arrays, with an implicit sync: counted, SimDevice.host_reads)
-    def __len__(self) -> int:
-        return len(self._a)
-
-    def __iter__(self):
-        for row in self._a:
-            yield _wrap(row, self.device)
-
-    def __bool__(self) -> bool:
-        self.device.host_read("bool()")
-        return bool(self._a)
-
-    def __int__(self) -> int:
-        self.device.host_read("int()")
-        return int(self._a)
-
-    def __float__(self) -> float:
-        self.device.host_read("float()")
-        return float(self._a)
-
-    def __index__(self) -> int:
-        self.device.host_read("an index (__index__)")
-        return self._a.__index__()
-
-    def __complex__(self) -> complex:
-        self.device.host_read("complex()")
-        return complex(self._a)
-
-    def __repr__(self) -> str:
-        return f"SimArray({self.device.name}, {self._a!r})"
-
-    __hash__ = None  # type: ignore[assignment]
-
-    def __array_namespace__(self, api_version=None):
-        """The device's array namespace (Array API protocol): `dev.xp`."""
-        return self.device.xp
-
-    # -- attributes and methods of ndarray, results tagged with this device
-    def get(self, *args, **kwargs):
-        raise DeviceMismatchError(
-            f"arr.get() bypasses the transfer counters; use {self.device.name}.to_host(arr)")
-
-    def __getattr__(self, name: str):
-        if name.startswith("__"):  # no __array_interface__ & co: numpy must not see through us
-            raise AttributeError(name)
-        attr = getattr(self._a, name)
-        if name in _READS:                                  # values to the host: .item(), .tolist(), .tobytes()
-            self.device.host_read(f".{name}()")
-        if not callable(attr):
-            return _wrap(attr, self.device) if isinstance(attr, np.ndarray) else attr
-        dev = self.device
-
-        def method(*args, **kwargs):
-            if _plain(args) and _plain(kwargs.values()):   # x.reshape(T, -1), x.sum(axis=-1): nothing to check
-                return _wrap(attr(*args, **kwargs), dev)
-            _common_device(f"ndarray.{name}", self, args, kwargs)
-            return _wrap(attr(*_unwrap(args), **_unwrap(kwargs)), dev)
-
-        return method
-
-
-_READS = frozenset({"item", "tolist", "tobytes", "tofile", "itemset"})
-# functions whose output size depends on the values: CuPy reads a count back (a sync), e.g. bincount's max
-_SYNCS = frozenset({"bincount", "nonzero", "flatnonzero", "argwhere", "unique", "compress", "extract"})
-
-
-def _plain(values: Any) -> bool:
-    """No arrays among these values, nor in tuples or lists among them."""
-    for v in values:
-        if isinstance(v, (np.ndarray, SimArray)):
-            return False
-        if isinstance(v, (tuple, list)) and not _plain(v):
-            return False
-    return True
-
-
-def _no_host(key: Any) -> Any:
-    # index arrays from the host are allowed (CuPy uploads them); only other devices clash
-    if isinstance(key, tuple):
-        return tuple(k for k in key if isinstance(k, SimArray))
-    return key if isinstance(key, SimArray) else ()
+__all__ = ["DEFAULT_SIM_MEMORY", "SimArray", "SimDevice", "SimNamespace"]
 
 
 _CREATORS = {"empty", "zeros", "ones", "full", "arange", "linspace", "eye", "identity", "tri",
@@ -239,7 +42,7 @@ class SimNamespace:
             dev = self._device
 
             def create(*args, **kwargs):
-                return _wrap(attr(*_unwrap(args), **_unwrap(kwargs)), dev)
+                return call(dev, attr, args, kwargs)
 
             return create
         return attr
@@ -254,7 +57,7 @@ class SimNamespace:
 
     def ascontiguousarray(self, obj, dtype=None):
         out = self._device._as_device(obj, dtype, copy=False)
-        return _wrap(np.ascontiguousarray(out._a), self._device)
+        return call(self._device, np.ascontiguousarray, (out,), {})
 
     def __repr__(self) -> str:
         return f"<array namespace of {self._device.name}: numpy on a simulated GPU>"
@@ -273,17 +76,27 @@ class SimDevice(Device):
         # values the host read back (each a sync on a GPU): to_host, int()/float()/bool()/an index/.item()/.tolist()
         self.host_reads = 0
         self.recording: str | None = None     # while a graph capture is simulated (devices/graph.py): what records
+        self.tape: list | None = None         # the operations recorded meanwhile
 
     def host_read(self, what: str) -> None:
-        """Count one read of device values by the host; while `recording`, refuse it as a CUDA graph capture
-        fails (a sync inside a capture is cudaErrorStreamCaptureUnsupported)."""
+        """Count one read of device values by the host; while `recording`, refuse it as a CUDA graph capture fails."""
+        self._refuse(what, "reads a device array back to the host: a sync, which a CUDA graph cannot hold")
+        self.host_reads += 1
+
+    def _no_upload(self, what: str) -> None:
+        self._refuse(what, "uploads host data: a graph would replay the value of the capture, not the new one")
+
+    def _refuse(self, what: str, why: str) -> None:
         if self.recording is not None:
             from moert.devices.graph import CaptureError
 
-            raise CaptureError(f"{what} reads a {self.name} array back to the host while {self.recording} is "
-                               f"recorded; a CUDA graph cannot hold a sync. Keep the value on the device, or run "
-                               f"this step eagerly")
-        self.host_reads += 1
+            raise CaptureError(f"{what} {why} ({self.recording} on {self.name}). Keep the value in a static device "
+                               f"buffer, or run this step eagerly")
+
+    def replay(self, tape: list) -> None:
+        """Run a recorded tape again: each operation on its arrays' data of now, into the arrays it made then."""
+        for f, args, kwargs, out in tape:
+            into(out, f(*unwrap(args), **unwrap(kwargs)))
 
     def memo(self, owner: Any, make: Callable[[], SimArray]) -> SimArray:
         """make(), a float32 SimArray computed from `owner` (a weight), computed once while the memo holds
@@ -339,6 +152,7 @@ class SimDevice(Device):
 
     def put(self, host: np.ndarray, what: str = "") -> SimArray:
         host = check_host(host, self)
+        self._no_upload(f"put ({what})")
         t0 = time.perf_counter()
         out = self._put_uncounted(host, what)
         self._count("h2d", host.nbytes, time.perf_counter() - t0)
@@ -369,8 +183,8 @@ class SimDevice(Device):
             if obj.device is not self:
                 raise DeviceMismatchError(f"{self.name}.xp.asarray() got an array of {obj.device.name}; "
                                           f"use moert.devices.transfer(arr, src, dst)")
-            a = obj._a.astype(dtype) if dtype is not None else obj._a
-            return self._adopt(np.array(a, copy=True) if copy and a is obj._a else a)
+            return call(self, np.array if copy else np.asarray, (obj,), {"dtype": dtype})
+        self._no_upload("xp.asarray of host data")
         host = np.array(obj, dtype=dtype)
         if isinstance(obj, np.ndarray) and obj.ndim > 0:  # an implicit upload, as CuPy does: counted
             self._count("h2d", host.nbytes, 0.0)
@@ -384,15 +198,13 @@ class _SimKernels:
         self.device, self.kernels = device, kernels
 
     def matmul(self, raw, qtype: str, shape, x, **kw):
-        return self.device._adopt(self.kernels.matmul(_unwrap(raw), qtype, shape, _unwrap(x), **kw))
+        return call(self.device, self.kernels.matmul, (raw, qtype, shape, x), kw)
 
     def moe(self, *args, **kw):
         if args[0].shape[0] > self.kernels.DECODE_MAX_T:     # a prompt: the CUDA kernel groups its ids on the host
             self.device.host_read("moe's ids of a prompt")
-        args = [_unwrap(a) for a in args]
-        kw = {k: _unwrap(v) for k, v in kw.items()}
-        return self.device._adopt(self.kernels.moe(*args, **kw))
+        return call(self.device, self.kernels.moe, args, kw)
 
     def attention(self, *args, **kw):
-        return self.device._adopt(self.kernels.attention(*_unwrap(args), **{k: _unwrap(v) for k, v in kw.items()}))
+        return self.device._adopt(self.kernels.attention(*unwrap(args), **{k: unwrap(v) for k, v in kw.items()}))
 

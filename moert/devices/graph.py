@@ -1,0 +1,117 @@
+"""CUDA graphs for decode (gpt-fast's "reduce-overhead", llama.cpp's CUDA graphs): a step captured once, replayed.
+
+    g = StepGraph(dev, step, "a decode step")   step() reads its inputs from static device buffers and writes its
+                                                outputs into static ones; capturing it runs it once
+    g.replay()                                  the captured launches again: the next step
+
+A graph replays the kernels it recorded with the arguments they had: a Python int baked into a launch (a position,
+a KV length, a slice bound) keeps its value of the capture, and a read of device values by the host (int(x), .get(),
+a CuPy call that syncs) cannot be captured at all. So what changes per token must live in device memory (the token
+id, the position), and the step must not read anything back.
+
+On a CUDA device (CuPy) StepGraph captures the step on a stream (Stream.begin_capture / end_capture) and launches
+the graph once, so making it is one step, as on the sim; replay is Graph.launch. Every kernel must have run once
+before the capture (it compiles and loads then: the prompt does that, or warmup=True runs the step eagerly first,
+one more step). On the sim device the same contract is simulated: while the step is recorded every operation goes
+on the device's tape, and a host read or an upload of host data raises CaptureError; replay runs the tape again on
+the buffers' data of now, every Python value as it was at the capture (what a real graph does). A step that cannot
+be captured runs eagerly, and StepGraph says why once (a GraphWarning).
+
+The CUDA branch has never run on a GPU; tests/test_gpu_graph.py checks the contract on the sim device (no host
+reads, static buffers, positions in device memory), not CuPy's graph API. moert's model forward is not captured yet:
+docs/running.md says what is left.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Callable
+
+from moert.errors import MoertError
+
+
+class CaptureError(MoertError, RuntimeError):
+    """A step did what a CUDA graph cannot hold: a read back to the host, an upload of host data."""
+
+
+class GraphWarning(UserWarning):
+    """A step runs eagerly because it could not be captured (the message says why)."""
+
+
+class StepGraph:
+    """step (no arguments; static device buffers in and out) captured on dev, or run eagerly where it cannot be."""
+
+    def __init__(self, dev, step: Callable[[], object], what: str = "a decode step", warmup: bool = False):
+        self.dev, self.step, self.what = dev, step, what
+        self.why_eager: str | None = None      # why the step is not captured (None: it is)
+        self._graph = self._stream = self._tape = self._pool = None
+        if warmup:                             # kernels compile and load outside the capture: one more step
+            self._in_pool(step) if dev.kind == "cuda" else step()
+        try:
+            self._capture()
+        except CaptureError as e:
+            self._eager(str(e))
+        except Exception as e:                 # CuPy's capture errors (cudaErrorStreamCapture*) and the like
+            if dev.kind != "cuda":
+                raise
+            self._eager(f"{type(e).__name__}: {e}")
+        if not self.captured:                  # then the step runs as it is (a sim capture that failed ran up to the
+            step()                             # refused read: a step moves its position last)
+
+    @property
+    def captured(self) -> bool:
+        return self.why_eager is None
+
+    def replay(self) -> None:
+        """The step once more: the graph's launches (sim: the tape), or the step itself where it runs eagerly."""
+        if not self.captured:
+            self.step()                        # (the fallback, said once)
+        elif self.dev.kind == "sim":
+            self.dev.recording = self.what
+            try:
+                self.dev.replay(self._tape)
+            finally:
+                self.dev.recording = None
+        else:
+            self._graph.launch(self._stream)
+            self._stream.synchronize()
+
+    def _capture(self) -> None:
+        dev = self.dev
+        if dev.kind == "sim":
+            dev.recording, dev.tape = self.what, []
+            try:
+                self.step()
+                self._tape = dev.tape
+            finally:
+                dev.recording, dev.tape = None, None
+        elif dev.kind == "cuda":
+            import cupy
+
+            with cupy.cuda.Device(dev.index):
+                self._stream = cupy.cuda.Stream(non_blocking=True)
+                with self._stream:
+                    self._stream.begin_capture()
+                    try:
+                        self._in_pool(self.step)
+                    finally:
+                        self._graph = self._stream.end_capture()
+                self._graph.launch(self._stream)           # a capture runs nothing: this is the step's run
+                self._stream.synchronize()
+        else:
+            raise CaptureError(f"{dev.name} has no graphs (a CUDA or sim device has)")
+
+    def _in_pool(self, fn: Callable[[], object]) -> None:
+        """fn with CuPy allocating from this graph's own pool (PyTorch's private graph pool): the temporaries the
+        graph's kernels address stay reserved while it lives, as nothing else allocates there."""
+        import cupy
+
+        if self._pool is None:
+            self._pool = cupy.cuda.MemoryPool()
+        with cupy.cuda.using_allocator(self._pool.malloc):
+            fn()
+
+    def _eager(self, why: str) -> None:
+        self.why_eager = why
+        warnings.warn(f"{self.what} on {self.dev.name} runs eagerly, not as a CUDA graph: {why}", GraphWarning,
+                      stacklevel=3)
