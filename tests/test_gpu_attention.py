@@ -86,17 +86,18 @@ def test_twin_is_layers_attention(kk):
 
 
 def test_device_position_fixed_splits_and_buffers():
-    """pos as an int32 array read by the kernel, n_split fixed from the cache's length (most splits empty at pos
-    3), out and work given: the same result as an int position, written into the buffers given."""
+    """pos as an int32 array read by the kernel, n_split fixed (4, and 37: more than the merge takes in one step
+    of 16; most splits empty at pos 3, 20 of them holding keys at 620), out and work given: the same result as an
+    int position, written into the buffers given."""
     rng = np.random.default_rng(3)
-    q, (kc, _), (vc, _) = _case(rng, "f16", "f16", 2, 4, 2, 128, Dh=32, Dv=16)
-    for pos in (3, 120):
-        n_split = attn.splits(128, 2)                        # 1 per 256 keys: 1 here; take 4 to have empty ones
+    q, (kc, _), (vc, _) = _case(rng, "f16", "f16", 2, 4, 2, 640, Dh=32, Dv=16)
+    assert attn.splits(128, 2) == 1 and attn.splits(4096, 2) == 16 and attn.splits(1 << 20, 8) == 32
+    for pos, n_split in ((3, 4), (620, 4), (3, 37), (620, 37)):                 # 620: 20 splits of 32 keys
         out = np.full((2, 4 * 16), np.nan, dtype=np.float32)
-        work = np.empty(attn.work_size(2, 4, 16, 4), dtype=np.float32)
-        got = gpu.attention(q, kc, vc, np.array([pos], dtype=np.int32), n_split=4, out=out, work=work,
+        work = np.empty(attn.work_size(2, 4, 16, n_split), dtype=np.float32)
+        got = gpu.attention(q, kc, vc, np.array([pos], dtype=np.int32), n_split=n_split, out=out, work=work,
                             backend="interpret")
-        assert got is out and n_split == 1
+        assert got is out
         want = gpu.attention(q, kc, vc, pos, backend="interpret")
         np.testing.assert_allclose(out, want, rtol=0, atol=_bound(q, kc, vc, pos, 1 / np.sqrt(32)))
         np.testing.assert_array_equal(gpu.attention(q, kc, vc, pos, out=np.empty_like(out)), attn.attention_ref(

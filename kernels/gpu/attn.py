@@ -15,7 +15,7 @@ What is static and what is read on the device: pos (the position of the first ne
 0 .. pos + T) may be an int32 device array of one element, read by the kernels, so a CUDA graph captured once
 replays at every position; the launch shapes depend on T, H, Hk, the head dims and n_split only. n_split (the
 grid's key splits) is then fixed: by default from the cache's length with a device pos, from the visible keys with
-an int pos (a new n_split compiles nothing new; a new power of two of it compiles one merge kernel). With `out`,
+an int pos (a new n_split compiles nothing new, unless it becomes or stops being a multiple of 16). With `out`,
 `work` (work_size float32) and a device pos given, a call allocates nothing.
 
 Semantics are moert.layers.attention's: scale (default 1/sqrt(Dh)); window: the query at p sees keys p - window < s
@@ -161,7 +161,7 @@ def attention(q, k_cache, v_cache, pos, scale: float | None = None, window: int 
         WARPS, backend, stream)
     # without sinks the sinks pointer is never read (SINKS is False): any float32 device array stands in
     run("attn_merge_kernel", (T * H,), dict(mp_ptr=mp, lp_ptr=lp, ap_ptr=ap, sinks_ptr=mp if sinks is None else
-        sinks, out_ptr=out, TH=T * H, H=H, Dv=Dv, n_split=n_split), _merge_constexprs(n_split, Dv, sinks is not None),
+        sinks, out_ptr=out, TH=T * H, H=H, Dv=Dv, n_split=n_split), _merge_constexprs(Dv, sinks is not None),
         WARPS, backend, stream)
     return out
 
@@ -174,15 +174,15 @@ def _split_constexprs(kt: str, vt: str, T: int, G: int, Dh: int, Dv: int, window
                 BN=32 if max(dp, dvp) <= 128 else 16, WINDOW=window is not None)
 
 
-def _merge_constexprs(n_split: int, Dv: int, sinks: bool) -> dict:
-    return dict(SP=_p2(n_split, 1), DVP=_p2(Dv), SINKS=sinks)
+def _merge_constexprs(Dv: int, sinks: bool) -> dict:
+    return dict(CS=16, DVP=_p2(Dv), SINKS=sinks)
 
 
 _PTR = {"f32": "*fp32", "f16": "*fp16", "bf16": "*fp16", "q8_0": "*u8"}
 
 
 def specs(k: str = "f16", v: str | None = None, T: int = 1, G: int = 4, Dh: int = 128, Dv: int | None = None,
-          window: bool = False, sinks: bool = False, n_split: int = 8) -> list[tuple[str, dict, dict, int]]:
+          window: bool = False, sinks: bool = False) -> list[tuple[str, dict, dict, int]]:
     """[(kernel, signature, constexprs, num_warps)] of one attention call with these cache types and shapes, as
     attention() launches them (kernels/gpu/aot.py's form: what the compile tests build)."""
     v = k if v is None else v
@@ -194,7 +194,7 @@ def specs(k: str = "f16", v: str | None = None, T: int = 1, G: int = 4, Dh: int 
     msig = dict(mp_ptr=f32, lp_ptr=f32, ap_ptr=f32, sinks_ptr=f32, out_ptr=f32, TH="i32", H="i32", Dv="i32",
                 n_split="i32")
     return [("attn_split_kernel", sig, _split_constexprs(k, v, T, G, Dh, Dv, True if window else None), WARPS),
-            ("attn_merge_kernel", msig, _merge_constexprs(n_split, Dv, sinks), WARPS)]
+            ("attn_merge_kernel", msig, _merge_constexprs(Dv, sinks), WARPS)]
 
 
 def _view(a):

@@ -206,5 +206,5 @@ class _SimKernels:
         return call(self.device, self.kernels.moe, args, kw)
 
     def attention(self, *args, **kw):
-        return self.device._adopt(self.kernels.attention(*unwrap(args), **{k: unwrap(v) for k, v in kw.items()}))
+        return call(self.device, self.kernels.attention, args, kw)
 

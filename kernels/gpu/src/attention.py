@@ -102,24 +102,30 @@ def attn_split_kernel(q_ptr, k_ptr, ks_ptr, v_ptr, vs_ptr, pos_ptr, mp_ptr, lp_p
 
 @triton.jit
 def attn_merge_kernel(mp_ptr, lp_ptr, ap_ptr, sinks_ptr, out_ptr, TH, H, Dv, n_split,
-                      SP: tl.constexpr, DVP: tl.constexpr, SINKS: tl.constexpr):
-    """out[t, h] (Dv,) of row t * H + h = program_id(0): the NS splits' partials merged, the sink logit sinks[h]
-    in the denominator (SINKS). out (T, H, Dv) float32."""
+                      CS: tl.constexpr, DVP: tl.constexpr, SINKS: tl.constexpr):
+    """out[t, h] (Dv,) of row t * H + h = program_id(0): the NS splits' partials merged, CS splits at a time (one
+    compile for any NS), the sink logit sinks[h] in the denominator (SINKS). out (T, H, Dv) float32."""
     row = tl.program_id(0)
-    c = tl.arange(0, SP)
-    cok = c < n_split
-    mc = tl.load(mp_ptr + c * TH + row, mask=cok, other=float("-inf"))      # (SP,)
-    lc = tl.load(lp_ptr + c * TH + row, mask=cok, other=0.0)
-    big = tl.max(mc, axis=0)
+    c = tl.arange(0, CS)
+    big = tl.full((CS,), float("-inf"), tl.float32)
+    for c0 in range(0, n_split, CS):                                         # the largest max of any split
+        big = tl.maximum(big, tl.load(mp_ptr + (c0 + c) * TH + row, mask=c0 + c < n_split, other=float("-inf")))
+    big = tl.max(big, axis=0)
     if SINKS:
         sink = tl.load(sinks_ptr + row % H)
         big = tl.maximum(big, sink)
-    f = tl.where(mc == float("-inf"), 0.0, tl.exp(mc - big))                 # splits this row saw nothing of: 0
-    tot = tl.sum(lc * f, axis=0)
-    if SINKS:
-        tot += tl.exp(sink - big)
     dv = tl.arange(0, DVP)
-    prow = (c * TH + row).to(tl.int64)
-    ac = tl.load(ap_ptr + prow[:, None] * Dv + dv[None, :], mask=cok[:, None] & (dv < Dv)[None, :], other=0.0)
-    o = tl.sum(ac * f[:, None], axis=0) / tot                                # (DVP,)
-    tl.store(out_ptr + row.to(tl.int64) * Dv + dv, o, mask=dv < Dv)
+    tot = tl.zeros((CS,), tl.float32)
+    acc = tl.zeros((DVP,), tl.float32)
+    for c0 in range(0, n_split, CS):
+        cok = c0 + c < n_split
+        mc = tl.load(mp_ptr + (c0 + c) * TH + row, mask=cok, other=float("-inf"))                # (CS,)
+        f = tl.where(mc == float("-inf"), 0.0, tl.exp(mc - big))            # splits this row saw nothing of: 0
+        tot += tl.load(lp_ptr + (c0 + c) * TH + row, mask=cok, other=0.0) * f
+        prow = ((c0 + c) * TH + row).to(tl.int64)
+        ac = tl.load(ap_ptr + prow[:, None] * Dv + dv[None, :], mask=cok[:, None] & (dv < Dv)[None, :], other=0.0)
+        acc += tl.sum(ac * f[:, None], axis=0)                               # (DVP,)
+    den = tl.sum(tot, axis=0)
+    if SINKS:
+        den += tl.exp(sink - big)
+    tl.store(out_ptr + row.to(tl.int64) * Dv + dv, acc / den, mask=dv < Dv)
