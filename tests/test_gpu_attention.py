@@ -104,6 +104,43 @@ def test_device_position_fixed_splits_and_buffers():
             q, kc, vc, pos))                                 # NumPy arrays without a backend: the twin
 
 
+@pytest.mark.parametrize("kind", ["f32", "f16", "bf16", "q8_0"])
+def test_kv_write_is_the_caches_own_write(kind):
+    """The write kernel, interpreted, stores exactly what moert.kvcache's TypedKV.write stores (bit for bit: the same
+    float32 operations, IEEE divisions), at a position read from an array; rows around it are untouched. Rows of 48
+    values (a partial power-of-two tile) except q8_0's 64 (two blocks), an exact half-way value and a zero block."""
+    rng = np.random.default_rng(6)
+    d = 64 if kind == "q8_0" else 48
+    x = rng.standard_normal((3, 2, d), dtype=np.float32)
+    x[0, 0, :32] = 0.0                                                   # a q8_0 block of zeros: d = 0
+    x[1, 1, :3] = (127.0, 63.5, -63.5)                                   # d = 1: halves, rounded away from 0
+    (got, _), (_, want) = _cache(rng, kind, 9, 2, d), _cache(rng, kind, 9, 2, d)
+    for a, b in zip(got[1:] if kind != "f32" else (got,), want.parts if kind != "f32" else (want,)):
+        a[...] = b                                                       # the same random rows before the write
+    gpu.kv_write(got, x, np.array([4], dtype=np.int32), backend="interpret")
+    store(want, 4, x)
+    for a, b in zip(got[1:] if kind != "f32" else (got,), want.parts if kind != "f32" else (want,)):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_attention_writes_this_steps_keys_first():
+    """attention(k=, v=) writes them at the position it reads (kernel and twin) and gives what a write and then
+    attention give."""
+    rng = np.random.default_rng(7)
+    q, (kc, kt), (vc, vt) = _case(rng, "q8_0", "bf16", 2, 4, 2, 40)
+    k, v = (rng.standard_normal((2, 2, 32), dtype=np.float32) for _ in range(2))
+    before = [a.copy() for a in kc[1:] + vc[1:]]                         # kc, vc share kt's and vt's arrays
+    store(kt, 30, k)
+    store(vt, 30, v)
+    want = gpu.attention_ref(q, kt, vt, 30)
+    for backend in ("interpret", "twin"):
+        kc2, vc2 = ("q8_0", before[0].copy(), before[1].copy()), ("bf16", before[2].copy())
+        got = gpu.attention(q, kc2, vc2, 30, k=k, v=v, backend=backend)
+        np.testing.assert_array_equal(kc2[1], kt.parts[0])
+        np.testing.assert_array_equal(vc2[1], vt.parts[0])
+        assert np.max(np.abs(got - want)) <= _bound(q, kc2, vc2, 30, 1 / np.sqrt(32))
+
+
 def test_value_dims_and_scale():
     """dv < the value rows (the first dv dims read) and an explicit scale."""
     rng = np.random.default_rng(4)

@@ -10,6 +10,7 @@
                                                          decode attention (T <= 8) over a KV cache in its own type
                                                          (f32, f16, bf16, q8_0): keys split over programs, then
                                                          merged (flash-decoding); pos may live on the device
+    kv_write(cache, x, pos)                              this step's keys or values into the cache, rounded to its type
     matmul_ref / moe_ref / attention_ref                 the NumPy twins every kernel is tested against
 
 w is the tensor's raw GGUF bytes (any dtype, read as uint8) in the device's memory, shape its NumPy-order shape.
@@ -33,9 +34,9 @@ aot.py (every kernel of a type to cubins). It may import moert.quants, moert.act
 and CuPy only inside functions, so importing it needs neither.
 """
 
-from .attn import attention, attention_ref
+from .attn import attention, attention_ref, kv_write
 from .ops import BACKENDS, dequantize, gemm_f16, gpu_type, matmul, matmul_ref, matvec, moe, moe_ref
 from .table import DECODE_MAX_T, GPU_TYPES, GpuType
 
 __all__ = ["BACKENDS", "DECODE_MAX_T", "GPU_TYPES", "GpuType", "attention", "attention_ref", "dequantize", "gemm_f16",
-           "gpu_type", "matmul", "matmul_ref", "matvec", "moe", "moe_ref"]
+           "gpu_type", "kv_write", "matmul", "matmul_ref", "matvec", "moe", "moe_ref"]

@@ -1,15 +1,20 @@
 """Decode attention on the GPU: causal GQA attention of up to 8 new tokens over a KV cache read in its own type.
 
     attention(q, k_cache, v_cache, pos, scale=None, window=None, sinks=None, dv=None, n_split=None, out=None,
-              work=None, stream=None, backend=None)        (T, H * Dv) float32: two launches (split, merge)
+              work=None, stream=None, backend=None, k=None, v=None)
+                                                           (T, H * Dv) float32: two launches (split, merge), four
+                                                           with this step's k and v to write first
     attention_ref(q, k_cache, v_cache, pos, scale=None, window=None, sinks=None, dv=None)    its NumPy twin
+    kv_write(cache, x, pos, stream=None, backend=None)     x (T, Hk, D) into rows pos .. pos + T, rounded to the
+                                                           cache's type (one launch; write_ref its twin)
     splits(keys, n_head_kv)                                the default number of key splits
     work_size(T, H, Dv, n_split)                           float32 elements of `work`
 
 A cache is a float32 array (n_ctx, Hk, D) (-ctk f32), a float16 one (f16), or a tuple of the stored arrays:
 ("f32", values), ("f16", values float16), ("bf16", values uint16: the high halves of float32s), ("q8_0", values
 int8, scales float16 (n_ctx, Hk, D / 32)): moert/kvcache.py's TypedKV storage as it is (anything with its `kind`
-and `parts` is taken too). The caches must already hold this step's keys and values (moert.kvcache.store).
+and `parts` is taken too). The caches must already hold this step's keys and values, or attention is given them
+(k=, v=) and writes them first with kv_write's kernel, at the position it reads.
 
 What is static and what is read on the device: pos (the position of the first new token; the keys visible are
 0 .. pos + T) may be an int32 device array of one element, read by the kernels, so a CUDA graph captured once
@@ -118,13 +123,18 @@ def _p2(n: int, least: int = 16) -> int:
 
 def attention(q, k_cache, v_cache, pos, scale: float | None = None, window: int | None = None, sinks=None,
               dv: int | None = None, n_split: int | None = None, out=None, work=None, stream=None,
-              backend: str | None = None):
+              backend: str | None = None, k=None, v=None):
     """out (T, H * Dv) float32: causal GQA attention of q (T, H, Dh) float32, T <= 8, at positions pos .. pos + T - 1
-    over the caches (module docstring). CuPy arrays: the Triton kernels on CuPy's stream (or `stream`); NumPy
-    arrays: the twin, or backend="interpret" for the kernels' own source under Triton's interpreter."""
+    over the caches (module docstring); k (T, Hk, Dh) and v (T, Hk, Dv) given: written into them first (kv_write).
+    CuPy arrays: the Triton kernels on CuPy's stream (or `stream`); NumPy arrays: the twin, or backend="interpret"
+    for the kernels' own source under Triton's interpreter."""
     kc, vc = _stored(k_cache, "k"), _stored(v_cache, "v")
     T, H, Hk, Dh, Dv = _check(q, kc, vc, dv, sinks, window)
     backend = backend_of(q, backend)
+    if (k is None) != (v is None):
+        raise ShapeError("attention: give both k and v (this step's keys and values to write), or neither")
+    for c, x in ((kc, k), (vc, v)) if k is not None else ():
+        _check_write(c, x, T)
     xp = _xp(q)
     if out is None:
         out = xp.empty((T, H * Dv), dtype=np.float32)
@@ -135,6 +145,9 @@ def attention(q, k_cache, v_cache, pos, scale: float | None = None, window: int 
     if host_pos and not 0 <= int(pos) <= kc[1].shape[0] - T:
         raise ShapeError(f"attention: position {pos} + {T} tokens is past the cache's {kc[1].shape[0]} rows")
     if backend == "twin":
+        if k is not None:
+            write_ref(kc, k, pos)
+            write_ref(vc, v, pos)
         out[...] = attention_ref(q, kc, vc, pos, scale, window, sinks, Dv)
         return out
     if n_split is None:
@@ -146,10 +159,10 @@ def attention(q, k_cache, v_cache, pos, scale: float | None = None, window: int 
     elif work.dtype != np.float32 or work.ndim != 1 or work.size < need:
         raise ShapeError(f"attention: work must be 1-d float32 of at least {need} (work_size), got {work.dtype} "
                          f"{tuple(work.shape)}")
-    if host_pos:
-        pos = xp.full(1, int(pos), dtype=np.int32)
-    elif tuple(pos.shape) != (1,) or pos.dtype != np.int32:
-        raise ShapeError(f"attention: pos is an int or an int32 (1,) device array, got {pos.dtype} {tuple(pos.shape)}")
+    pos = _device_pos(pos, xp)
+    if k is not None:
+        _write(kc, k, pos, backend, stream)
+        _write(vc, v, pos, backend, stream)
     n = n_split * T * H
     mp, lp, ap = work[:n], work[n:2 * n], work[2 * n:need]
     scale = 1.0 / float(np.sqrt(Dh)) if scale is None else float(scale)
@@ -183,8 +196,8 @@ _PTR = {"f32": "*fp32", "f16": "*fp16", "bf16": "*fp16", "q8_0": "*u8"}
 
 def specs(k: str = "f16", v: str | None = None, T: int = 1, G: int = 4, Dh: int = 128, Dv: int | None = None,
           window: bool = False, sinks: bool = False) -> list[tuple[str, dict, dict, int]]:
-    """[(kernel, signature, constexprs, num_warps)] of one attention call with these cache types and shapes, as
-    attention() launches them (kernels/gpu/aot.py's form: what the compile tests build)."""
+    """[(kernel, signature, constexprs, num_warps)] of one attention call with these cache types and shapes and its
+    k and v writes, as attention() launches them (kernels/gpu/aot.py's form: what the compile tests build)."""
     v = k if v is None else v
     Dv = Dh if Dv is None else Dv
     f32 = "*fp32"
@@ -193,8 +206,52 @@ def specs(k: str = "f16", v: str | None = None, T: int = 1, G: int = 4, Dh: int 
                **dict.fromkeys(("T", "H", "Hk", "Dh", "Dv", "Dkr", "Dvr", "window", "n_split"), "i32"), scale="fp32")
     msig = dict(mp_ptr=f32, lp_ptr=f32, ap_ptr=f32, sinks_ptr=f32, out_ptr=f32, TH="i32", H="i32", Dv="i32",
                 n_split="i32")
+    def wsig(kind):
+        return dict(x_ptr=f32, c_ptr=_PTR[kind], cs_ptr="*fp16" if kind == "q8_0" else _PTR[kind], pos_ptr="*i32",
+                    Hk="i32", D="i32")
+
     return [("attn_split_kernel", sig, _split_constexprs(k, v, T, G, Dh, Dv, True if window else None), WARPS),
-            ("attn_merge_kernel", msig, _merge_constexprs(Dv, sinks), WARPS)]
+            ("attn_merge_kernel", msig, _merge_constexprs(Dv, sinks), WARPS),
+            ("kv_write_kernel", wsig(k), dict(CT=KV_CODES[k], DP=_p2(Dh, 32)), WARPS),
+            ("kv_write_kernel", wsig(v), dict(CT=KV_CODES[v], DP=_p2(Dv, 32)), WARPS)]
+
+
+def _device_pos(pos, xp):
+    """pos as the int32 (1,) device array the kernels read (an int is put there: an allocation and a fill)."""
+    if isinstance(pos, (int, np.integer)):
+        return xp.full(1, int(pos), dtype=np.int32)
+    if tuple(pos.shape) != (1,) or pos.dtype != np.int32:
+        raise ShapeError(f"attention: pos is an int or an int32 (1,) device array, got {pos.dtype} {tuple(pos.shape)}")
+    return pos
+
+
+def _check_write(c: tuple, x, T: int | None = None) -> None:
+    want = (x.shape[0] if T is None else T, *c[1].shape[1:])
+    if tuple(x.shape) != want or x.dtype != np.float32:
+        raise ShapeError(f"kv_write: rows to write must be float32 {want} for this cache, got {x.dtype} "
+                         f"{tuple(x.shape)}")
+
+
+def kv_write(cache, x, pos, stream=None, backend: str | None = None) -> None:
+    """Write x (T, Hk, D) float32 into cache rows pos .. pos + T (pos an int or an int32 (1,) device array), rounded
+    to the cache's type as moert/kvcache.py's TypedKV.write rounds: one launch."""
+    c = _stored(cache, "the written")
+    _check_write(c, x)
+    if isinstance(pos, (int, np.integer)) and not 0 <= int(pos) <= c[1].shape[0] - x.shape[0]:
+        raise ShapeError(f"kv_write: position {pos} + {x.shape[0]} rows is past the cache's {c[1].shape[0]} rows")
+    backend = backend_of(x, backend)
+    if backend == "twin":
+        write_ref(c, x, pos)
+        return
+    _write(c, x, _device_pos(pos, _xp(x)), backend, stream)
+
+
+def _write(c: tuple, x, pos, backend: str, stream) -> None:
+    T, Hk, D = x.shape
+    if T:
+        run("kv_write_kernel", (T * Hk,), dict(x_ptr=_xp(x).ascontiguousarray(x), c_ptr=_view(c[1]), cs_ptr=_view(
+            c[1] if c[2] is None else c[2]), pos_ptr=pos, Hk=Hk, D=D), dict(CT=KV_CODES[c[0]], DP=_p2(D, 32)),
+            WARPS, backend, stream)
 
 
 def _view(a):
@@ -217,6 +274,28 @@ def read(c) -> np.ndarray:
         return (values.astype(np.uint32) << 16).view(np.float32)
     x = values.reshape(*values.shape[:2], -1, 32).astype(np.float32) * np.asarray(scales, np.float32)[..., None]
     return x.reshape(values.shape)
+
+
+def write_ref(cache, x, pos) -> None:
+    """kv_write's twin: rows pos .. pos + T of the stored arrays, rounded as moert.kvcache.TypedKV.write rounds."""
+    kind, values, scales = _stored(cache, "the written")
+    x = np.asarray(x, dtype=np.float32)
+    p, T = int(np.asarray(pos).reshape(-1)[0]), x.shape[0]
+    if kind == "f32":
+        values[p:p + T] = x
+    elif kind == "f16":
+        values[p:p + T] = x.astype(np.float16)
+    elif kind == "bf16":                                                 # round to nearest even, as ggml
+        u = np.ascontiguousarray(x).view(np.uint32)
+        values[p:p + T] = ((u + 0x7FFF + ((u >> 16) & 1)) >> 16).astype(np.uint16)
+    else:                                                                # ggml's quantize_row_q8_0_ref
+        b = x.reshape(T, x.shape[1], -1, 32)                             # (T, Hk, D/32, 32)
+        d = (np.abs(b).max(axis=-1) / np.float32(127)).astype(np.float32)
+        inv = np.where(d > 0, np.float32(1) / np.where(d > 0, d, np.float32(1)), np.float32(0))
+        q = b * inv[..., None]
+        q = np.sign(q) * np.floor(np.abs(q) + np.float32(0.5))           # roundf: halves away from zero
+        values[p:p + T] = q.reshape(x.shape).astype(np.int8)
+        scales[p:p + T] = d.astype(np.float16)
 
 
 def attention_ref(q, k_cache, v_cache, pos, scale: float | None = None, window: int | None = None, sinks=None,

@@ -129,3 +129,42 @@ def attn_merge_kernel(mp_ptr, lp_ptr, ap_ptr, sinks_ptr, out_ptr, TH, H, Dv, n_s
     if SINKS:
         den += tl.exp(sink - big)
     tl.store(out_ptr + row.to(tl.int64) * Dv + dv, acc / den, mask=dv < Dv)
+
+
+@triton.jit
+def kv_write_kernel(x_ptr, c_ptr, cs_ptr, pos_ptr, Hk, D, CT: tl.constexpr, DP: tl.constexpr):
+    """Row (t, kh) = program_id(0) of x (T, Hk, D) float32 into cache row (pos0 + t, kh), rounded to cache type CT
+    as moert/kvcache.py's TypedKV.write rounds: f16 to nearest even, bf16 to nearest even by integer ops, q8_0 as
+    ggml's quantize_row_q8_0_ref (d = amax / 127, q = x / d rounded half away from zero, d stored as f16). Divisions
+    are IEEE (div_rn), as NumPy's. pos0 is read from pos_ptr, so a captured graph writes at each step's position."""
+    i = tl.program_id(0)
+    t = i // Hk
+    kh = i % Hk
+    pos0 = tl.load(pos_ptr)
+    row = ((pos0 + t).to(tl.int64) * Hk + kh) * D                          # the cache row's first value
+    src = i.to(tl.int64) * D
+    if CT == 3:
+        b = tl.arange(0, DP // 32)[:, None]                                 # (DP / 32, 32): a q8_0 block a row
+        j = b * 32 + tl.arange(0, 32)[None, :]
+        ok = j < D
+        x = tl.load(x_ptr + src + j, mask=ok, other=0.0)
+        d = tl.math.div_rn(tl.max(tl.abs(x), axis=1), 127.0)                # (DP / 32,)
+        one = tl.full((DP // 32,), 1.0, tl.float32)
+        inv = tl.where(d > 0, tl.math.div_rn(one, tl.where(d > 0, d, one)), 0.0)
+        q = x * inv[:, None]
+        q = tl.where(q < 0, -tl.floor(-q + 0.5), tl.floor(q + 0.5))         # roundf: halves away from zero
+        tl.store(c_ptr + row + j, q.to(tl.int8).to(tl.uint8, bitcast=True), mask=ok)
+        bb = tl.arange(0, DP // 32)
+        tl.store(cs_ptr + row // 32 + bb, d.to(tl.float16), mask=bb * 32 < D)
+    else:
+        j = tl.arange(0, DP)
+        ok = j < D
+        x = tl.load(x_ptr + src + j, mask=ok, other=0.0)
+        if CT == 0:
+            tl.store(c_ptr + row + j, x, mask=ok)
+        elif CT == 1:
+            tl.store(c_ptr + row + j, x.to(tl.float16), mask=ok)
+        else:
+            u = x.to(tl.uint32, bitcast=True)
+            h = ((u + 0x7FFF + ((u >> 16) & 1)) >> 16).to(tl.uint16)
+            tl.store(c_ptr + row + j, h.to(tl.float16, bitcast=True), mask=ok)
