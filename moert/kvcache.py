@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from moert.devices import Device
+from moert.devices import Device, xp_of
 from moert.errors import ArgumentError, DeviceOutOfMemory, PlacementError
 
 KV_TYPES = ("f32", "f16", "bf16", "q8_0")     # llama.cpp's cache type names that moert runs
@@ -64,22 +64,24 @@ class TypedKV:
     def nbytes(self) -> int:
         return sum(int(a.nbytes) for a in self.parts)
 
-    def write(self, pos: int, x) -> None:
-        """Rows pos .. pos+T of the cache from x (T, Hkv, D) float32, rounded to the cache type."""
+    def write(self, pos, x) -> None:
+        """Rows pos .. pos+T of the cache from x (T, Hkv, D) float32, rounded to the cache type (pos: an int, or a
+        DevicePos)."""
         xp, T = self.xp, x.shape[0]
+        at = rows_at(pos, T)
         if self.kind == "f16":
-            self.parts[0][pos:pos + T] = x.astype(np.float16)
+            self.parts[0][at] = x.astype(np.float16)
         elif self.kind == "bf16":                                    # round to nearest even, as ggml
             u = xp.ascontiguousarray(x, dtype=np.float32).view(np.uint32)
-            self.parts[0][pos:pos + T] = ((u + 0x7FFF + ((u >> 16) & 1)) >> 16).astype(np.uint16)
+            self.parts[0][at] = ((u + 0x7FFF + ((u >> 16) & 1)) >> 16).astype(np.uint16)
         else:                                                        # q8_0: ggml's quantize_row_q8_0_ref
             b = x.reshape(T, x.shape[1], -1, 32)                              # (T, Hkv, D/32, 32)
             d = (xp.abs(b).max(axis=-1) / np.float32(127)).astype(np.float32)  # (T, Hkv, D/32)
             inv = xp.where(d > 0, np.float32(1) / xp.where(d > 0, d, np.float32(1)), np.float32(0))
             q = b * inv[..., None]
             q = xp.sign(q) * xp.floor(xp.abs(q) + np.float32(0.5))           # roundf: halves away from zero
-            self.parts[0][pos:pos + T] = q.reshape(x.shape).astype(np.int8)
-            self.parts[1][pos:pos + T] = d.astype(np.float16)
+            self.parts[0][at] = q.reshape(x.shape).astype(np.int8)
+            self.parts[1][at] = d.astype(np.float16)
 
     def read(self, a: int, b: int):
         """Rows a .. b as float32 (b - a, Hkv, D)."""
@@ -119,7 +121,25 @@ def store(cache, pos: int, x) -> None:
     if isinstance(cache, TypedKV):
         cache.write(pos, x)
     else:
-        cache[pos:pos + x.shape[0]] = x
+        cache[rows_at(pos, x.shape[0])] = x
+
+
+class DevicePos:
+    """The position of a step's first token held in device memory, `p` (1,) int32, as a CUDA graph needs it (a
+    Python int would be baked into the captured launches): moert/graphs/static.py attends and writes at it."""
+
+    def __init__(self, p):
+        self.p = p
+
+    def __repr__(self) -> str:
+        return "<DevicePos: the position in device memory>"
+
+
+def rows_at(pos, T: int):
+    """The cache rows of T tokens from pos: a slice for an int, device indices (T,) for a DevicePos."""
+    if isinstance(pos, DevicePos):
+        return pos.p if T == 1 else pos.p + xp_of(pos.p).arange(T, dtype=pos.p.dtype)
+    return slice(pos, pos + T)
 
 
 def load(cache, a: int, b: int):

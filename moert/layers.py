@@ -19,7 +19,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from moert.activations import glu_ffn
-from moert.kvcache import Rows, TypedKV, load, store
+from moert.graphs.static import attention_at, latent_attention_at
+from moert.kvcache import DevicePos, Rows, TypedKV, load, store
 
 FLASH_CHUNK = 256    # keys per step of flash_attention (memory.py's scratch term counts on it)
 SPLIT_TOKENS = 8     # up to this many query tokens on the CPU: kernels/flash_decode.py (keys split over the threads)
@@ -195,7 +196,7 @@ def attention(q, k, v, k_cache, v_cache, pos0: int, xp=np, *, scale: float | Non
                                for a, b, p, kc, vc in k_cache.each(v_cache)])                  # (T, H*Dv)
     T, H, Dh = q.shape
     Hk, Dv = k.shape[1], v.shape[2]
-    G, S = H // Hk, pos0 + T
+    G = H // Hk
     scale = 1.0 / np.sqrt(Dh) if scale is None else scale
     typed = isinstance(k_cache, TypedKV) or isinstance(v_cache, TypedKV)
     kb, vb = _f16_bits(k_cache), _f16_bits(v_cache)                   # f16 caches as uint16 views, else as given
@@ -204,9 +205,13 @@ def attention(q, k, v, k_cache, v_cache, pos0: int, xp=np, *, scale: float | Non
         return _kernels().attention_decode(q, k, v, kb, vb, pos0, scale, window, sinks)
     store(k_cache, pos0, k)
     store(v_cache, pos0, v)
+    at = isinstance(pos0, DevicePos)                 # a position in device memory (a CUDA graph's: graphs/static.py)
     if kernels is not None and T <= SPLIT_TOKENS and max(Dh, Dv) <= 256:   # a GPU's decode: two kernel launches
-        return kernels.attention(q, _stored(k_cache), _stored(v_cache), pos0, scale=scale, window=window,
-                                 sinks=sinks)                                                  # (T, H*Dv)
+        return kernels.attention(q, _stored(k_cache), _stored(v_cache), pos0.p if at else pos0, scale=scale,
+                                 window=window, sinks=sinks)                                   # (T, H*Dv)
+    if at:
+        return attention_at(q, k_cache, v_cache, pos0, xp, scale, window, sinks)               # (T, H*Dv)
+    S = pos0 + T
     if fast and (T <= SPLIT_TOKENS or flash) and cpu_arrays(xp, q):   # a few tokens, or a prompt: every thread
         out = _split(q, k_cache, v_cache, pos0, scale, window, sinks, prompt=T > SPLIT_TOKENS)
         if out is not None:
@@ -281,8 +286,10 @@ def latent_attention(q_lat, q_pe, c_kv, k_pe, cache, pos0: int, scale: float, xp
                                                 fast)
                                for a, b, p, c, _ in cache.each(cache)], axis=1)                # (H, T, R)
     T, R = c_kv.shape
-    S = pos0 + T
     store(cache, pos0, xp.concatenate([c_kv, k_pe], axis=-1)[:, None, :])
+    if isinstance(pos0, DevicePos):                  # a position in device memory (moert/graphs/static.py)
+        return latent_attention_at(q_lat, q_pe, cache, pos0, scale, xp)                      # (H, T, R)
+    S = pos0 + T
     if fast and T <= SPLIT_TOKENS and xp is np and q_lat.dtype == q_pe.dtype == np.float32:   # values: first R dims
         q = np.ascontiguousarray(np.concatenate([q_lat, q_pe], axis=-1).transpose(1, 0, 2))          # (T, H, R + P)
         out = _split(q, cache, cache, pos0, scale, None, None, R)

@@ -86,6 +86,8 @@ class Model(ModelRuntime, TextAPI, Tracing):
         self.fused_decode = True
         self._fused: dict = {}                    # a fused layer kind -> per layer its fused.LayerStep or None
         self._device_counts: dict = {}            # GPU name -> (device, (n_layer, E) expert counts there)
+        self.decode_graph = None                  # a graphs.decode.DecodeGraph: one-token steps replay a CUDA graph
+        self._static = None                       # the DecodeGraph while it records its step
 
     # -- the public interface
     def forward(self, tokens, last_only: bool = False, *, batch=None) -> np.ndarray:
@@ -119,7 +121,8 @@ class Model(ModelRuntime, TextAPI, Tracing):
                 for s in range(0, len(tokens), step):
                     chunk = tokens[s:s + step]
                     self._n, self._rope = len(chunk), {}
-                    out.append(self.arch.forward(self, chunk))
+                    out.append(self.arch.forward(self, chunk) if self.decode_graph is None or batch is not None
+                               else self.decode_graph.forward(chunk))
                     if batch is not None:
                         if self._trace is not None:
                             self._trace.end_chunk(0, len(chunk), batch.positions, batch.prefill)

@@ -181,6 +181,8 @@ class ModelRuntime:
         scaling (a layers.Yarn, or None)."""
         k = (id(dev), head_dim, base, yarn)
         got = self._rope.get(k)
+        if got is None and self._static is not None:          # a captured step's, at its position in device memory
+            got = self._rope[k] = self._static.rope(dev, self._n, head_dim, base, yarn)
         if got is None:
             if self._batch is not None or dev is not CPU:     # a GPU's memory holds this chunk's angles only
                 got = rope_angles(self.position, self._n, head_dim, base, dev.xp, yarn,
@@ -204,6 +206,8 @@ class ModelRuntime:
     def embed(self, name: str, tokens: np.ndarray):
         """Rows `tokens` of the embedding, dequantized on its device: (T, D) there."""
         t, dev = self.weights[name], self.plan.device(name)
+        if self._static is not None:                          # a captured step: its input buffer (graphs/decode.py)
+            return self._static.x
         with self.phase("embed", dev):
             ids = tokens if dev is CPU else self.to(tokens, dev, "token ids")
             if dev is CPU and t.type in DEQUANT_TYPES:                  # the per-token lookup, without checks
@@ -224,6 +228,9 @@ class ModelRuntime:
         with self.phase("output", dev):
             h = rms_norm(x, self.w(norm_name, dev), self.config.rms_eps, dev.xp)     # (T, D)
             logits = self.linear(h, name, dev)                                         # (T, V)
+        if self._static is not None:                          # a captured step: into its output buffer, no read
+            self._static.logits[...] = logits
+            return self._static.logits
         return self.to(logits, CPU, "logits")
 
     def experts(self, il: int, x, ids, weights, names: tuple[str, str, str], logits=None, act: str = "swiglu",

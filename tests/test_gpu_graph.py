@@ -13,6 +13,7 @@ import warnings
 import numpy as np
 import pytest
 
+from moert.devices import CPU as CPU_DEV
 from moert.devices.graph import GraphWarning, StepGraph
 from moert.devices.sim import SimDevice
 from moert.layers import attention, rms_norm, rope, rope_angles, softmax
@@ -147,3 +148,134 @@ def test_a_step_that_cannot_be_captured_runs_eagerly_and_says_why_once(dev, bad,
     assert not g.captured and why in g.why_eager
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
     assert dev.recording is None and dev.tape is None
+
+
+# ------------------------------------------------------------------ the pieces at a device position, against layers
+
+@pytest.mark.parametrize("window, sinks, typed", [(None, False, False), (3, True, False), (None, False, True)])
+def test_attention_at_a_device_position_equals_layers_attention(window, sinks, typed):
+    from moert.kvcache import DevicePos, TypedKV
+    from moert.layers import latent_attention
+
+    rng = np.random.default_rng(5)
+    dev = SimDevice(0, 1 << 26)
+    s = rng.standard_normal(H).astype(np.float32) if sinks else None
+    for p in (0, 4, N - 1):
+        q, k, v = (rng.standard_normal((1, h, DH)).astype(np.float32) for h in (H, HK, HK))
+        hist = rng.standard_normal((2, N, HK, DH)).astype(np.float32)
+        if typed:                                                      # f16 caches, written as the runtime writes
+            kc, vc, kd, vd = (TypedKV(d, "f16", (N, HK, DH), "kv") for d in (CPU_DEV, CPU_DEV, dev, dev))
+            for c, h_ in ((kc, hist[0]), (vc, hist[1])):
+                c.write(0, h_)
+            kd.write(0, dev.put(hist[0]))
+            vd.write(0, dev.put(hist[1]))
+        else:
+            kc, vc, kd, vd = hist[0].copy(), hist[1].copy(), dev.put(hist[0]), dev.put(hist[1])
+        want = attention(q, k, v, kc, vc, p, window=window, sinks=s, fast=False)
+        before = dev.host_reads
+        got = attention(dev.put(q), dev.put(k), dev.put(v), kd, vd, DevicePos(dev.put(np.array([p], np.int32))),
+                        dev.xp, window=window, sinks=None if s is None else dev.put(s))
+        assert dev.host_reads == before
+        np.testing.assert_allclose(dev.to_host(got), want, rtol=1e-5, atol=1e-6)
+    lat = rng.standard_normal((N, 1, 24)).astype(np.float32)           # MLA: R 16 + P 8
+    ql, qp, c, kp = (rng.standard_normal(sh).astype(np.float32) for sh in ((H, 1, 16), (H, 1, 8), (1, 16), (1, 8)))
+    want = latent_attention(ql, qp, c, kp, lat.copy(), 5, 0.3, fast=False)
+    got = latent_attention(*(dev.put(a) for a in (ql, qp, c, kp, lat)), DevicePos(dev.put(np.array([5], np.int32))),
+                           0.3, dev.xp)
+    np.testing.assert_allclose(dev.to_host(got), want, rtol=1e-5, atol=1e-6)
+
+
+# ------------------------------------------------------------------------- a model's decode step as a graph
+
+ARCHS = ["qwen3moe", "qwen2moe", "olmoe", "llama", "gpt-oss", "deepseek2", "gemma3"]
+MODEL_KW = dict(gpu_backend="sim", context_size=32, warmup=False, progress=False)
+STEPS = [7, 1, 9, 4, 12]
+
+
+@pytest.fixture(scope="module")
+def paths(tmp_path_factory):
+    from moert.testing import write_tiny
+
+    d = tmp_path_factory.mktemp("gpu_graph")
+    return {a: write_tiny(d / f"{a}.gguf", a, seed=3) for a in ARCHS}
+
+
+def _decode(path, graph=None, rewind: int | None = None, **placement):
+    """Logits of a prompt's decode steps, each step's host reads, the expert counts, and the model's DecodeGraph."""
+    import moert
+    from moert.graphs.decode import DecodeGraph
+
+    m = moert.load(path, **MODEL_KW, **{"gpu_layers": "all", **placement})
+    try:
+        m.forward([3, 17, 5])
+        if graph is not None:
+            m.decode_graph = (graph or DecodeGraph)(m)
+        dev, out, reads, counts = m.plan.devices[0], [], [], 0
+        for i, t in enumerate(STEPS):
+            if rewind is not None and i == 3:
+                m.position = rewind                              # generate() reusing a cached prefix does this
+            before = dev.host_reads
+            out.append(m.forward([t]))
+            reads.append(dev.host_reads - before)
+            counts = counts + m.stats.last.expert_counts
+        return np.concatenate(out), reads, counts, m.decode_graph
+    finally:
+        m.close()
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_every_architectures_decode_replays_as_a_graph_with_the_eager_logits(paths, arch, monkeypatch):
+    monkeypatch.setattr(SimDevice, "run_kernels", True)     # kernels/gpu's matmul, moe and attention (their twins)
+    want, eager_reads, want_counts, _ = _decode(paths[arch])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", GraphWarning)
+        got, reads, counts, g = _decode(paths[arch], graph=False)
+    assert g.why_eager is None and g.graph.captured and len(g.graph._tape) > 50
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+    np.testing.assert_array_equal(counts, want_counts)     # routing counted inside the replays
+    moe = arch != "gemma3"
+    assert reads == eager_reads == [1 + moe] * len(STEPS)   # the logits (and the step's expert counts) only
+
+
+def test_a_rewound_position_replays_at_the_new_position(paths, monkeypatch):
+    monkeypatch.setattr(SimDevice, "run_kernels", True)
+    want, *_ = _decode(paths["qwen3moe"], rewind=4)
+    got, _, _, g = _decode(paths["qwen3moe"], graph=False, rewind=4)
+    assert g.graph.captured
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+
+
+def test_a_position_baked_into_the_models_step_is_caught(paths, monkeypatch):
+    """The same model with RoPE angles from the Python-int position (what moert's rope did before DevicePos):
+    eagerly right, replayed wrong. The model-level check above would fail on such a step."""
+    from moert.graphs.decode import DecodeGraph
+
+    class Baked(DecodeGraph):
+        def forward(self, tokens):
+            self.host_position = self.m.position
+            return super().forward(tokens)
+
+        def rope(self, dev, n, head_dim, base, yarn):
+            return rope_angles(self.host_position, n, head_dim, base, dev.xp, yarn)
+
+    monkeypatch.setattr(SimDevice, "run_kernels", True)
+    want, *_ = _decode(paths["qwen3moe"])
+    got, _, _, g = _decode(paths["qwen3moe"], graph=Baked)
+    assert g.graph.captured
+    np.testing.assert_allclose(got[0], want[0], rtol=1e-5, atol=1e-5)      # the captured step
+    assert not np.allclose(got[1:], want[1:], rtol=1e-3, atol=1e-3)
+
+
+@pytest.mark.parametrize("case, why", [("no GPU kernels", "reads a device array back"),
+                                       ("-cmoe", "not all on one GPU")])
+def test_a_model_whose_step_cannot_be_captured_decodes_eagerly_and_says_why_once(paths, case, why, monkeypatch):
+    """Without the fused MoE kernel the sim groups tokens by expert on the host; with -cmoe the experts are on the
+    CPU. Either way one GraphWarning, and the eager logits."""
+    monkeypatch.setattr(SimDevice, "run_kernels", case != "no GPU kernels")
+    placement = dict(cpu_moe=True) if case == "-cmoe" else {}
+    want, *_ = _decode(paths["qwen3moe"], **placement)
+    with pytest.warns(GraphWarning, match=why) as caught:
+        got, _, _, g = _decode(paths["qwen3moe"], graph=False, **placement)
+    assert len([w for w in caught if issubclass(w.category, GraphWarning)]) == 1
+    assert why in g.why_eager
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)

@@ -46,7 +46,7 @@ class StepGraph:
         self.why_eager: str | None = None      # why the step is not captured (None: it is)
         self._graph = self._stream = self._tape = self._pool = None
         if warmup:                             # kernels compile and load outside the capture: one more step
-            self._in_pool(step) if dev.kind == "cuda" else step()
+            self._on_side(step) if dev.kind == "cuda" else step()
         try:
             self._capture()
         except CaptureError as e:
@@ -73,8 +73,7 @@ class StepGraph:
             finally:
                 self.dev.recording = None
         else:
-            self._graph.launch(self._stream)
-            self._stream.synchronize()
+            self._launch()
 
     def _capture(self) -> None:
         dev = self.dev
@@ -86,30 +85,40 @@ class StepGraph:
             finally:
                 dev.recording, dev.tape = None, None
         elif dev.kind == "cuda":
-            import cupy
-
-            with cupy.cuda.Device(dev.index):
-                self._stream = cupy.cuda.Stream(non_blocking=True)
-                with self._stream:
-                    self._stream.begin_capture()
-                    try:
-                        self._in_pool(self.step)
-                    finally:
-                        self._graph = self._stream.end_capture()
-                self._graph.launch(self._stream)           # a capture runs nothing: this is the step's run
-                self._stream.synchronize()
+            def capture():
+                self._stream.begin_capture()
+                try:
+                    self.step()
+                finally:
+                    self._graph = self._stream.end_capture()
+            self._on_side(capture)
+            self._launch()                                  # a capture runs nothing: this is the step's run
         else:
             raise CaptureError(f"{dev.name} has no graphs (a CUDA or sim device has)")
 
-    def _in_pool(self, fn: Callable[[], object]) -> None:
-        """fn with CuPy allocating from this graph's own pool (PyTorch's private graph pool): the temporaries the
-        graph's kernels address stay reserved while it lives, as nothing else allocates there."""
+    def _launch(self) -> None:
+        """The graph on the current stream: after the writes into its input buffers there, before the reads of its
+        outputs (the capture stream is a side stream, which the default stream does not wait for)."""
         import cupy
 
-        if self._pool is None:
-            self._pool = cupy.cuda.MemoryPool()
-        with cupy.cuda.using_allocator(self._pool.malloc):
-            fn()
+        with cupy.cuda.Device(self.dev.index):
+            self._graph.launch(cupy.cuda.get_current_stream())
+
+    def _on_side(self, fn: Callable[[], object]) -> None:
+        """fn on the capture stream (a side stream: the default one cannot be captured), after the current stream's
+        work and before its next, CuPy allocating from this graph's own pool (PyTorch's private graph pool: the
+        temporaries the graph's kernels address stay reserved while it lives; the warm-up fills it on the same
+        stream, so the capture allocates from blocks it holds)."""
+        import cupy
+
+        with cupy.cuda.Device(self.dev.index):
+            current = cupy.cuda.get_current_stream()
+            if self._stream is None:
+                self._stream, self._pool = cupy.cuda.Stream(non_blocking=True), cupy.cuda.MemoryPool()
+            self._stream.wait_event(current.record())
+            with self._stream, cupy.cuda.using_allocator(self._pool.malloc):
+                fn()
+            current.wait_event(self._stream.record())
 
     def _eager(self, why: str) -> None:
         self.why_eager = why
