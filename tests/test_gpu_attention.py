@@ -104,6 +104,28 @@ def test_device_position_fixed_splits_and_buffers():
             q, kc, vc, pos))                                 # NumPy arrays without a backend: the twin
 
 
+def _r16(a) -> np.ndarray:
+    return np.asarray(a, dtype=np.float32).astype(np.float16).astype(np.float32)
+
+
+@pytest.mark.parametrize("kk,vk", [("f32", "f32"), ("f16", "f16"), ("bf16", "q8_0"), ("q8_0", "bf16")])
+def test_prompt_kernel_matches_twin_of_f16_operands(kk, vk):
+    """T > 8: the prompt kernel (64-token blocks, 32-key steps), whose tl.dot takes q, K and V rounded to f16, against
+    the twin given the same roundings: what is left is the f16 rounding of the probabilities in the second dot (2^-11
+    of each, with the float32 sums: at most 2 2^-11 max |v| a row; we allow twice that). Against the float32
+    operands each score would also move by ~2^-10 of sum |q k|. Tokens 12, 40 and 70 (two blocks), GQA 2:1 and 4:1,
+    windows of 9 keys and sinks."""
+    rng = np.random.default_rng(8)
+    for T, H, Hk, pos, window, sinks in [(12, 4, 2, 0, None, False), (40, 4, 1, 7, None, True),
+                                         (70, 2, 1, 3, 9, False), (12, 4, 2, 50, 9, True)]:
+        q, (kc, _), (vc, _) = _case(rng, kk, vk, T, H, Hk, 80)
+        s = rng.standard_normal(H, dtype=np.float32) if sinks else None
+        got = gpu.attention(q, kc, vc, pos, window=window, sinks=s, backend="interpret")
+        want = gpu.attention_ref(_r16(q), _r16(attn.read(kc)), _r16(attn.read(vc)), pos, window=window, sinks=s)
+        bound = 4 * 2.0 ** -11 * float(np.abs(attn.read(vc)).max())
+        assert got.shape == (T, H * 32) and np.max(np.abs(got - want)) <= bound, (T, pos, window, sinks)
+
+
 @pytest.mark.parametrize("kind", ["f32", "f16", "bf16", "q8_0"])
 def test_kv_write_is_the_caches_own_write(kind):
     """The write kernel, interpreted, stores exactly what moert.kvcache's TypedKV.write stores (bit for bit: the same
@@ -153,8 +175,8 @@ def test_value_dims_and_scale():
 def test_errors():
     rng = np.random.default_rng(5)
     q, (kc, _), (vc, _) = _case(rng, "q8_0", "f16", 1, 4, 2, 16)
-    with pytest.raises(ShapeError, match="up to 8 tokens"):
-        gpu.attention(np.zeros((9, 4, 32), np.float32), kc, vc, 0)
+    with pytest.raises(ShapeError, match="past the cache"):
+        gpu.attention(np.zeros((12, 4, 32), np.float32), kc, vc, 5)                  # a prompt too
     with pytest.raises(UnsupportedTypeError, match="q4_0"):
         gpu.attention(q, ("q4_0", kc[1]), vc, 0)
     with pytest.raises(ShapeError, match="scales"):
@@ -173,9 +195,10 @@ def test_errors():
 @COMPILES
 @pytest.mark.parametrize("cc", (80, 90))
 def test_attention_compiles(cc):
-    """The f16 cache's kernels (GQA 4:1, one token, 128 dims, window and sinks) for sm_80 and sm_90;
-    tests/test_gpu_kernels_compile.py builds every cache type and shape class."""
-    for name, sig, const, warps in attn.specs("f16", T=1, G=4, Dh=128, window=True, sinks=True):
+    """The f16 cache's kernels (GQA 4:1, 128 dims, window and sinks: one token, and a 64-token prompt) for sm_80 and
+    sm_90; tests/test_gpu_kernels_compile.py builds every cache type and shape class."""
+    for name, sig, const, warps in (attn.specs("f16", T=1, G=4, Dh=128, window=True, sinks=True)
+                                    + attn.specs("f16", T=64, G=4, Dh=128, window=True, sinks=True)[:1]):
         _check_cubin(name, sig, const, cc, warps)
 
 

@@ -29,9 +29,11 @@ def test_all_kernels_compile(name, cc):
 @pytest.mark.parametrize("cc", (80, 90))
 @pytest.mark.parametrize("kv", attn.KV_CODES)
 def test_attention_kernels_compile(kv, cc):
-    """Decode attention over each cache type (its V in the same type, and q8_0 beside f16): one token of a 4:1 group
-    of 128 dims with a window, 8 tokens of an 8:1 group of 64 (64 rows), one of a 2:1 group of 256 with sinks."""
-    shapes = [dict(T=1, G=4, Dh=128, window=True), dict(T=8, G=8, Dh=64), dict(T=1, G=2, Dh=256, sinks=True)]
+    """Attention over each cache type (its V in the same type, and q8_0 beside f16): one token of a 4:1 group of 128
+    dims with a window, 8 tokens of an 8:1 group of 64 (64 rows), one of a 2:1 group of 256 with sinks; prompts of
+    64 tokens over 128 dims (window, sinks) and 256."""
+    shapes = [dict(T=1, G=4, Dh=128, window=True), dict(T=8, G=8, Dh=64), dict(T=1, G=2, Dh=256, sinks=True),
+              dict(T=64, G=4, Dh=128, window=True, sinks=True), dict(T=64, G=2, Dh=256)]
     todo = [c for sh in shapes for c in attn.specs(kv, **sh)] + attn.specs(kv, "q8_0" if kv == "f16" else "f16")
     for kernel, sig, const, warps in todo:
         _check_cubin(kernel, sig, const, cc, warps)

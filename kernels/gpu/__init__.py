@@ -7,9 +7,10 @@
                                                          the device (T <= 8), or grouped by expert (prompts)
     dequantize(w, qtype, shape, dtype=float16)           W on the device as f16/f32; gemm_f16(wf16, x) its GEMM
     attention(q, k_cache, v_cache, pos, scale=None, window=None, sinks=None, out=None, work=None, stream=None)
-                                                         decode attention (T <= 8) over a KV cache in its own type
-                                                         (f32, f16, bf16, q8_0): keys split over programs, then
-                                                         merged (flash-decoding); pos may live on the device
+                                                         attention over a KV cache in its own type (f32, f16, bf16,
+                                                         q8_0): up to 8 tokens the keys split over programs, then
+                                                         merged (flash-decoding), prompts by f16 tensor-core tiles
+                                                         (FlashAttention-2); pos may live on the device
     kv_write(cache, x, pos)                              this step's keys or values into the cache, rounded to its type
     matmul_ref / moe_ref / attention_ref                 the NumPy twins every kernel is tested against
 
@@ -29,7 +30,7 @@ torch and launches on torch's stream, which a CuPy graph capture would miss (ker
 
 Files: table.py (per type: kernel code, tile, launch configuration; pure data, kernels/ktypes.py reads it),
 src/ (the Triton sources: deq.py the block decoders, matvec.py decode and MoE, tiled.py prompts, attention.py
-decode attention), launch.py (interpreter and CuPy launcher), ops.py (this API), attn.py (attention's host side),
+attention), launch.py (interpreter and CuPy launcher), ops.py (this API), attn.py (attention's host side),
 aot.py (every kernel of a type to cubins). It may import moert.quants, moert.activations and moert.errors; Triton
 and CuPy only inside functions, so importing it needs neither.
 """

@@ -1,9 +1,10 @@
-"""Decode attention on the GPU: causal GQA attention of up to 8 new tokens over a KV cache read in its own type.
+"""Attention on the GPU: causal GQA attention of new tokens over a KV cache read in its own type.
 
     attention(q, k_cache, v_cache, pos, scale=None, window=None, sinks=None, dv=None, n_split=None, out=None,
               work=None, stream=None, backend=None, k=None, v=None)
-                                                           (T, H * Dv) float32: two launches (split, merge), four
-                                                           with this step's k and v to write first
+                                                           (T, H * Dv) float32: two launches (split, merge) up to
+                                                           8 tokens, one (f16 tiles) for a prompt; two more with
+                                                           this step's k and v to write first
     attention_ref(q, k_cache, v_cache, pos, scale=None, window=None, sinks=None, dv=None)    its NumPy twin
     kv_write(cache, x, pos, stream=None, backend=None)     x (T, Hk, D) into rows pos .. pos + T, rounded to the
                                                            cache's type (one launch; write_ref its twin)
@@ -28,7 +29,9 @@ Semantics are moert.layers.attention's: scale (default 1/sqrt(Dh)); window: the 
 softcap, so none here. dv: read only the first dv dims of each value row (a cache that is its own values' cache).
 Head dims up to 256: MLA (deepseek2's latent cache, 576 dims of keys) is not taken; its tiles would not fit in
 shared memory as they are staged now (moert.layers.latent_attention runs it as array code on a GPU).
-Prompts (T > 8) are not taken: layers.attention runs them as array code.
+Prompts (T > 8) take one launch of FlashAttention-2's forward (src/attention.py's attn_prompt_kernel): q, K and V
+rounded to f16 for tensor cores, as the tiled matmul rounds its operands (the twin does not round: the kernel is
+within ~2^-10 of sum |q k| per score of it); n_split and work are not used.
 
 Sources: kernels/gpu/src/attention.py (what each program does, why float32 tl.dot). No GPU speed has been measured.
 """
@@ -90,9 +93,6 @@ def _check(q, kc: tuple, vc: tuple, dv: int | None, sinks, window) -> tuple[int,
     if q.ndim != 3 or q.dtype != np.float32:
         raise ShapeError(f"attention: q must be float32 (T, H, Dh), got {q.dtype} {tuple(q.shape)}")
     T, H, Dh = q.shape
-    if T > DECODE_MAX_T:
-        raise ShapeError(f"attention: the GPU kernel takes up to {DECODE_MAX_T} tokens, got {T}; a prompt runs "
-                         f"through moert.layers.attention's array code")
     k, v = kc[1], vc[1]
     dv = v.shape[2] if dv is None else int(dv)
     if k.shape[:2] != v.shape[:2] or k.shape[2] != Dh or not 0 < dv <= v.shape[2] or k.shape[1] == 0 or (
@@ -124,7 +124,7 @@ def _p2(n: int, least: int = 16) -> int:
 def attention(q, k_cache, v_cache, pos, scale: float | None = None, window: int | None = None, sinks=None,
               dv: int | None = None, n_split: int | None = None, out=None, work=None, stream=None,
               backend: str | None = None, k=None, v=None):
-    """out (T, H * Dv) float32: causal GQA attention of q (T, H, Dh) float32, T <= 8, at positions pos .. pos + T - 1
+    """out (T, H * Dv) float32: causal GQA attention of q (T, H, Dh) float32 at positions pos .. pos + T - 1
     over the caches (module docstring); k (T, Hk, Dh) and v (T, Hk, Dv) given: written into them first (kv_write).
     CuPy arrays: the Triton kernels on CuPy's stream (or `stream`); NumPy arrays: the twin, or backend="interpret"
     for the kernels' own source under Triton's interpreter."""
@@ -153,7 +153,7 @@ def attention(q, k_cache, v_cache, pos, scale: float | None = None, window: int 
     if n_split is None:
         keys = int(pos) + T if host_pos else kc[1].shape[0]
         n_split = splits(keys if window is None else min(keys, int(window) + T - 1), Hk)
-    need = work_size(T, H, Dv, n_split)
+    need = work_size(T, H, Dv, n_split) if T <= DECODE_MAX_T else 0
     if work is None:
         work = xp.empty(need, dtype=np.float32)
     elif work.dtype != np.float32 or work.ndim != 1 or work.size < need:
@@ -163,15 +163,20 @@ def attention(q, k_cache, v_cache, pos, scale: float | None = None, window: int 
     if k is not None:
         _write(kc, k, pos, backend, stream)
         _write(vc, v, pos, backend, stream)
-    n = n_split * T * H
-    mp, lp, ap = work[:n], work[n:2 * n], work[2 * n:need]
     scale = 1.0 / float(np.sqrt(Dh)) if scale is None else float(scale)
     args = dict(q_ptr=xp.ascontiguousarray(q), k_ptr=_view(kc[1]), ks_ptr=_view(kc[2] if kc[2] is not None
-                else kc[1]), v_ptr=_view(vc[1]), vs_ptr=_view(vc[2] if vc[2] is not None else vc[1]), pos_ptr=pos,
-                mp_ptr=mp, lp_ptr=lp, ap_ptr=ap, T=T, H=H, Hk=Hk, Dh=Dh, Dv=Dv, Dkr=kc[1].shape[2],
-                Dvr=vc[1].shape[2], window=0 if window is None else int(window), n_split=n_split, scale=scale)
-    run("attn_split_kernel", (Hk, n_split), args, _split_constexprs(kc[0], vc[0], T, H // Hk, Dh, Dv, window),
-        WARPS, backend, stream)
+                else kc[1]), v_ptr=_view(vc[1]), vs_ptr=_view(vc[2] if vc[2] is not None else vc[1]), pos_ptr=pos)
+    shape = dict(T=T, H=H, Hk=Hk, Dh=Dh, Dv=Dv, Dkr=kc[1].shape[2], Dvr=vc[1].shape[2],
+                 window=0 if window is None else int(window))
+    if T > DECODE_MAX_T:                 # a prompt: one launch, f16 tiles into tensor cores
+        const = _prompt_constexprs(kc[0], vc[0], H // Hk, Dh, Dv, window, sinks is not None)
+        run("attn_prompt_kernel", (-(-T // const["BM"]), H), dict(args, sinks_ptr=out if sinks is None else sinks,
+            out_ptr=out, **shape, scale=scale), const, WARPS, backend, stream)
+        return out
+    n = n_split * T * H
+    mp, lp, ap = work[:n], work[n:2 * n], work[2 * n:need]
+    run("attn_split_kernel", (Hk, n_split), dict(args, mp_ptr=mp, lp_ptr=lp, ap_ptr=ap, **shape, n_split=n_split,
+        scale=scale), _split_constexprs(kc[0], vc[0], T, H // Hk, Dh, Dv, window), WARPS, backend, stream)
     # without sinks the sinks pointer is never read (SINKS is False): any float32 device array stands in
     run("attn_merge_kernel", (T * H,), dict(mp_ptr=mp, lp_ptr=lp, ap_ptr=ap, sinks_ptr=mp if sinks is None else
         sinks, out_ptr=out, TH=T * H, H=H, Dv=Dv, n_split=n_split), _merge_constexprs(Dv, sinks is not None),
@@ -185,6 +190,14 @@ def _split_constexprs(kt: str, vt: str, T: int, G: int, Dh: int, Dv: int, window
     dp, dvp = _p2(Dh), _p2(Dv)
     return dict(KT=KV_CODES[kt], VT=KV_CODES[vt], G=G, RP=_p2(T * G), DP=dp, DVP=dvp,
                 BN=32 if max(dp, dvp) <= 128 else 16, WINDOW=window is not None)
+
+
+def _prompt_constexprs(kt: str, vt: str, G: int, Dh: int, Dv: int, window, sinks: bool) -> dict:
+    """The prompt kernel's: BM = 64 tokens by BN = 32 keys a step (32 by 16 past 128 dims)."""
+    dp, dvp = _p2(Dh), _p2(Dv)
+    wide = max(dp, dvp) > 128
+    return dict(KT=KV_CODES[kt], VT=KV_CODES[vt], G=G, BM=32 if wide else 64, BN=16 if wide else 32, DP=dp,
+                DVP=dvp, WINDOW=window is not None, SINKS=sinks)
 
 
 def _merge_constexprs(Dv: int, sinks: bool) -> dict:
@@ -210,10 +223,15 @@ def specs(k: str = "f16", v: str | None = None, T: int = 1, G: int = 4, Dh: int 
         return dict(x_ptr=f32, c_ptr=_PTR[kind], cs_ptr="*fp16" if kind == "q8_0" else _PTR[kind], pos_ptr="*i32",
                     Hk="i32", D="i32")
 
+    writes = [("kv_write_kernel", wsig(k), dict(CT=KV_CODES[k], DP=_p2(Dh, 32)), WARPS),
+              ("kv_write_kernel", wsig(v), dict(CT=KV_CODES[v], DP=_p2(Dv, 32)), WARPS)]
+    if T > DECODE_MAX_T:
+        psig = {a: t for a, t in sig.items() if a not in ("mp_ptr", "lp_ptr", "ap_ptr", "n_split")}
+        psig = dict(list(psig.items())[:6] + [("sinks_ptr", f32), ("out_ptr", f32)] + list(psig.items())[6:])
+        return [("attn_prompt_kernel", psig, _prompt_constexprs(k, v, G, Dh, Dv, True if window else None, sinks),
+                 WARPS)] + writes
     return [("attn_split_kernel", sig, _split_constexprs(k, v, T, G, Dh, Dv, True if window else None), WARPS),
-            ("attn_merge_kernel", msig, _merge_constexprs(Dv, sinks), WARPS),
-            ("kv_write_kernel", wsig(k), dict(CT=KV_CODES[k], DP=_p2(Dh, 32)), WARPS),
-            ("kv_write_kernel", wsig(v), dict(CT=KV_CODES[v], DP=_p2(Dv, 32)), WARPS)]
+            ("attn_merge_kernel", msig, _merge_constexprs(Dv, sinks), WARPS)] + writes
 
 
 def _device_pos(pos, xp):

@@ -1,8 +1,9 @@
-"""Triton attention kernels over a KV cache read in its own storage type (f32, f16, bf16, q8_0): flash-decoding.
+"""Triton attention kernels over a KV cache read in its own storage type (f32, f16, bf16, q8_0): flash-decoding for
+up to 8 tokens, FlashAttention-2's forward for prompts, and the cache write.
 
-Dimension legend: T query tokens (<= 8), H query heads, Hk KV heads, G = H / Hk, Dh key dims, Dv value dims, S keys
-visible (pos0 + T), NS key splits; RP = G * T rows padded to a power of 2 (>= 16, tl.dot's least), DP / DVP the
-head dims padded the same way, BN keys per step.
+Dimension legend: T query tokens, H query heads, Hk KV heads, G = H / Hk, Dh key dims, Dv value dims, S keys visible
+(pos0 + T), NS key splits; RP = G * T rows padded to a power of 2 (>= 16, tl.dot's least), DP / DVP the head dims
+padded the same way, BN keys per step, BM tokens per prompt program.
 
 attn_split_kernel, grid (Hk, NS): one program takes one KV head, all G query heads of its group and every token
 (row r = t * G + g), and one split of the visible keys. It converts BN keys and values at a time to float32 tiles
@@ -16,6 +17,10 @@ The position pos0 is read from device memory (pos_ptr), and each program finds i
 on Hk, NS and T only, so a captured graph replays at every position. Scores and weighted values are tl.dot with
 input_precision="ieee" (float32 products, no TF32): decode reads every cache byte once and does 2 FLOPs per byte
 per row, so tensor cores would buy little and cost the float32 result the NumPy twin is held to.
+
+attn_prompt_kernel, grid (cdiv(T, BM), H): a prompt's BM tokens of one query head over BN-key tiles, f16 operands
+into tl.dot (FlashAttention-2's forward; Triton's fused-attention tutorial), causal and windowed, sinks at the end.
+kv_write_kernel, grid (T * Hk,): a step's keys or values into the cache, rounded to its type.
 
 Cache codes (KT, VT): 0 f32, 1 f16, 2 bf16 (the uint16 bits, passed as an f16 view), 3 q8_0 (int8 values passed as
 uint8, per 32 values an f16 scale in a second array (n_ctx, Hk, D / 32)). Caches are (n_ctx, Hk, D) row-major;
@@ -168,3 +173,58 @@ def kv_write_kernel(x_ptr, c_ptr, cs_ptr, pos_ptr, Hk, D, CT: tl.constexpr, DP: 
             u = x.to(tl.uint32, bitcast=True)
             h = ((u + 0x7FFF + ((u >> 16) & 1)) >> 16).to(tl.uint16)
             tl.store(c_ptr + row + j, h.to(tl.float16, bitcast=True), mask=ok)
+
+
+@triton.jit
+def attn_prompt_kernel(q_ptr, k_ptr, ks_ptr, v_ptr, vs_ptr, pos_ptr, sinks_ptr, out_ptr,
+                       T, H, Hk, Dh, Dv, Dkr, Dvr, window, scale,
+                       KT: tl.constexpr, VT: tl.constexpr, G: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
+                       DP: tl.constexpr, DVP: tl.constexpr, WINDOW: tl.constexpr, SINKS: tl.constexpr):
+    """out[t, h] (Dv,) for BM tokens t0 .. t0 + BM of query head h: t0 = program_id(0) * BM, h = program_id(1)
+    (FlashAttention-2's forward, causal, over the cache in its own type). q and each BN-key tile of K and V are
+    rounded to f16 for tl.dot (tensor cores), accumulated in float32, the probabilities rounded to f16 for the
+    second dot; the keys seen run from the block's first token's window to its last token. out (T, H, Dv)."""
+    t0 = tl.program_id(0) * BM
+    h = tl.program_id(1)
+    kh = h // G
+    pos0 = tl.load(pos_ptr)
+    t = t0 + tl.arange(0, BM)                                                # (BM,)
+    tok = t < T
+    d = tl.arange(0, DP)
+    dv = tl.arange(0, DVP)
+    qrow = (t * H + h).to(tl.int64)
+    qv = tl.load(q_ptr + qrow[:, None] * Dh + d[None, :], mask=tok[:, None] & (d < Dh)[None, :], other=0.0)
+    qv = qv.to(tl.float16)                                                   # (BM, DP)
+    p = pos0 + t                                                             # (BM,) each token's position
+    lo = 0
+    if WINDOW:
+        lo = tl.maximum(pos0 + t0 - window + 1, 0)
+    hi = tl.minimum(pos0 + T, pos0 + t0 + BM)                                # past the block's last token: none
+    m = tl.full((BM,), float("-inf"), tl.float32)
+    l = tl.zeros((BM,), tl.float32)
+    acc = tl.zeros((BM, DVP), tl.float32)
+    for a in range(lo, hi, BN):
+        keys = a + tl.arange(0, BN)
+        kok = keys < hi
+        kt = _tile(k_ptr, ks_ptr, keys, kh, Hk, Dkr, d, kok[:, None] & (d < Dh)[None, :], KT).to(tl.float16)
+        s = tl.dot(qv, tl.trans(kt)) * scale                                 # (BM, BN) float32
+        seen = (keys[None, :] <= p[:, None]) & kok[None, :]
+        if WINDOW:
+            seen = seen & (keys[None, :] > p[:, None] - window)
+        s = tl.where(seen, s, float("-inf"))
+        m_new = tl.maximum(m, tl.max(s, axis=1))
+        base = tl.where(m_new == float("-inf"), 0.0, m_new)
+        alpha = tl.exp(m - base)
+        e = tl.exp(s - base[:, None])
+        l = l * alpha + tl.sum(e, axis=1)
+        vt = _tile(v_ptr, vs_ptr, keys, kh, Hk, Dvr, dv, kok[:, None] & (dv < Dv)[None, :], VT).to(tl.float16)
+        acc = acc * alpha[:, None] + tl.dot(e.to(tl.float16), vt)
+        m = m_new
+    if SINKS:            # the sink's logit joins the denominator: both sides scaled to max(m, sink)
+        sink = tl.load(sinks_ptr + h)
+        big = tl.maximum(m, sink)
+        f = tl.exp(m - big)
+        acc = acc * f[:, None]
+        l = l * f + tl.exp(sink - big)
+    o = acc / tl.where(tok, l, 1.0)[:, None]
+    tl.store(out_ptr + qrow[:, None] * Dv + dv[None, :], o, mask=tok[:, None] & (dv < Dv)[None, :])
