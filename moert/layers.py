@@ -186,7 +186,7 @@ def attention(q, k, v, k_cache, v_cache, pos0: int, xp=np, *, scale: float | Non
     kernels/layers.attention_decode, over f32 caches or an f16 TypedKV's storage (a uint16 view); up to
     SPLIT_TOKENS tokens over any cache type: kernels/flash_decode.py (the keys split over the threads, the
     cache read in its own type); more, with flash: kernels/flash_prompt.py (the same by sgemm; with SciPy).
-    kernels: the device's GPU kernels (Device.block_kernels()): up to 8 tokens run as kernels/gpu's attention
+    kernels: the device's GPU kernels (Device.block_kernels()): every chunk runs as kernels/gpu's attention
     over the cache as stored (heads of up to 256 dims). Returns (T, H * Dv). Caches that are kvcache.Rows (a batch
     of sequences, moert/batch.py): attention per sequence over its own cache, its rows of q, k, v; pos0 is not
     used."""
@@ -206,7 +206,7 @@ def attention(q, k, v, k_cache, v_cache, pos0: int, xp=np, *, scale: float | Non
     store(k_cache, pos0, k)
     store(v_cache, pos0, v)
     at = isinstance(pos0, DevicePos)                 # a position in device memory (a CUDA graph's: graphs/static.py)
-    if kernels is not None and T <= SPLIT_TOKENS and max(Dh, Dv) <= 256:   # a GPU's decode: two kernel launches
+    if kernels is not None and max(Dh, Dv) <= 256:   # a GPU: split + merge up to 8 tokens, f16 tiles for prompts
         return kernels.attention(q, _stored(k_cache), _stored(v_cache), pos0.p if at else pos0, scale=scale,
                                  window=window, sinks=sinks)                                   # (T, H*Dv)
     if at:

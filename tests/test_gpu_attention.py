@@ -204,9 +204,9 @@ def test_attention_compiles(cc):
 
 # ------------------------------------------------------------------------------------------------- in a model
 
-def _model_logits(path, kernels: bool, monkeypatch, kv: str = "f32", backend: str | None = None):
-    """Logits of a 6-token prefill and three decode steps on sim:0 with every layer there; with `kernels` the sim
-    runs the GPU kernels' path (SimDevice.run_kernels), attention counted (and run under `backend`)."""
+def _model_logits(path, kernels: bool, monkeypatch, kv: str = "f32", backend: str | None = None, prompt: int = 6):
+    """Logits of a `prompt`-token prefill and three decode steps on sim:0 with every layer there; with `kernels` the
+    sim runs the GPU kernels' path (SimDevice.run_kernels), attention counted (and run under `backend`)."""
     import moert
     from moert.devices.sim import SimDevice
 
@@ -223,7 +223,8 @@ def _model_logits(path, kernels: bool, monkeypatch, kv: str = "f32", backend: st
         m = moert.load(path, gpu_backend="sim", context_size=32, warmup=False, progress=False, gpu_layers="all",
                        kv=moert.KVConfig(kv, kv))
         try:
-            out = np.concatenate([m.forward([3, 17, 5, 99, 42, 7])] + [m.forward([t]) for t in (11, 4, 60)])
+            toks = [3, 17, 5, 99, 42, 7, 8, 30, 2, 61, 90, 14][:prompt]
+            out = np.concatenate([m.forward(toks)] + [m.forward([t]) for t in (11, 4, 60)])
         finally:
             m.close()
     return out, calls
@@ -232,24 +233,25 @@ def _model_logits(path, kernels: bool, monkeypatch, kv: str = "f32", backend: st
 @pytest.mark.parametrize("arch", ["qwen3moe", "gemma3", "gpt-oss"])
 def test_model_logits_through_the_kernel(arch, tmp_path, monkeypatch):
     """The sim's kernel path (matmuls, MoE and attention through kernels/gpu's twins) against the plain array path,
-    f32 KV: 1e-4 of the logits' norm (float32 orders of summation differ); attention went through the kernel for
-    the prefill (6 tokens) and each decode step in every layer. gemma3 and gpt-oss: windows of 4 keys (9 positions
-    seen), gpt-oss's sinks."""
+    f32 KV: 1e-4 of the logits' norm (float32 orders of summation differ); attention went through kernels/gpu for
+    the prefill (12 tokens: the prompt kernel's place) and each decode step in every layer. gemma3 and gpt-oss:
+    windows of 4 keys, gpt-oss's sinks."""
     from moert.testing import write_tiny
 
     path = write_tiny(tmp_path / f"{arch}.gguf", arch, seed=3)
-    want, none = _model_logits(path, False, monkeypatch)
-    got, calls = _model_logits(path, True, monkeypatch)
+    want, none = _model_logits(path, False, monkeypatch, prompt=12)
+    got, calls = _model_logits(path, True, monkeypatch, prompt=12)
     n_layer = {"qwen3moe": 2, "gemma3": 3, "gpt-oss": 3}[arch]
-    assert none == [] and calls == [6] * n_layer + [1] * 3 * n_layer, calls
+    assert none == [] and calls == [12] * n_layer + [1] * 3 * n_layer, calls
     assert float(np.linalg.norm(got - want) / np.linalg.norm(want)) < 1e-4
 
 
 @pytest.mark.parametrize("arch,kv", [("gemma3", "q8_0"), ("gpt-oss", "bf16")])
 def test_model_logits_interpreted_typed_cache(arch, kv, tmp_path, monkeypatch):
-    """Attention by the kernels' own source under the interpreter over a q8_0 cache (gemma3: a window; its heads of
-    32 are whole q8_0 blocks) and a bf16 one (gpt-oss: a window and sinks): the plain path reads the same stored
-    values, so the same bound holds."""
+    """The decode kernels' own source under the interpreter (a 6-token prefill and 3 steps) over a q8_0 cache
+    (gemma3: a window; its heads of 32 are whole q8_0 blocks) and a bf16 one (gpt-oss: a window and sinks): the
+    plain path reads the same stored values, so the same bound holds. (The prompt kernel rounds to f16: it is held
+    to its twin of those roundings above.)"""
     from moert.testing import write_tiny
 
     path = write_tiny(tmp_path / f"{arch}.gguf", arch, seed=4)
