@@ -60,10 +60,15 @@ def unwrap(obj: Any, depth: int = 0) -> Any:
     return obj
 
 
+_PLAIN = frozenset({int, float, bool, str, slice, type(None), type(Ellipsis), np.dtype, type})   # nothing to unwrap
+
+
 def call(dev: Device, f: Callable, args: tuple, kwargs: dict, raw: list | None = None) -> Any:
     """f on the arrays' NumPy data (raw: args already unwrapped), the result on dev; on dev.tape while a graph is
     captured (moert/devices/graph.py), to be run again on the arrays' data of then by SimDevice.replay."""
-    out = wrap(f(*unwrap(args), **unwrap(kwargs)) if raw is None else f(*raw), dev)
+    if raw is None:
+        raw = [a._a if type(a) is SimArray else a if type(a) in _PLAIN else unwrap(a) for a in args]
+    out = wrap(f(*raw, **{k: unwrap(v) for k, v in kwargs.items()}) if kwargs else f(*raw), dev)
     if dev.tape is not None:
         dev.tape.append((f, args, kwargs, out))
     return out
@@ -142,8 +147,9 @@ class SimArray(NDArrayOperatorsMixin):
 
     # -- indexing
     def __getitem__(self, key):
-        _common_device("indexing", self, _no_host(key))
-        if any(type(k) is SimArray and k._a.dtype == bool for k in (key if isinstance(key, tuple) else (key,))):
+        on = _no_host(key)
+        _common_device("indexing", self, on)
+        if any(k._a.dtype == bool for k in (on if type(on) is tuple else (on,))):       # () for host keys
             self.device.host_read("a boolean mask's indexing (CuPy reads the count back)")
         return call(self.device, operator.getitem, (self, key), {})
 
