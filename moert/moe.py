@@ -21,8 +21,20 @@ from moert.layers import softmax
 
 
 def _topk(scores, k: int, xp=np):
-    """Indices and values of the k largest scores per row, largest first (ties: lowest index)."""
-    ids = xp.argsort(-scores, axis=-1, kind="stable")[:, :k]            # (T, K)
+    """Indices and values of the k largest scores per row, largest first (ties: lowest index). On a device, k
+    rounds of argmax (which picks the lowest index of equal maxima, as the stable sort): no sort, because CuPy's
+    (thrust) may synchronize, which a CUDA graph's capture cannot hold."""
+    if xp is np:
+        ids = np.argsort(-scores, axis=-1, kind="stable")[:, :k]        # (T, K)
+        return ids.astype(np.int32), np.take_along_axis(scores, ids, axis=-1)
+    s = xp.where(scores == -np.inf, np.finfo(scores.dtype).min, scores)   # a taken score (-inf) ranks below all
+    cols = xp.arange(scores.shape[-1])[None, :]                         # (1, E)
+    ids = []
+    for _ in range(k):
+        i = s.argmax(axis=-1)                                           # (T,)
+        ids.append(i)
+        s = xp.where(cols == i[:, None], -np.inf, s)
+    ids = xp.stack(ids, axis=-1)                                        # (T, K)
     return ids.astype(xp.int32), xp.take_along_axis(scores, ids, axis=-1)
 
 
@@ -64,7 +76,9 @@ def grouped_topk(probs, k: int, bias=None, xp=np, renorm: bool = True, scale: fl
     if n_group > 1:
         T, E = sel.shape
         g = sel.reshape(T, n_group, E // n_group)                       # (T, G, E/G)
-        top2 = -xp.sort(-g, axis=-1)[:, :, :2].sum(axis=-1)             # (T, G)
+        first = g.argmax(axis=-1)[:, :, None]                           # (T, G, 1) no sort (see _topk)
+        rest = xp.where(xp.arange(E // n_group)[None, None, :] == first, -np.inf, g)
+        top2 = g.max(axis=-1) + rest.max(axis=-1)                       # (T, G) the two best of each group
         keep, _ = _topk(top2, topk_group, xp)                           # (T, topk_group) best groups
         mask = (keep[:, :, None] == xp.arange(n_group)[None, None, :]).any(axis=1)     # (T, G) kept groups
         sel = xp.where(xp.repeat(mask, E // n_group, axis=-1), sel, -xp.inf)

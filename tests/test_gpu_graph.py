@@ -51,7 +51,8 @@ def _eager_reference(tokens) -> np.ndarray:
 class Step:
     """The reduced decode step on a sim device: static buffers tok (1,), pos (1,), logits (1, V), the KV cache."""
 
-    def __init__(self, dev: SimDevice, position: str = "device", read_back: bool = False, upload: bool = False):
+    def __init__(self, dev: SimDevice, position: str = "device", read_back: bool = False, upload: bool = False,
+                 sort: bool = False):
         self.dev, self.xp = dev, dev.xp
         self.w = {k: dev.put(a, k) for k, a in _weights().items()}
         self.tok, self.pos = dev.put(np.zeros(1, np.int64)), dev.put(np.zeros(1, np.int64))
@@ -60,7 +61,7 @@ class Step:
         self.keys = self.xp.arange(N)                                            # (N,) cache positions
         self.inv = dev.put(1.0 / BASE ** (np.arange(0, DH // 2, dtype=np.float64) * 2.0 / DH))
         self.host_pos = 0                                # what a step at Python-int positions reads instead
-        self.position, self.read_back, self.upload = position, read_back, upload
+        self.position, self.read_back, self.upload, self.sort = position, read_back, upload, sort
 
     def __call__(self) -> None:
         xp, w = self.xp, self.w
@@ -77,6 +78,8 @@ class Step:
             int(self.pos[0])
         if self.upload:
             self.dev.put(np.ones(1, np.float32))
+        if self.sort:
+            xp.argsort(ang, axis=-1)
         cos, sin = xp.cos(ang).astype(np.float32), xp.sin(ang).astype(np.float32)
         q = rope(q.reshape(1, H, DH), cos, sin, True, xp)
         k = rope(k.reshape(1, HK, DH), cos, sin, True, xp)
@@ -139,7 +142,7 @@ def test_a_position_kept_as_a_python_int_replays_the_captures_position(dev):
 
 
 @pytest.mark.parametrize("bad, why", [(dict(read_back=True), "reads a device array back"),
-                                      (dict(upload=True), "uploads host data")])
+                                      (dict(upload=True), "uploads host data"), (dict(sort=True), "sorts")])
 def test_a_step_that_cannot_be_captured_runs_eagerly_and_says_why_once(dev, bad, why):
     want = _eager_reference(TOKENS)
     with pytest.warns(GraphWarning, match=why) as caught:

@@ -80,18 +80,20 @@ class SimDevice(Device):
 
     def host_read(self, what: str) -> None:
         """Count one read of device values by the host; while `recording`, refuse it as a CUDA graph capture fails."""
-        self._refuse(what, "reads a device array back to the host: a sync, which a CUDA graph cannot hold")
+        self.refuse(what, "reads a device array back to the host: a sync, which a CUDA graph cannot hold; keep the "
+                          "value on the device")
         self.host_reads += 1
 
     def _no_upload(self, what: str) -> None:
-        self._refuse(what, "uploads host data: a graph would replay the value of the capture, not the new one")
+        self.refuse(what, "uploads host data: a graph would replay the value of the capture, not the new one; put it "
+                          "into a static device buffer before the step")
 
-    def _refuse(self, what: str, why: str) -> None:
+    def refuse(self, what: str, why: str) -> None:
+        """CaptureError while `recording`: `what` does what a CUDA graph's capture cannot hold (`why`)."""
         if self.recording is not None:
             from moert.devices.graph import CaptureError
 
-            raise CaptureError(f"{what} {why} ({self.recording} on {self.name}). Keep the value in a static device "
-                               f"buffer, or run this step eagerly")
+            raise CaptureError(f"{what} {why} ({self.recording} on {self.name})")
 
     def replay(self, tape: list) -> None:
         """Run a recorded tape again: each operation on its arrays' data of now, into the arrays it made then."""

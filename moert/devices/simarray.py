@@ -138,6 +138,8 @@ class SimArray(NDArrayOperatorsMixin):
     def __array_function__(self, func, types, args, kwargs):
         dev = _common_device(f"numpy.{func.__name__}", args, kwargs)
         name = func.__name__
+        if name in _SORTS and dev.recording is not None:
+            dev.refuse(f"numpy.{name}", _SORT_WHY)
         if name in _SYNCS or name == "where" and len(args) + len(kwargs) == 1:
             dev.host_read(f"numpy.{name} (CuPy reads its output's size back)")
         out = call(dev, func, args, kwargs)
@@ -205,6 +207,8 @@ class SimArray(NDArrayOperatorsMixin):
         attr = getattr(self._a, name)
         if name in _READS:                                  # values to the host: .item(), .tolist(), .tobytes()
             self.device.host_read(f".{name}()")
+        if name in _SORTS and self.device.recording is not None:
+            self.device.refuse(f".{name}()", _SORT_WHY)
         if not callable(attr):
             return wrap(attr, self.device) if isinstance(attr, np.ndarray) else attr
         dev = self.device
@@ -221,6 +225,9 @@ class SimArray(NDArrayOperatorsMixin):
 _READS = frozenset({"item", "tolist", "tobytes", "tofile", "itemset"})
 # functions whose output size depends on the values: CuPy reads a count back (a sync), e.g. bincount's max
 _SYNCS = frozenset({"bincount", "nonzero", "flatnonzero", "argwhere", "unique", "compress", "extract"})
+# CuPy sorts with thrust, which may synchronize: not counted as a read, but refused while a graph is captured
+_SORTS = frozenset({"sort", "argsort", "lexsort", "partition", "argpartition"})
+_SORT_WHY = "sorts: CuPy's sort (thrust) may synchronize, which a CUDA graph's capture cannot hold (moe._topk: argmax)"
 
 
 def _plain(values: Any) -> bool:
