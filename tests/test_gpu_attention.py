@@ -259,3 +259,14 @@ def test_model_logits_interpreted_typed_cache(arch, kv, tmp_path, monkeypatch):
     got, calls = _model_logits(path, True, monkeypatch, kv=kv, backend="interpret")
     assert len(calls) == 12
     assert float(np.linalg.norm(got - want) / np.linalg.norm(want)) < 1e-4
+
+
+def test_bench_script_dry(capsys):
+    """bench/bench_gpu_attention.py --dry (NumPy, the interpreter): a decode row and a prompt row per cache type,
+    each with its error against the twin (a prompt's f16 operands: ~1e-3)."""
+    from bench_scripts import bench_module
+
+    assert bench_module("bench_gpu_attention").main(["--dry", "--kv", "q8_0,f16"]) == 0
+    rows = [r.split() for r in capsys.readouterr().out.splitlines()[2:]]
+    assert [(r[0], r[1]) for r in rows] == [("q8_0", "T=1"), ("q8_0", "prompt"), ("f16", "T=1"), ("f16", "prompt")]
+    assert all(float(r[-1]) < (1e-5 if r[1] == "T=1" else 3e-3) for r in rows), rows

@@ -1,0 +1,128 @@
+"""moert.kernels.gpu.attention on a GPU: decode attention's GB/s over the KV cache against a device-to-device copy,
+and a prompt's TFLOP/s, per cache type (needs CuPy and a GPU; --dry: tiny shapes under Triton's interpreter).
+
+    python bench/bench_gpu_attention.py [--kv f16,bf16,q8_0,f32] [--depths 4096,32768] [--heads 32/4] [--dim 128]
+                                        [--tokens 1] [--prompt 512] [--dry]
+
+Decode: q (T, H, D) at position `depth` over caches that hold depth + T rows; out, work and the position made on
+the device first (the timed call allocates nothing), CUDA events around each call, the median of 50 after 5
+warm-ups (the first call compiles). GB/s: the bytes of K and V the visible keys occupy over the time; % copy:
+against a 1 GiB device-to-device copy's (read + write). Prompt: --prompt tokens at depth 0, causal, 4 H D T (T + 1)
+/ 2 FLOPs (two dots per visible key). rel err: max |kernel - twin| / max |twin|, the twin in float64 on the host
+(the first depth only; a prompt's f16 operands put it near 1e-3). Nothing here has run on a GPU yet.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import sys
+import time
+
+import numpy as np
+
+from moert.kernels import gpu
+from moert.kernels.gpu import attn
+
+_STORED = {"f32": (np.float32,), "f16": (np.float16,), "bf16": (np.uint16,), "q8_0": (np.int8, np.float16)}
+_ROW_BYTES = {"f32": 4.0, "f16": 2.0, "bf16": 2.0, "q8_0": 34 / 32}       # bytes per cached value
+
+
+def _time(xp, fn, reps: int) -> float:
+    """Median seconds of fn over reps calls after 5 warm-ups: CUDA events on a GPU, the host clock on NumPy."""
+    for _ in range(min(5, reps)):
+        fn()
+    times = []
+    for _ in range(reps):
+        if xp is np:
+            t0 = time.perf_counter()
+            fn()
+            times.append(time.perf_counter() - t0)
+            continue
+        a, b = xp.cuda.Event(), xp.cuda.Event()
+        a.record()
+        fn()
+        b.record()
+        b.synchronize()
+        times.append(xp.cuda.get_elapsed_time(a, b) / 1e3)
+    return float(np.median(times))
+
+
+def cache(kind: str, x: np.ndarray) -> tuple:
+    """x (n_ctx, Hk, D) float32 stored as a cache of `kind` on the host: (kind, values[, scales])."""
+    n, hk, d = x.shape
+    parts = [np.zeros((n, hk, d), _STORED[kind][0])] + ([np.zeros((n, hk, d // 32), np.float16)]
+                                                        if kind == "q8_0" else [])
+    c = (kind, *parts)
+    attn.write_ref(c, x, 0)
+    return c
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--kv", default="f16,bf16,q8_0,f32", help="cache types, -ctk names")
+    ap.add_argument("--depths", default="4096,32768", help="positions of the decode step")
+    ap.add_argument("--heads", default="32/4", help="query heads / KV heads")
+    ap.add_argument("--dim", type=int, default=128, help="head dims of K and V")
+    ap.add_argument("--tokens", type=int, default=1, help="decode tokens (up to 8)")
+    ap.add_argument("--prompt", type=int, default=512, help="prompt tokens (0: no prompt rows)")
+    ap.add_argument("--dry", action="store_true", help="NumPy arrays, Triton's interpreter, tiny shapes")
+    a = ap.parse_args(argv)
+    if a.dry:
+        xp, backend, reps, copy_bytes = np, "interpret", 1, 1 << 20
+        a.depths, a.heads, a.dim, a.prompt = "40", "4/2", 32, min(a.prompt, 12)
+    else:
+        try:
+            import cupy as xp
+
+            xp.cuda.runtime.getDeviceCount()
+        except Exception as e:  # no CuPy, no driver, no device
+            print(f"bench_gpu_attention needs CuPy and a CUDA GPU ({type(e).__name__}: {e}); pip install 'moert[gpu]'"
+                  f", or --dry")
+            return 2
+        backend, reps, copy_bytes = None, 50, 1 << 30
+    h, hk = (int(v) for v in a.heads.split("/"))
+    d, t = a.dim, a.tokens
+    depths = [int(v) for v in a.depths.split(",")]
+    big = xp.empty(copy_bytes, dtype=np.uint8)
+    copy_bw = 2 * copy_bytes / _time(xp, lambda: big.copy(), 10)          # read + write
+    name = "NumPy (--dry: interpreter times)" if xp is np else \
+        xp.cuda.runtime.getDeviceProperties(xp.cuda.Device().id)["name"].decode()
+    print(f"# {name}; heads {h}/{hk} of {d}; device-to-device copy {copy_bw / 1e9:.0f} GB/s")
+    print(f"{'kv':5} {'what':>12} {'us':>10} {'GB/s':>7} {'% copy':>7} {'TFLOP/s':>8} {'rel err':>9}")
+    rng = np.random.default_rng(0)
+    n_ctx = max(max(depths) + t, a.prompt)
+    kx, vx = (rng.standard_normal((n_ctx, hk, d), dtype=np.float32) for _ in range(2))
+    for kind in a.kv.split(","):
+        kh, vh = cache(kind, kx), cache(kind, vx)
+        kc, vc = ((kind, *(xp.asarray(p) for p in c[1:])) for c in (kh, vh))
+        for i, depth in enumerate(depths):
+            qh = rng.standard_normal((t, h, d), dtype=np.float32)
+            q, pos = xp.asarray(qh), xp.full(1, depth, dtype=np.int32)
+            n_split = attn.splits(depth + t, hk)
+            out = xp.empty((t, h * d), dtype=np.float32)
+            work = xp.empty(attn.work_size(t, h, d, n_split), dtype=np.float32)
+            s = _time(xp, functools.partial(gpu.attention, q, kc, vc, pos, n_split=n_split, out=out, work=work,
+                                            backend=backend), reps)
+            err = _err(out, gpu.attention_ref(qh, kh, vh, depth)) if i == 0 else float("nan")
+            gbs = (depth + t) * hk * 2 * d * _ROW_BYTES[kind] / s / 1e9
+            print(f"{kind:5} {f'T={t} @{depth}':>12} {s * 1e6:>10.1f} {gbs:>7.0f} {100 * gbs * 1e9 / copy_bw:>6.0f}% "
+                  f"{'':>8} {err:>9.1e}")
+        if a.prompt:
+            qh = rng.standard_normal((a.prompt, h, d), dtype=np.float32)
+            q = xp.asarray(qh)
+            out = xp.empty((a.prompt, h * d), dtype=np.float32)
+            s = _time(xp, functools.partial(gpu.attention, q, kc, vc, 0, out=out, backend=backend), max(1, reps // 5))
+            tflops = 4 * h * d * a.prompt * (a.prompt + 1) / 2 / s / 1e12
+            print(f"{kind:5} {f'prompt {a.prompt}':>12} {s * 1e6:>10.1f} {'':>7} {'':>7} {tflops:>8.1f} "
+                  f"{_err(out, gpu.attention_ref(qh, kh, vh, 0)):>9.1e}")
+    return 0
+
+
+def _err(got, want: np.ndarray) -> float:
+    got = got.get() if hasattr(got, "get") else np.asarray(got)
+    return float(np.max(np.abs(got - want)) / np.max(np.abs(want)))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
