@@ -270,3 +270,37 @@ def test_bench_script_dry(capsys):
     rows = [r.split() for r in capsys.readouterr().out.splitlines()[2:]]
     assert [(r[0], r[1]) for r in rows] == [("q8_0", "T=1"), ("q8_0", "prompt"), ("f16", "T=1"), ("f16", "prompt")]
     assert all(float(r[-1]) < (1e-5 if r[1] == "T=1" else 3e-3) for r in rows), rows
+
+
+@COMPILES
+def test_cuda_launch_signature(monkeypatch):
+    """ops.run on device arrays as attention() passes them: the scale a float32 parameter (never marked divisible
+    by 16), bf16 bits as *fp16, q8_0 values as *u8, the position an *i32; compiled once for sm_90."""
+    import contextlib
+    import types
+
+    from moert.kernels.gpu import launch
+
+    made, launched = [], []
+
+    def dev(dtype, ptr):
+        return types.SimpleNamespace(dtype=np.dtype(dtype), ndim=1, data=types.SimpleNamespace(ptr=ptr))
+
+    compile_cubin = launch.compile_cubin
+    monkeypatch.setattr(launch, "compile_cubin", lambda *a, **k: made.append(k["aligned"]) or compile_cubin(*a, **k))
+    monkeypatch.setattr(launch, "CupyLauncher", lambda c: lambda grid, args, stream=None: launched.append((c, grid)))
+    monkeypatch.setattr(gpu.ops, "_device", lambda a: (0, 90))
+    monkeypatch.setattr(gpu.ops, "_on", lambda d: contextlib.nullcontext())
+    gpu.ops._launcher.cache_clear()
+    gpu.ops._compiled.cache_clear()
+    f32 = dev(np.float32, 256)
+    args = dict(q_ptr=f32, k_ptr=dev(np.float16, 512), ks_ptr=dev(np.float16, 512), v_ptr=dev(np.uint8, 768),
+                vs_ptr=dev(np.float16, 1024), pos_ptr=dev(np.int32, 1280), mp_ptr=f32, lp_ptr=f32, ap_ptr=f32, T=1,
+                H=32, Hk=4, Dh=128, Dv=128, Dkr=128, Dvr=128, window=0, n_split=16, scale=0.08838834764831845)
+    gpu.ops.run("attn_split_kernel", (4, 16), args, attn._split_constexprs("bf16", "q8_0", 1, 8, 128, 128, None),
+                attn.WARPS, "cuda")
+    (c, grid), = launched
+    assert grid == (4, 16) and c.params[:6] == ("*fp32", "*fp16", "*fp16", "*u8", "*fp16", "*i32")
+    assert c.params[9:19] == ("i32",) * 9 + ("fp32",) and "scale" not in made[0] and "T" not in made[0]
+    gpu.ops._launcher.cache_clear()
+    gpu.ops._compiled.cache_clear()
