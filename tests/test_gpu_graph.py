@@ -282,3 +282,12 @@ def test_a_model_whose_step_cannot_be_captured_decodes_eagerly_and_says_why_once
     assert len([w for w in caught if issubclass(w.category, GraphWarning)]) == 1
     assert why in g.why_eager
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+
+
+def test_the_bench_script_runs_dry(capsys):
+    """bench/bench_decode_graph.py --dry: the check a first GPU run needs, here on the sim (every row captured)."""
+    from bench_scripts import bench_module
+
+    assert bench_module("bench_decode_graph").main(["--dry", "--arch", "qwen3moe,gemma3", "--steps", "3"]) == 0
+    out = capsys.readouterr().out
+    assert out.count("| yes |") == 2 and not SimDevice.run_kernels
