@@ -53,19 +53,20 @@ class ModelRuntime:
 
     def to_together(self, arrays: tuple, dev: Device, what: str = "") -> tuple:
         """Arrays of one device, each (T, ...) float or int, moved to dev as ONE transfer (a GPU's expert layer on
-        the CPU: hidden state, ids and weights in one crossing, not three syncs): packed side by side as 4-byte
-        columns (float32, int32 bit for bit) where they are, split on dev. Floats come back float32, ints int32."""
+        the CPU: hidden state, ids and weights in one crossing, not three syncs): packed side by side as int32
+        columns (a float32's bits, as integers: no kernel may flush them as denormals) where they are, split on dev.
+        Floats come back float32, ints int32."""
         src = _devices.device_of(arrays[0], self.plan.devices)
         if src is dev:
             return tuple(arrays)
         xp, T = src.xp, arrays[0].shape[0]
-        cols = [a.reshape(T, -1).astype(np.float32 if a.dtype.kind == "f" else np.int32).view(np.float32)
-                for a in arrays]
+        cols = [a.reshape(T, -1).astype(np.float32).view(np.int32) if a.dtype.kind == "f" else
+                a.reshape(T, -1).astype(np.int32) for a in arrays]
         buf = self.to(xp.concatenate(cols, axis=1), dev, what)                             # (T, sum of widths)
         out, at = [], 0
         for a, c in zip(arrays, cols):
             part = dev.xp.ascontiguousarray(buf[:, at:at + c.shape[1]])
-            out.append((part if a.dtype.kind == "f" else part.view(np.int32)).reshape(a.shape))
+            out.append((part.view(np.float32) if a.dtype.kind == "f" else part).reshape(a.shape))
             at += c.shape[1]
         return tuple(out)
 

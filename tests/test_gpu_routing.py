@@ -146,3 +146,20 @@ def test_the_sim_counts_what_cupy_syncs_on():
     before = dev.host_reads
     _ = dev.xp.where(a > 0, a, 0), a.argsort(axis=-1), dev.xp.take_along_axis(a, a.argsort(axis=-1), axis=-1)
     assert dev.host_reads == before
+
+
+def test_to_together_moves_floats_and_ints_bit_for_bit_in_one_transfer(paths):
+    m = moert.load(paths["qwen3moe"], gpu_backend="sim", gpu_layers="all", **KW)
+    try:
+        dev = m.plan.devices[0]
+        x = np.array([[1.5, -0.0, np.float32(1e-45), np.nan], [3.0, np.inf, -2.0, 7.0]], np.float32)   # (T, D)
+        ids = np.array([[0, 7], [2**31 - 1, 5]], np.int32)
+        w = np.array([[0.25, 0.75], [1.0, 0.0]], np.float32)
+        before = dev.stats.d2h_count
+        got = m.to_together(tuple(dev.put(a) for a in (x, ids, w)), moert.devices.CPU, "test")
+        assert dev.stats.d2h_count == before + 1
+        for g, want in zip(got, (x, ids, w)):
+            assert g.dtype == want.dtype and g.shape == want.shape and g.flags.c_contiguous
+            np.testing.assert_array_equal(g.view(np.uint32), want.view(np.uint32))
+    finally:
+        m.close()
