@@ -298,6 +298,8 @@ def main(argv: list[str] | None = None) -> dict:
                     help="moert's CPU expert kernel: the default (kernels/moe_fused.py) or the grouped "
                          "per-expert path (kernels/moe.py) it replaced")
     ap.add_argument("--no-llama", action="store_true", help="moert only")
+    ap.add_argument("--no-moert", action="store_true", help="llama.cpp only (e2e_full.py runs each engine in a "
+                    "process of its own: both do not fit in memory with the full-size file)")
     ap.add_argument("--act-quant", default="none", type=lambda s: s.split(","),
                     help="moert's activation modes, comma-separated, each its own engine in the same run: none "
                          "(float, the default), int16, int8 (opt-in kernels/matmul_q.py), int8r (int8 with Q4_K "
@@ -325,9 +327,10 @@ def main(argv: list[str] | None = None) -> dict:
     for aq in args.act_quant:
         if aq not in ("none", "int16", "int8", "int8r"):
             ap.error(f"--act-quant: {aq!r} is not one of none, int16, int8, int8r")
-    engines = [Moert(path, args.threads, n_ctx, args.experts, aq) for aq in args.act_quant]
+    engines = [] if args.no_moert else [Moert(path, args.threads, n_ctx, args.experts, aq) for aq in args.act_quant]
     moerts = [e.name for e in engines]
-    n_ids = max(min(4000, engines[0].m.n_vocab - 10), 1)       # --model: a smaller vocabulary than the built one
+    n_vocab = engines[0].m.n_vocab if engines else 4096       # the built and full-size files have more
+    n_ids = max(min(4000, n_vocab - 10), 1)                    # --model: a smaller vocabulary than the built one
     prompt = (np.arange(args.prompt) * 7919 % n_ids + 10).tolist()
     llama_note = ""
     if not args.no_llama:
@@ -356,7 +359,7 @@ def main(argv: list[str] | None = None) -> dict:
     for e in engines:
         if e.name in moerts:
             res[e.name]["profile"] = profile_decode(e.m)
-    if args.overhead:
+    if args.overhead and moerts:
         res[moerts[0]]["python_overhead"] = [python_overhead(n) for n in sorted({1, args.threads})]
 
     rows = []
@@ -399,7 +402,7 @@ def main(argv: list[str] | None = None) -> dict:
               f"same argmax: {r['same_argmax']}")
     for name in moerts:
         print(f"# {name} decode step, ms per phase: {res[name]['profile']['phases_ms']}")
-    for o in res[moerts[0]].get("python_overhead", []):
+    for o in (res[moerts[0]].get("python_overhead", []) if moerts else []):
         print(f"# Python overhead per decoded token per layer, {o['threads']} thread(s): {o['per_layer_ms']} ms "
               f"(tiny Q8_0 models; ms per token with 2 and 10 layers: {o['per_token_ms']})")
     if args.profile:
