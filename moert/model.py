@@ -85,7 +85,7 @@ class Model(ModelRuntime, TextAPI, Tracing):
         # the phase "layer"); False: always the architecture's Python block, with per-phase times
         self.fused_decode = True
         self._fused: dict = {}                    # a fused layer kind -> per layer its fused.LayerStep or None
-        self._device_counts: dict = {}            # GPU name -> (device, (n_layer, E) expert counts there)
+        self._device_counts: dict = {}            # GPU name -> [(n_layer, E) expert counts there, not read yet]
         self.decode_graph = None                  # a graphs.decode.DecodeGraph: one-token steps replay a CUDA graph
         self._static = None                       # the DecodeGraph while it records its step
 
@@ -231,23 +231,37 @@ class Model(ModelRuntime, TextAPI, Tracing):
         self._trace.layer(il, np.array(ids_h, dtype=np.int32), np.array(w, dtype=np.float32), lg)
 
     def record_routing_on_device(self, il: int, ids, dev) -> bool:
-        """Count layer il's choices (ids (T, K) on the GPU dev) on dev, in counts read back once at the end of the
-        forward call (no sync inside the step); False, nothing counted, where the host needs the ids now (a trace,
-        a virtual clock): then record_routing."""
+        """Count layer il's choices (ids (T, K) on the GPU dev) on dev, in counts read back with the logits (no sync
+        inside the step); False, nothing counted, where the host needs the ids now (a trace, a virtual clock): then
+        record_routing."""
         if self._trace is not None or self.clock is not None or self._call is None:
             return False
         got = self._device_counts.get(dev.name)
         if got is None:
             shape = (self.config.n_layer, self.config.n_expert)
-            got = self._device_counts[dev.name] = (dev, dev.zeros(shape, np.int64, "expert counts"))
-        got[1][il] += expert_counts(ids, self.config.n_expert, dev.xp)                  # (E,) on dev
+            got = self._device_counts[dev.name] = [dev.zeros(shape, np.int64, "expert counts"), False]
+        got[0][il] += expert_counts(ids, self.config.n_expert, dev.xp)                  # (E,) on dev
+        got[1] = True
         return True
 
+    def host_logits(self, logits, dev):
+        """Logits (T, V) on dev to the host; one row's (a decode step's) in one transfer with the expert counts kept
+        on dev (record_routing_on_device, or a replayed graph's), which go into this call's stats: one read a step."""
+        got = self._device_counts.get(dev.name)
+        if got is None or logits.shape[0] != 1:
+            return self.to(logits, CPU, "logits")
+        logits, counts = self.to_together((logits, got[0].reshape(1, -1)), CPU, "logits, expert counts")
+        self._call.expert_counts += counts.reshape(got[0].shape)
+        got[0][...], got[1] = 0, False
+        return logits
+
     def _read_device_counts(self) -> None:
-        """The expert counts record_routing_on_device kept on the GPUs, into this call's stats (one read a GPU)."""
-        for _, acc in self._device_counts.values():
-            self._call.expert_counts += self.to(acc, CPU, "expert counts")
-            acc[...] = 0
+        """Expert counts kept on a GPU and not read with logits (a prompt's; a GPU without the output), into this
+        call's stats: one read a GPU."""
+        for got in self._device_counts.values():
+            if got[1]:
+                self._call.expert_counts += self.to(got[0], CPU, "expert counts")
+                got[0][...], got[1] = 0, False
 
     @property
     def repacked_bytes(self) -> int:

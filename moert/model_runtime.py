@@ -232,7 +232,7 @@ class ModelRuntime:
         if self._static is not None:                          # a captured step: into its output buffer, no read
             self._static.logits[...] = logits
             return self._static.logits
-        return self.to(logits, CPU, "logits")
+        return self.host_logits(logits, dev)
 
     def experts(self, il: int, x, ids, weights, names: tuple[str, str, str], logits=None, act: str = "swiglu",
                 biases: tuple[str, str, str] | None = None):

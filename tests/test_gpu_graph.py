@@ -236,8 +236,7 @@ def test_every_architectures_decode_replays_as_a_graph_with_the_eager_logits(pat
     assert g.why_eager is None and g.graph.captured and len(g.graph._tape) > 50
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
     np.testing.assert_array_equal(counts, want_counts)     # routing counted inside the replays
-    moe = arch != "gemma3"
-    assert reads == eager_reads == [1 + moe] * len(STEPS)   # the logits (and the step's expert counts) only
+    assert reads == eager_reads == [1] * len(STEPS)         # the logits, with the step's expert counts
 
 
 def test_a_rewound_position_replays_at_the_new_position(paths, monkeypatch):

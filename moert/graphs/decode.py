@@ -5,8 +5,8 @@ one GPU (the token embedding may stay on the CPU, as llama.cpp keeps it):
 
 Per token the host does three things around the graph: the token's embedding row goes into a static input buffer
 (one upload), the position into a static int32 buffer (a kernel's argument, not a baked Python int), and after the
-replay the logits come back from a static output buffer (one read); the step's expert counts stay on the GPU until
-the forward call ends (Model.record_routing_on_device). Inside the step the architecture's own forward runs
+replay the logits come back from a static output buffer, the step's expert counts (added up on the GPU inside the
+step) in the same transfer (Model.host_logits): one read. Inside the step the architecture's own forward runs
 unchanged, at a kvcache.DevicePos: the KV cache is written and attended at the position in device memory
 (moert/graphs/static.py, or kernels/gpu's attention with a device position), RoPE angles come from it, and routing
 and the fused MoE kernel read nothing back (moert/experts.py). The first step is run eagerly once (kernels compile
@@ -24,7 +24,6 @@ import warnings
 
 import numpy as np
 
-from moert.devices import CPU
 from moert.devices.graph import CaptureError, GraphWarning, StepGraph
 from moert.graphs.static import rope_angles_at
 from moert.kvcache import DevicePos
@@ -79,7 +78,7 @@ class DecodeGraph:
             self.why_eager = str(e)
             self._say()
             return m.arch.forward(m, tokens)
-        return m.to(self.logits, CPU, "logits")                                  # (1, V)
+        return m.host_logits(self.logits, self.dev)               # (1, V), with the step's expert counts: one read
 
     def rope(self, dev, n: int, head_dim: int, base: float, yarn):
         """cos, sin (n, Dh/2) at the step's device position (Model.rope asks while the step runs)."""
@@ -88,7 +87,7 @@ class DecodeGraph:
     def _step(self) -> None:
         """The architecture's forward at the device position, input and output in the static buffers."""
         m = self.m
-        for _, acc in m._device_counts.values():          # this step's routing only: the warm-up's, or a failed
+        for acc, _ in m._device_counts.values():          # this step's routing only: the warm-up's, or a failed
             acc[...] = 0                                  # capture's, is not counted twice (a forward call is a step)
         saved = m._position, m._n, m._rope
         m._position, m._n, m._rope, m._static = self.pos, 1, {}, self
