@@ -187,7 +187,7 @@ def attention(q, k, v, k_cache, v_cache, pos0: int, xp=np, *, scale: float | Non
     SPLIT_TOKENS tokens over any cache type: kernels/flash_decode.py (the keys split over the threads, the
     cache read in its own type); more, with flash: kernels/flash_prompt.py (the same by sgemm; with SciPy).
     kernels: the device's GPU kernels (Device.block_kernels()): every chunk runs as kernels/gpu's attention
-    over the cache as stored (heads of up to 256 dims). Returns (T, H * Dv). Caches that are kvcache.Rows (a batch
+    over the cache as stored (heads of up to 576 dims). Returns (T, H * Dv). Caches that are kvcache.Rows (a batch
     of sequences, moert/batch.py): attention per sequence over its own cache, its rows of q, k, v; pos0 is not
     used."""
     if isinstance(k_cache, Rows):
@@ -206,7 +206,7 @@ def attention(q, k, v, k_cache, v_cache, pos0: int, xp=np, *, scale: float | Non
     store(k_cache, pos0, k)
     store(v_cache, pos0, v)
     at = isinstance(pos0, DevicePos)                 # a position in device memory (a CUDA graph's: graphs/static.py)
-    if kernels is not None and max(Dh, Dv) <= 256:   # a GPU: split + merge up to 8 tokens, f16 tiles for prompts
+    if kernels is not None and max(Dh, Dv) <= 576:   # a GPU: split + merge up to 8 tokens, f16 tiles for prompts
         return kernels.attention(q, _stored(k_cache), _stored(v_cache), pos0.p if at else pos0, scale=scale,
                                  window=window, sinks=sinks)                                   # (T, H*Dv)
     if at:
@@ -273,20 +273,27 @@ def flash_attention(qg, k_cache, v_cache, pos0: int, T: int, s0: int, scale: flo
     return acc / l
 
 
-def latent_attention(q_lat, q_pe, c_kv, k_pe, cache, pos0: int, scale: float, xp=np, fast: bool = True):
+def latent_attention(q_lat, q_pe, c_kv, k_pe, cache, pos0: int, scale: float, xp=np, fast: bool = True,
+                     kernels=None):
     """Multi-head latent attention (DeepSeek-V2's MLA) over a compressed cache, continuing at position pos0:
     every head attends with one shared key, [latent, rotated key], whose first R dims are also the value
     (llama.cpp's MQA view of MLA, its K-only cache). Writes this chunk's c_kv (T, R) and k_pe (T, P) into
     cache (n_ctx, 1, R + P), an f32 array or a kvcache.TypedKV (-ctk). q_lat (H, T, R): the queries already
     multiplied into latent space (attn_k_b absorbed); q_pe (H, T, P) their rotated part. Returns the
     attention-weighted latents (H, T, R). A kvcache.Rows cache (a batch of sequences): per sequence. Up to
-    SPLIT_TOKENS tokens on the CPU (fast): kernels/flash_decode.py, the cache read in its own type."""
+    SPLIT_TOKENS tokens on the CPU (fast): kernels/flash_decode.py, the cache read in its own type. kernels: a
+    GPU's (Device.block_kernels()): kernels/gpu's attention, the cache as both keys and values (up to 576 dims)."""
     if isinstance(cache, Rows):
         return xp.concatenate([latent_attention(q_lat[:, a:b], q_pe[:, a:b], c_kv[a:b], k_pe[a:b], c, p, scale, xp,
-                                                fast)
+                                                fast, kernels)
                                for a, b, p, c, _ in cache.each(cache)], axis=1)                # (H, T, R)
     T, R = c_kv.shape
     store(cache, pos0, xp.concatenate([c_kv, k_pe], axis=-1)[:, None, :])
+    if kernels is not None and R + k_pe.shape[1] <= 576:                # a GPU: values the first R dims of keys
+        q = xp.ascontiguousarray(xp.concatenate([q_lat, q_pe], axis=-1).transpose(1, 0, 2))         # (T, H, R + P)
+        c = _stored(cache)
+        out = kernels.attention(q, c, c, pos0.p if isinstance(pos0, DevicePos) else pos0, scale=scale, dv=R)
+        return out.reshape(T, -1, R).transpose(1, 0, 2)                                             # (H, T, R)
     if isinstance(pos0, DevicePos):                  # a position in device memory (moert/graphs/static.py)
         return latent_attention_at(q_lat, q_pe, cache, pos0, scale, xp)                      # (H, T, R)
     S = pos0 + T

@@ -57,11 +57,11 @@ def _case(rng, kk: str, vk: str, T: int, H: int, Hk: int, n_ctx: int, Dh: int = 
                                    ("f16", "q8_0")])
 def test_kernel_matches_twin_per_cache_type(kk, vk):
     """Keys 1, 32, 33 and 70 at T = 1 and 3, GQA 4:1 and 1:1, one split and several (70 keys in 3 splits: 32 + 32 +
-    6); a window of 5 and sinks on two of them."""
+    6); a window of 5 and sinks on two of them; 8 tokens of a 16:1 group (128 rows: two programs of 64)."""
     rng = np.random.default_rng(1)
     for T, H, Hk, pos, n_split, window, sinks in [(1, 4, 1, 0, None, None, False), (3, 4, 1, 29, 1, None, True),
                                                   (1, 2, 2, 32, 2, None, False), (3, 8, 2, 67, 3, 5, False),
-                                                  (1, 4, 2, 69, None, 5, True)]:
+                                                  (1, 4, 2, 69, None, 5, True), (8, 16, 1, 60, 2, None, True)]:
         q, (kc, _), (vc, _) = _case(rng, kk, vk, T, H, Hk, 72)
         s = rng.standard_normal(H, dtype=np.float32) if sinks else None
         got = gpu.attention(q, kc, vc, pos, window=window, sinks=s, n_split=n_split, backend="interpret")
@@ -126,6 +126,25 @@ def test_prompt_kernel_matches_twin_of_f16_operands(kk, vk):
         assert got.shape == (T, H * 32) and np.max(np.abs(got - want)) <= bound, (T, pos, window, sinks)
 
 
+@pytest.mark.parametrize("kind", ["f16", "q8_0"])
+def test_latent_cache_wide_heads(kind):
+    """MLA (deepseek2): one latent cache of 576 dims per key as both K and V, the values its first 512 (dv): q read
+    9 chunks of 64 dims, the values in 4 blocks of 128 (a program each); decode (4 query heads, 1 and 8 tokens,
+    2 splits) against the twin, and a 12-token prompt against the twin of its f16 operands (the prompt bound)."""
+    rng = np.random.default_rng(9)
+    c, _ = _cache(rng, kind, 40, 1, 576)
+    for T, pos in ((1, 38), (8, 20)):                                     # 8 tokens: 32 rows, two programs of 16
+        q = rng.standard_normal((T, 4, 576), dtype=np.float32)
+        got = gpu.attention(q, c, c, pos, dv=512, scale=0.05, n_split=2, backend="interpret")
+        want = gpu.attention_ref(q, c, c, pos, dv=512, scale=0.05)
+        assert got.shape == (T, 4 * 512) and np.max(np.abs(got - want)) <= _bound(q, c, c, pos, 0.05)
+    q = rng.standard_normal((12, 4, 576), dtype=np.float32)
+    got = gpu.attention(q, c, c, 20, dv=512, scale=0.05, backend="interpret")
+    f16 = _r16(attn.read(c))
+    want = gpu.attention_ref(_r16(q), f16, f16, 20, dv=512, scale=0.05)
+    assert np.max(np.abs(got - want)) <= 4 * 2.0 ** -11 * float(np.abs(f16).max())
+
+
 @pytest.mark.parametrize("kind", ["f32", "f16", "bf16", "q8_0"])
 def test_kv_write_is_the_caches_own_write(kind):
     """The write kernel, interpreted, stores exactly what moert.kvcache's TypedKV.write stores (bit for bit: the same
@@ -186,8 +205,8 @@ def test_errors():
     with pytest.raises(ShapeError, match="do not fit"):
         gpu.attention(q[:, :3], kc, vc, 0)
     with pytest.raises(ShapeError, match="MLA"):
-        z = np.zeros((4, 1, 576), np.float32)
-        gpu.attention(np.zeros((1, 2, 576), np.float32), z, z, 0)
+        z = np.zeros((4, 1, 640), np.float32)
+        gpu.attention(np.zeros((1, 2, 640), np.float32), z, z, 0)
     with pytest.raises(ShapeError, match="sinks"):
         gpu.attention(q, kc, vc, 0, sinks=np.zeros(3, np.float32))
 
@@ -203,6 +222,9 @@ def test_attention_compiles(cc):
 
 
 # ------------------------------------------------------------------------------------------------- in a model
+
+LAYERS = {"qwen3moe": 2, "gemma3": 3, "gpt-oss": 3, "deepseek2": 2}       # the tiny models' (moert.testing.TINY)
+
 
 def _model_logits(path, kernels: bool, monkeypatch, kv: str = "f32", backend: str | None = None, prompt: int = 6):
     """Logits of a `prompt`-token prefill and three decode steps on sim:0 with every layer there; with `kernels` the
@@ -230,34 +252,33 @@ def _model_logits(path, kernels: bool, monkeypatch, kv: str = "f32", backend: st
     return out, calls
 
 
-@pytest.mark.parametrize("arch", ["qwen3moe", "gemma3", "gpt-oss"])
+@pytest.mark.parametrize("arch", ["qwen3moe", "gemma3", "gpt-oss", "deepseek2"])
 def test_model_logits_through_the_kernel(arch, tmp_path, monkeypatch):
     """The sim's kernel path (matmuls, MoE and attention through kernels/gpu's twins) against the plain array path,
     f32 KV: 1e-4 of the logits' norm (float32 orders of summation differ); attention went through kernels/gpu for
     the prefill (12 tokens: the prompt kernel's place) and each decode step in every layer. gemma3 and gpt-oss:
-    windows of 4 keys, gpt-oss's sinks."""
+    windows of 4 keys, gpt-oss's sinks; deepseek2's latent cache (MLA) as both keys and values."""
     from moert.testing import write_tiny
 
     path = write_tiny(tmp_path / f"{arch}.gguf", arch, seed=3)
     want, none = _model_logits(path, False, monkeypatch, prompt=12)
     got, calls = _model_logits(path, True, monkeypatch, prompt=12)
-    n_layer = {"qwen3moe": 2, "gemma3": 3, "gpt-oss": 3}[arch]
-    assert none == [] and calls == [12] * n_layer + [1] * 3 * n_layer, calls
+    assert none == [] and calls == [12] * LAYERS[arch] + [1] * 3 * LAYERS[arch], calls
     assert float(np.linalg.norm(got - want) / np.linalg.norm(want)) < 1e-4
 
 
-@pytest.mark.parametrize("arch,kv", [("gemma3", "q8_0"), ("gpt-oss", "bf16")])
+@pytest.mark.parametrize("arch,kv", [("gemma3", "q8_0"), ("gpt-oss", "bf16"), ("deepseek2", "f16")])
 def test_model_logits_interpreted_typed_cache(arch, kv, tmp_path, monkeypatch):
     """The decode kernels' own source under the interpreter (a 6-token prefill and 3 steps) over a q8_0 cache
-    (gemma3: a window; its heads of 32 are whole q8_0 blocks) and a bf16 one (gpt-oss: a window and sinks): the
-    plain path reads the same stored values, so the same bound holds. (The prompt kernel rounds to f16: it is held
-    to its twin of those roundings above.)"""
+    (gemma3: a window; its heads of 32 are whole q8_0 blocks), a bf16 one (gpt-oss: a window and sinks) and an f16
+    latent cache (deepseek2): the plain path reads the same stored values, so the same bound holds. (The prompt
+    kernel rounds to f16: it is held to its twin of those roundings above.)"""
     from moert.testing import write_tiny
 
     path = write_tiny(tmp_path / f"{arch}.gguf", arch, seed=4)
     want, _ = _model_logits(path, False, monkeypatch, kv=kv)
     got, calls = _model_logits(path, True, monkeypatch, kv=kv, backend="interpret")
-    assert len(calls) == 12
+    assert calls == [6] * LAYERS[arch] + [1] * 3 * LAYERS[arch], calls
     assert float(np.linalg.norm(got - want) / np.linalg.norm(want)) < 1e-4
 
 
@@ -296,11 +317,11 @@ def test_cuda_launch_signature(monkeypatch):
     f32 = dev(np.float32, 256)
     args = dict(q_ptr=f32, k_ptr=dev(np.float16, 512), ks_ptr=dev(np.float16, 512), v_ptr=dev(np.uint8, 768),
                 vs_ptr=dev(np.float16, 1024), pos_ptr=dev(np.int32, 1280), mp_ptr=f32, lp_ptr=f32, ap_ptr=f32, T=1,
-                H=32, Hk=4, Dh=128, Dv=128, Dkr=128, Dvr=128, window=0, n_split=16, scale=0.08838834764831845)
+                H=32, Hk=4, Dh=128, Dv=128, Dkr=128, Dvr=128, window=0, n_split=16, scale=0.08838834764831845, NR=1)
     gpu.ops.run("attn_split_kernel", (4, 16), args, attn._split_constexprs("bf16", "q8_0", 1, 8, 128, 128, None),
                 attn.WARPS, "cuda")
     (c, grid), = launched
     assert grid == (4, 16) and c.params[:6] == ("*fp32", "*fp16", "*fp16", "*u8", "*fp16", "*i32")
-    assert c.params[9:19] == ("i32",) * 9 + ("fp32",) and "scale" not in made[0] and "T" not in made[0]
+    assert c.params[9:20] == ("i32",) * 9 + ("fp32", "i32") and "scale" not in made[0] and "T" not in made[0]
     gpu.ops._launcher.cache_clear()
     gpu.ops._compiled.cache_clear()

@@ -1,5 +1,5 @@
 """Every kernel of every GGML type in moert.kernels.gpu compiles to a cubin for sm_80 and sm_90 without a GPU
-(triton.compile with a GPUTarget), and the decode attention kernels for each KV cache type; ~80 s and ~70 s on
+(triton.compile with a GPUTarget), and the attention kernels for each KV cache type; ~80 s and ~130 s on
 two busy cores, hence slow. tests/test_gpu_kernels.py and tests/test_gpu_attention.py compile a subset and run
 every kernel under Triton's interpreter."""
 
@@ -38,3 +38,15 @@ def test_attention_kernels_compile(kv, cc):
     for kernel, sig, const, warps in todo:
         _check_cubin(kernel, sig, const, cc, warps)
         _check_cubin(kernel, sig, const, cc, warps, aligned=False)
+
+
+@COMPILES
+@pytest.mark.slow
+@pytest.mark.parametrize("cc", (80, 90))
+@pytest.mark.parametrize("kv", ["f16", "q8_0"])
+def test_wide_head_attention_compiles(kv, cc):
+    """MLA's heads (deepseek2: 576 dims of keys, 512 of values, 16 query heads on one KV head): decode (1 and 8
+    tokens) and a 64-token prompt."""
+    todo = [c for t in (1, 8, 64) for c in attn.specs(kv, T=t, G=16, Dh=576, Dv=512)[:-2]]
+    for kernel, sig, const, warps in todo:
+        _check_cubin(kernel, sig, const, cc, warps)

@@ -26,9 +26,9 @@ an int pos (a new n_split compiles nothing new, unless it becomes or stops being
 
 Semantics are moert.layers.attention's: scale (default 1/sqrt(Dh)); window: the query at p sees keys p - window < s
 <= p; sinks (H,) float32: a logit per head in each softmax's denominator (gpt-oss). layers.attention has no logit
-softcap, so none here. dv: read only the first dv dims of each value row (a cache that is its own values' cache).
-Head dims up to 256: MLA (deepseek2's latent cache, 576 dims of keys) is not taken; its tiles would not fit in
-shared memory as they are staged now (moert.layers.latent_attention runs it as array code on a GPU).
+softcap, so none here. dv: read only the first dv dims of each value row: MLA (deepseek2's latent cache of 512 + 64
+dims a key, its first 512 the value) passes its cache as both k and v with dv = 512. Head dims up to 576: past 256,
+q is read 64 dims at a time, the values 128 at a time (a program each), rows 16 a program (_dims).
 Prompts (T > 8) take one launch of FlashAttention-2's forward (src/attention.py's attn_prompt_kernel): q, K and V
 rounded to f16 for tensor cores, as the tiled matmul rounds its operands (the twin does not round: the kernel is
 within ~2^-10 of sum |q k| per score of it); n_split and work are not used.
@@ -48,7 +48,7 @@ from .table import DECODE_MAX_T
 KV_CODES = {"f32": 0, "f16": 1, "bf16": 2, "q8_0": 3}     # the CT constexpr of src/attention.py's _tile
 SPLIT_KEYS = 256         # a split has at least this many keys (unmeasured: reasoned, as the CPU's MIN_CHUNK)
 MAX_PROGRAMS = 256       # the splits of every KV head together stop here (about two per SM of an H100)
-MAX_HEAD_DIM = 256       # head dims the kernel takes (MLA's 576 would stage ~180-300 KB of tiles in shared memory)
+MAX_HEAD_DIM = 576       # head dims the kernels take: MLA's keys (deepseek2: 512 latent + 64 rotated dims)
 WARPS = 4
 
 
@@ -102,8 +102,8 @@ def _check(q, kc: tuple, vc: tuple, dv: int | None, sinks, window) -> tuple[int,
     if sinks is not None and (tuple(sinks.shape) != (H,) or sinks.dtype != np.float32):
         raise ShapeError(f"attention: sinks must be float32 ({H},), got {sinks.dtype} {tuple(sinks.shape)}")
     if max(Dh, dv) > MAX_HEAD_DIM:
-        raise ShapeError(f"attention: head dims {Dh} / {dv} are past the GPU kernel's {MAX_HEAD_DIM} (MLA's latent "
-                         f"cache); moert.layers runs them as array code")
+        raise ShapeError(f"attention: head dims {Dh} / {dv} are past the GPU kernels' {MAX_HEAD_DIM} (MLA's keys); "
+                         f"moert.layers runs them as array code")
     if window is not None and int(window) < 1:
         raise ShapeError(f"attention: window {window}: a window holds at least the query's own key (>= 1)")
     return T, H, k.shape[1], Dh, dv
@@ -170,13 +170,16 @@ def attention(q, k_cache, v_cache, pos, scale: float | None = None, window: int 
                  window=0 if window is None else int(window))
     if T > DECODE_MAX_T:                 # a prompt: one launch, f16 tiles into tensor cores
         const = _prompt_constexprs(kc[0], vc[0], H // Hk, Dh, Dv, window, sinks is not None)
-        run("attn_prompt_kernel", (-(-T // const["BM"]), H), dict(args, sinks_ptr=out if sinks is None else sinks,
-            out_ptr=out, **shape, scale=scale), const, WARPS, backend, stream)
+        run("attn_prompt_kernel", (-(-T // const["BM"]), H, -(-Dv // const["DVB"])), dict(
+            args, sinks_ptr=out if sinks is None else sinks, out_ptr=out, **shape, scale=scale), const, WARPS,
+            backend, stream)
         return out
     n = n_split * T * H
     mp, lp, ap = work[:n], work[n:2 * n], work[2 * n:need]
-    run("attn_split_kernel", (Hk, n_split), dict(args, mp_ptr=mp, lp_ptr=lp, ap_ptr=ap, **shape, n_split=n_split,
-        scale=scale), _split_constexprs(kc[0], vc[0], T, H // Hk, Dh, Dv, window), WARPS, backend, stream)
+    const = _split_constexprs(kc[0], vc[0], T, H // Hk, Dh, Dv, window)
+    nr = -(-T * H // Hk // const["RP"])                                  # row blocks of a KV head's G * T rows
+    run("attn_split_kernel", (Hk * nr, n_split, -(-Dv // const["DVB"])), dict(args, mp_ptr=mp, lp_ptr=lp, ap_ptr=ap,
+        **shape, n_split=n_split, scale=scale, NR=nr), const, WARPS, backend, stream)
     # without sinks the sinks pointer is never read (SINKS is False): any float32 device array stands in
     run("attn_merge_kernel", (T * H,), dict(mp_ptr=mp, lp_ptr=lp, ap_ptr=ap, sinks_ptr=mp if sinks is None else
         sinks, out_ptr=out, TH=T * H, H=H, Dv=Dv, n_split=n_split), _merge_constexprs(Dv, sinks is not None),
@@ -184,20 +187,30 @@ def attention(q, k_cache, v_cache, pos, scale: float | None = None, window: int 
     return out
 
 
+def _dims(Dh: int, Dv: int) -> dict:
+    """How the kernels hold a head: q's Dh dims as NC chunks of DC (one padded chunk up to 256 dims, 64 dims at a
+    time past it: MLA's 576 padded whole would stage ~180-300 KB of tiles in shared memory), the Dv value dims in
+    blocks of DVB, one program each (all of them up to 256, 128 past it)."""
+    return dict(DC=_p2(Dh), NC=1) if Dh <= 256 else dict(DC=64, NC=-(-Dh // 64)), dict(
+        DVB=_p2(Dv) if Dv <= 256 else 128)
+
+
 def _split_constexprs(kt: str, vt: str, T: int, G: int, Dh: int, Dv: int, window) -> dict:
     """The split kernel's constexprs. BN = 32 keys a step (16 past 128 dims): tl.dot's float32 operands are staged
-    in shared memory, 43 KB at 16 rows of 128 dims with Triton's 2 stages (sm_80 and sm_90; 64 keys: 78 KB)."""
-    dp, dvp = _p2(Dh), _p2(Dv)
-    return dict(KT=KV_CODES[kt], VT=KV_CODES[vt], G=G, RP=_p2(T * G), DP=dp, DVP=dvp,
-                BN=32 if max(dp, dvp) <= 128 else 16, WINDOW=window is not None)
+    in shared memory, 43 KB at 16 rows of 128 dims with Triton's 2 stages (sm_80 and sm_90; 64 keys: 78 KB). RP:
+    the G * T rows of a KV head, at most 64 a program (16 for a wide head: MLA's 16 rows take 78-100 KB, its 128
+    rows in one program 373 KB, more than any GPU has)."""
+    q, v = _dims(Dh, Dv)
+    return dict(KT=KV_CODES[kt], VT=KV_CODES[vt], G=G, RP=min(_p2(T * G), 16 if q["NC"] > 1 else 64), **q, **v,
+                BN=32 if max(q["DC"], v["DVB"]) <= 128 else 16, WINDOW=window is not None)
 
 
 def _prompt_constexprs(kt: str, vt: str, G: int, Dh: int, Dv: int, window, sinks: bool) -> dict:
-    """The prompt kernel's: BM = 64 tokens by BN = 32 keys a step (32 by 16 past 128 dims)."""
-    dp, dvp = _p2(Dh), _p2(Dv)
-    wide = max(dp, dvp) > 128
-    return dict(KT=KV_CODES[kt], VT=KV_CODES[vt], G=G, BM=32 if wide else 64, BN=16 if wide else 32, DP=dp,
-                DVP=dvp, WINDOW=window is not None, SINKS=sinks)
+    """The prompt kernel's: BM = 64 tokens by BN = 32 keys a step (32 by 16 past 128 dims or in chunks)."""
+    q, v = _dims(Dh, Dv)
+    wide = max(q["DC"], v["DVB"]) > 128 or q["NC"] > 1
+    return dict(KT=KV_CODES[kt], VT=KV_CODES[vt], G=G, BM=32 if wide else 64, BN=16 if wide else 32, **q, **v,
+                WINDOW=window is not None, SINKS=sinks)
 
 
 def _merge_constexprs(Dv: int, sinks: bool) -> dict:
@@ -216,7 +229,8 @@ def specs(k: str = "f16", v: str | None = None, T: int = 1, G: int = 4, Dh: int 
     f32 = "*fp32"
     sig = dict(q_ptr=f32, k_ptr=_PTR[k], ks_ptr="*fp16" if k == "q8_0" else _PTR[k], v_ptr=_PTR[v],
                vs_ptr="*fp16" if v == "q8_0" else _PTR[v], pos_ptr="*i32", mp_ptr=f32, lp_ptr=f32, ap_ptr=f32,
-               **dict.fromkeys(("T", "H", "Hk", "Dh", "Dv", "Dkr", "Dvr", "window", "n_split"), "i32"), scale="fp32")
+               **dict.fromkeys(("T", "H", "Hk", "Dh", "Dv", "Dkr", "Dvr", "window", "n_split"), "i32"), scale="fp32",
+               NR="i32")
     msig = dict(mp_ptr=f32, lp_ptr=f32, ap_ptr=f32, sinks_ptr=f32, out_ptr=f32, TH="i32", H="i32", Dv="i32",
                 n_split="i32")
     def wsig(kind):
@@ -226,7 +240,7 @@ def specs(k: str = "f16", v: str | None = None, T: int = 1, G: int = 4, Dh: int 
     writes = [("kv_write_kernel", wsig(k), dict(CT=KV_CODES[k], DP=_p2(Dh, 32)), WARPS),
               ("kv_write_kernel", wsig(v), dict(CT=KV_CODES[v], DP=_p2(Dv, 32)), WARPS)]
     if T > DECODE_MAX_T:
-        psig = {a: t for a, t in sig.items() if a not in ("mp_ptr", "lp_ptr", "ap_ptr", "n_split")}
+        psig = {a: t for a, t in sig.items() if a not in ("mp_ptr", "lp_ptr", "ap_ptr", "n_split", "NR")}
         psig = dict(list(psig.items())[:6] + [("sinks_ptr", f32), ("out_ptr", f32)] + list(psig.items())[6:])
         return [("attn_prompt_kernel", psig, _prompt_constexprs(k, v, G, Dh, Dv, True if window else None, sinks),
                  WARPS)] + writes

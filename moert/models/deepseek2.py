@@ -271,7 +271,8 @@ def mla_attention(m, il: int, h, dev):
     q_lat = q[:, :, :Dn].transpose(1, 0, 2) @ absorbed(m, b, dev, "k")                   # (H, T, R)
     q = kv = None                           # the temporaries memory.py's estimate counts are the ones alive
     k_cache, _ = m.kv_cache(il)                                                          # (n_ctx, 1, R + P)
-    lat = latent_attention(q_lat, q_pe.transpose(1, 0, 2), c_kv, k_pe, k_cache, m.position, scale, xp)  # (H, T, R)
+    lat = latent_attention(q_lat, q_pe.transpose(1, 0, 2), c_kv, k_pe, k_cache, m.position, scale, xp,
+                           kernels=dev.block_kernels())                                  # (H, T, R)
     o = lat @ absorbed(m, b, dev, "v").transpose(0, 2, 1)                                # (H, T, Dv)
     o = xp.ascontiguousarray(o.transpose(1, 0, 2)).reshape(T, H * c.v_head)              # (T, H*Dv)
     return m.linear(o, b + "attn_output.weight", dev)                                    # (T, D)

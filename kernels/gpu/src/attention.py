@@ -24,7 +24,9 @@ kv_write_kernel, grid (T * Hk,): a step's keys or values into the cache, rounded
 
 Cache codes (KT, VT): 0 f32, 1 f16, 2 bf16 (the uint16 bits, passed as an f16 view), 3 q8_0 (int8 values passed as
 uint8, per 32 values an f16 scale in a second array (n_ctx, Hk, D / 32)). Caches are (n_ctx, Hk, D) row-major;
-D the stored row (Dkr, Dvr) may exceed the dims read (Dh, Dv): MLA's latent cache is its own values' cache.
+D the stored row (Dkr, Dvr) may exceed the dims read (Dh, Dv): MLA's latent cache is its own values' cache. Wide
+heads (MLA's 576 dims) read q in NC chunks of DC dims and the values in blocks of DVB (grid axis 2), so no tile
+holds a whole head.
 """
 
 import triton
@@ -51,16 +53,39 @@ def _tile(ptr, sptr, keys, kh, Hk, D, d, ok, CT: tl.constexpr):
 
 
 @triton.jit
+def _scores(q_ptr, qrow, rok, Dh, scale, k_ptr, ks_ptr, keys, kok, kh, Hk, Dkr, KT: tl.constexpr,
+            RP: tl.constexpr, BN: tl.constexpr, DC: tl.constexpr, NC: tl.constexpr, F16: tl.constexpr):
+    """(RP, BN) float32 scores of rows qrow (RP,) of q against keys (BN,), NC chunks of DC dims at a time, q
+    reloaded per chunk (a wide head, MLA's 576 dims, would not fit whole in registers); F16: operands rounded to
+    f16 (the prompt kernel's), else float32 products (tl.dot "ieee")."""
+    s = tl.zeros((RP, BN), tl.float32)
+    for c in tl.static_range(NC):
+        d = c * DC + tl.arange(0, DC)
+        qc = tl.load(q_ptr + qrow[:, None] * Dh + d[None, :], mask=rok[:, None] & (d < Dh)[None, :], other=0.0)
+        kt = _tile(k_ptr, ks_ptr, keys, kh, Hk, Dkr, d, kok[:, None] & (d < Dh)[None, :], KT)          # (BN, DC)
+        if F16:
+            s += tl.dot(qc.to(tl.float16), tl.trans(kt.to(tl.float16)))
+        else:
+            s += tl.dot(qc * scale, tl.trans(kt), input_precision="ieee")
+    if F16:
+        s = s * scale
+    return s
+
+
+@triton.jit
 def attn_split_kernel(q_ptr, k_ptr, ks_ptr, v_ptr, vs_ptr, pos_ptr, mp_ptr, lp_ptr, ap_ptr,
-                      T, H, Hk, Dh, Dv, Dkr, Dvr, window, n_split, scale,
-                      KT: tl.constexpr, VT: tl.constexpr, G: tl.constexpr, RP: tl.constexpr, DP: tl.constexpr,
-                      DVP: tl.constexpr, BN: tl.constexpr, WINDOW: tl.constexpr):
-    """Partials of split sp = program_id(1) for KV head kh = program_id(0): mp, lp (NS, T, H) and ap (NS, T, H, Dv)
-    float32 at [sp, t, kh * G + g]. q (T, H, Dh) float32; pos_ptr: pos0 (int32); window: keys s with
-    p - window < s <= p for the query at p (WINDOW), else p >= s only. A split past the visible keys writes m = -inf,
-    l = 0, acc = 0."""
-    kh = tl.program_id(0)
+                      T, H, Hk, Dh, Dv, Dkr, Dvr, window, n_split, scale, NR,
+                      KT: tl.constexpr, VT: tl.constexpr, G: tl.constexpr, RP: tl.constexpr, DC: tl.constexpr,
+                      NC: tl.constexpr, DVB: tl.constexpr, BN: tl.constexpr, WINDOW: tl.constexpr):
+    """Partials of split sp = program_id(1) for rows rb * RP .. of KV head kh, program_id(0) = kh * NR + rb (NR row
+    blocks: one but for many rows of a wide head): mp, lp (NS, T, H) and ap (NS, T, H, Dv) float32 at
+    [sp, t, kh * G + g]; value dims vb * DVB .. of them for vb = program_id(2) (one block but for wide heads; every
+    block finds the same m and l, block 0 stores them). q (T, H, Dh) float32, read NC chunks of DC
+    dims (one: held for the whole loop); pos_ptr: pos0 (int32); window: keys s with p - window < s <= p for the
+    query at p (WINDOW), else p >= s only. A split past the visible keys writes m = -inf, l = 0, acc = 0."""
+    kh = tl.program_id(0) // NR
     sp = tl.program_id(1)
+    vb = tl.program_id(2)
     pos0 = tl.load(pos_ptr)
     S = pos0 + T
     s0 = 0
@@ -69,24 +94,29 @@ def attn_split_kernel(q_ptr, k_ptr, ks_ptr, v_ptr, vs_ptr, pos_ptr, mp_ptr, lp_p
     per = tl.cdiv(tl.cdiv(S - s0, n_split), BN) * BN                         # keys per split, whole steps
     a0 = s0 + sp * per
     a1 = tl.minimum(S, a0 + per)
-    r = tl.arange(0, RP)                                                     # (RP,) rows t * G + g
+    r = tl.program_id(0) % NR * RP + tl.arange(0, RP)                        # (RP,) rows t * G + g
     t = r // G
     h = kh * G + r % G
     rok = r < T * G
-    d = tl.arange(0, DP)
-    dv = tl.arange(0, DVP)
+    dv = vb * DVB + tl.arange(0, DVB)
     qrow = (t * H + h).to(tl.int64)
-    qv = tl.load(q_ptr + qrow[:, None] * Dh + d[None, :], mask=rok[:, None] & (d < Dh)[None, :], other=0.0)
-    qv = qv * scale                                                          # (RP, DP)
+    if NC == 1:
+        d = tl.arange(0, DC)
+        qv = tl.load(q_ptr + qrow[:, None] * Dh + d[None, :], mask=rok[:, None] & (d < Dh)[None, :], other=0.0)
+        qv = qv * scale                                                      # (RP, DC)
     p = pos0 + t                                                             # (RP,) each row's position
     m = tl.full((RP,), float("-inf"), tl.float32)
     l = tl.zeros((RP,), tl.float32)
-    acc = tl.zeros((RP, DVP), tl.float32)
+    acc = tl.zeros((RP, DVB), tl.float32)
     for a in range(a0, a1, BN):
         keys = a + tl.arange(0, BN)                                          # (BN,)
         kok = keys < a1
-        kt = _tile(k_ptr, ks_ptr, keys, kh, Hk, Dkr, d, kok[:, None] & (d < Dh)[None, :], KT)         # (BN, DP)
-        s = tl.dot(qv, tl.trans(kt), input_precision="ieee")                                            # (RP, BN)
+        if NC == 1:
+            kt = _tile(k_ptr, ks_ptr, keys, kh, Hk, Dkr, d, kok[:, None] & (d < Dh)[None, :], KT)     # (BN, DC)
+            s = tl.dot(qv, tl.trans(kt), input_precision="ieee")                                        # (RP, BN)
+        else:
+            s = _scores(q_ptr, qrow, rok, Dh, scale, k_ptr, ks_ptr, keys, kok, kh, Hk, Dkr, KT, RP, BN, DC, NC,
+                        False)
         seen = (keys[None, :] <= p[:, None]) & kok[None, :]
         if WINDOW:
             seen = seen & (keys[None, :] > p[:, None] - window)
@@ -96,12 +126,13 @@ def attn_split_kernel(q_ptr, k_ptr, ks_ptr, v_ptr, vs_ptr, pos_ptr, mp_ptr, lp_p
         alpha = tl.exp(m - base)                                             # rescales what was summed before
         e = tl.exp(s - base[:, None])                                        # (RP, BN)
         l = l * alpha + tl.sum(e, axis=1)
-        vt = _tile(v_ptr, vs_ptr, keys, kh, Hk, Dvr, dv, kok[:, None] & (dv < Dv)[None, :], VT)      # (BN, DVP)
+        vt = _tile(v_ptr, vs_ptr, keys, kh, Hk, Dvr, dv, kok[:, None] & (dv < Dv)[None, :], VT)      # (BN, DVB)
         acc = acc * alpha[:, None] + tl.dot(e, vt, input_precision="ieee")
         m = m_new
     prow = (sp * T * H + qrow)                                               # (RP,) [sp, t, h]
-    tl.store(mp_ptr + prow, m, mask=rok)
-    tl.store(lp_ptr + prow, l, mask=rok)
+    first = rok & (r * 0 + vb == 0)                                          # block-shaped: a mask of its own
+    tl.store(mp_ptr + prow, m, mask=first)
+    tl.store(lp_ptr + prow, l, mask=first)
     tl.store(ap_ptr + prow[:, None] * Dv + dv[None, :], acc, mask=rok[:, None] & (dv < Dv)[None, :])
 
 
@@ -179,22 +210,26 @@ def kv_write_kernel(x_ptr, c_ptr, cs_ptr, pos_ptr, Hk, D, CT: tl.constexpr, DP: 
 def attn_prompt_kernel(q_ptr, k_ptr, ks_ptr, v_ptr, vs_ptr, pos_ptr, sinks_ptr, out_ptr,
                        T, H, Hk, Dh, Dv, Dkr, Dvr, window, scale,
                        KT: tl.constexpr, VT: tl.constexpr, G: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
-                       DP: tl.constexpr, DVP: tl.constexpr, WINDOW: tl.constexpr, SINKS: tl.constexpr):
-    """out[t, h] (Dv,) for BM tokens t0 .. t0 + BM of query head h: t0 = program_id(0) * BM, h = program_id(1)
-    (FlashAttention-2's forward, causal, over the cache in its own type). q and each BN-key tile of K and V are
-    rounded to f16 for tl.dot (tensor cores), accumulated in float32, the probabilities rounded to f16 for the
-    second dot; the keys seen run from the block's first token's window to its last token. out (T, H, Dv)."""
+                       DC: tl.constexpr, NC: tl.constexpr, DVB: tl.constexpr, WINDOW: tl.constexpr,
+                       SINKS: tl.constexpr):
+    """out[t, h] (value dims vb * DVB ..) for BM tokens t0 .. t0 + BM of query head h: t0 = program_id(0) * BM,
+    h = program_id(1), vb = program_id(2) (FlashAttention-2's forward, causal, over the cache in its own type).
+    q and each BN-key tile of K and V are rounded to f16 for tl.dot (tensor cores), accumulated in float32, the
+    probabilities rounded to f16 for the second dot; the keys seen run from the block's first token's window to its
+    last token. q is read NC chunks of DC dims (one: held for the whole loop). out (T, H, Dv)."""
     t0 = tl.program_id(0) * BM
     h = tl.program_id(1)
+    vb = tl.program_id(2)
     kh = h // G
     pos0 = tl.load(pos_ptr)
     t = t0 + tl.arange(0, BM)                                                # (BM,)
     tok = t < T
-    d = tl.arange(0, DP)
-    dv = tl.arange(0, DVP)
+    dv = vb * DVB + tl.arange(0, DVB)
     qrow = (t * H + h).to(tl.int64)
-    qv = tl.load(q_ptr + qrow[:, None] * Dh + d[None, :], mask=tok[:, None] & (d < Dh)[None, :], other=0.0)
-    qv = qv.to(tl.float16)                                                   # (BM, DP)
+    if NC == 1:
+        d = tl.arange(0, DC)
+        qv = tl.load(q_ptr + qrow[:, None] * Dh + d[None, :], mask=tok[:, None] & (d < Dh)[None, :], other=0.0)
+        qv = qv.to(tl.float16)                                               # (BM, DC)
     p = pos0 + t                                                             # (BM,) each token's position
     lo = 0
     if WINDOW:
@@ -202,12 +237,16 @@ def attn_prompt_kernel(q_ptr, k_ptr, ks_ptr, v_ptr, vs_ptr, pos_ptr, sinks_ptr, 
     hi = tl.minimum(pos0 + T, pos0 + t0 + BM)                                # past the block's last token: none
     m = tl.full((BM,), float("-inf"), tl.float32)
     l = tl.zeros((BM,), tl.float32)
-    acc = tl.zeros((BM, DVP), tl.float32)
+    acc = tl.zeros((BM, DVB), tl.float32)
     for a in range(lo, hi, BN):
         keys = a + tl.arange(0, BN)
         kok = keys < hi
-        kt = _tile(k_ptr, ks_ptr, keys, kh, Hk, Dkr, d, kok[:, None] & (d < Dh)[None, :], KT).to(tl.float16)
-        s = tl.dot(qv, tl.trans(kt)) * scale                                 # (BM, BN) float32
+        if NC == 1:
+            kt = _tile(k_ptr, ks_ptr, keys, kh, Hk, Dkr, d, kok[:, None] & (d < Dh)[None, :], KT).to(tl.float16)
+            s = tl.dot(qv, tl.trans(kt)) * scale                             # (BM, BN) float32
+        else:
+            s = _scores(q_ptr, qrow, tok, Dh, scale, k_ptr, ks_ptr, keys, kok, kh, Hk, Dkr, KT, BM, BN, DC, NC,
+                        True)
         seen = (keys[None, :] <= p[:, None]) & kok[None, :]
         if WINDOW:
             seen = seen & (keys[None, :] > p[:, None] - window)
