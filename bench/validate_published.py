@@ -118,7 +118,7 @@ def _predict(entry: str, factors: tuple, _graphs: str) -> dict:
     r = moert.predict(plan, hw, n_prompt=t.get("n_prompt") or 0, n_gen=t.get("n_gen") or 1, depth=t.get("depth", 0),
                       n_ubatch=t.get("n_ubatch", 512), threads=t.get("threads"), kv_bytes=t.get("kv_bytes", 2),
                       policy="ik_llama.cpp" if e["engine"] == "ik_llama.cpp" else "llama.cpp", graphs=graphs(e),
-                      mmap=mmap(e), numa=numa(e), repack=repack(e))
+                      mmap=mmap(e), numa=numa(e), repack=repack(e), build=build(e))
     wanted = e.get("predict", ["prompt", "gen"])
     return {"prompt": r.prefill_tok_s if e.get("prompt_tok_s") and "prompt" in wanted else None,
             "gen": r.decode_tok_s if e.get("gen_tok_s") and "gen" in wanted else None,
@@ -150,6 +150,13 @@ def repack(e: dict) -> bool:
     repacked, mmap off, and those of types its CUDA backend cannot run never offloaded (moert/cost/repack.py)."""
     on = re.search(r"(^|\s)(-rtr|--run-time-repack)(\s+1)?(\s|$)", e.get("flags") or "")
     return e["engine"] == "ik_llama.cpp" and bool(on) and not re.search(r"-rtr\s+0", e.get("flags") or "")
+
+
+def build(e: dict) -> str:
+    """The date of the entry's build where the source dates it ("build"), as moert.predict's `build` takes it; "" where
+    its file's types are row-interleaved already (_R4 / _R8: ik_llama.cpp runs the same kernels on them before and
+    after its on-the-fly repacking, moert/cost/predict.py IK_REPACK_DATE)."""
+    return "" if re.search(r"_R[48]\b", e.get("quant", "")) else e.get("build", "")
 
 
 def numa(e: dict) -> str:

@@ -59,6 +59,28 @@ def test_ik_llama_cpp_cpu_prefill_uses_its_faster_gemm_and_decode_is_unchanged()
     assert 1.5 < ik.prefill_tok_s / main.prefill_tok_s <= cost_predict.IK_CPU_GEMM_X + 1e-9
 
 
+def test_an_ik_llama_cpp_build_before_its_on_the_fly_repacking_runs_cpu_prompts_at_its_own_kernels_rate():
+    hw = cost.preset("ryzen-7950x")
+    p = _plan(hw)
+
+    def run(**kw):
+        return moert.predict(p, hw, n_prompt=512, policy="ik_llama.cpp", **kw)
+    today, june, may, may_rtr = run(), run(build="2025-06-18"), run(build="2025-05-20"), run(build="2025-05-20",
+                                                                                           repack=True)
+    assert today.prefill_tok_s == june.prefill_tok_s == may_rtr.prefill_tok_s   # -rtr: interleaved kernels, no change
+    assert may.decode_tok_s == today.decode_tok_s                                  # decode is not a GEMM
+    # the CPU experts' compute time of the prompt grows by PR 534's Q4_0 factor, x1.93, where nothing else changed
+    def cpu_compute(r):                                  # a part's seconds less its fixed cost per op
+        return sum(x.seconds - x.ops * roofline.op_us(hw.cpu) * 1e-6 for x in r.parts
+                   if x.phase == "prefill" and x.device == "cpu" and x.bound == "compute" and x.stage == "experts")
+    assert cpu_compute(may) == pytest.approx(cpu_compute(today) * 300.9 / 155.6, rel=1e-6)
+    assert cost_predict.ik_cpu_gemm_x("2025-05-20") == pytest.approx(721.49 / 282.49 * 155.6 / 300.9)
+    main = moert.predict(p, hw, n_prompt=512, build="2025-05-20")                  # mainline: no such term
+    assert main.prefill_tok_s == moert.predict(p, hw, n_prompt=512).prefill_tok_s
+    with pytest.raises(moert.errors.ArgumentError, match="YYYY-MM-DD"):
+        run(build="May 2025")
+
+
 def test_fewer_threads_than_cores_keep_the_links_of_the_ccds_they_use():
     cpu = cost.CPUS["epyc-9b14"]                                 # 96 cores on 12 CCDs, 64 GB/s a link
     assert cpu.read_gbs(8) == pytest.approx(64.0)                    # one CCD's link

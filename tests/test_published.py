@@ -166,3 +166,12 @@ def test_the_census_counts_boxes_by_stated_parts_and_skips_excluded_entries():
 def test_the_set_holds_at_least_80_figures_from_25_boxes():
     n = _validator().census(_entries())
     assert n["figures"] >= 80 and n["boxes"] >= 25
+
+
+def test_an_entrys_build_date_reaches_predict_unless_its_file_is_row_interleaved():
+    validate_published = _validator()
+    dated = [e for e in _entries() if "build" in e]
+    assert dated and all(len(e["build"]) == 10 and e["build"][4] == "-" for e in dated)
+    assert validate_published.build({"quant": "Q8_0 (unsloth)", "build": "2025-05-20"}) == "2025-05-20"
+    assert validate_published.build({"quant": "IQ4_K_R4 (ubergarm)", "build": "2025-05-20"}) == ""   # _R4 in the file
+    assert validate_published.build({"quant": "Q4_K_M"}) == ""                                       # undated: today's

@@ -60,6 +60,18 @@ POLICIES = ("llama.cpp", "ik_llama.cpp", "none")
 # ik_llama.cpp PR 934 (Ryzen-7950X, CPU only, Q4_0, pp2048 at N_KV 0: 721.49 t/s vs llama.cpp's 282.49 t/s). Not read
 # from any entry of bench/published.json; decode (mat-vec, bandwidth-bound) is unchanged.
 IK_CPU_GEMM_X = 721.49 / 282.49
+# That rate is the one of ik_llama.cpp since its "Much faster CPU prompt processing" PRs 531, 533 and 534 (merged
+# 2025-06-16 to 2025-06-18): a matmul of 32+ tokens now repacks a type that is not row-interleaved on the fly to
+# Q8_K_R8 / Q8_0_R8 / Q8_1 before its GEMM (ggml/src/iqk/iqk_mul_mat.cpp, MulMat::is_dequant_better and
+# iqk_mul_mat_moe); before, each such type ran its own kernel. PR 534's pp512 table (LLaMA-3.1-8B, Ryzen-7950X, CPU
+# only): Q4_0 155.6 -> 300.9 t/s, x1.93 on PR 934's type ("gains in the range of 2X for all types": x1.80-2.30 over nine
+# types). So a build older than IK_REPACK_DATE runs them at IK_CPU_GEMM_X / IK_REPACK_X; row-interleaved weights
+# (-rtr, or _R4 / _R8 types in the file) ran their own interleaved kernels before and after. Read from the PRs, not
+# fitted on any entry of bench/published.json. Not modelled: today's threshold itself (a routed expert seeing fewer than
+# 32 tokens, 64 for Q6_K, still runs its type's own kernel): at x1.93 it would put the training Ryzen AI Max+ 395
+# CPU-only gpt-oss-120b pp512 (16 tokens an expert, MXFP4) 19% too slow where it is 29% too fast now.
+IK_REPACK_DATE = "2025-06-18"
+IK_REPACK_X = 300.9 / 155.6
 # Sliding-window attention: llama.cpp's set_swa_pattern(n) per architecture (llama-model.cpp: gpt-oss 2, even layers
 # slide; gemma3 6, layers 5, 11, ... attend globally), the same periods moert/models/gptoss.py and gemma3.py run. A
 # sliding layer keeps W + u-batch positions (llama_kv_cache_iswa), so its attention stops growing with the depth.
@@ -92,7 +104,7 @@ def predict(plan, hardware: Hardware, n_prompt: int = 512, n_gen: int = 128, dep
             threads: int | None = None, *, policy: str = "llama.cpp", n_ubatch: int = 512, kv_bytes: float = 2,
             act_quant: str | None = None, experts: dict | None = None, n_ctx: int | None = None,
             graphs: str = "per-split", cache=None, ram_gib: float | None = None, disk: str | None = None,
-            mmap: bool = True, numa: str = "none", repack: bool = False) -> Prediction:
+            mmap: bool = True, numa: str = "none", repack: bool = False, build: str = "") -> Prediction:
     """Predict llama-bench's pp{n_prompt} and tg{n_gen} at KV position `depth` for `plan` on `hardware`.
 
     `experts`: {expert tensor name: {device: range of experts}} overriding the plan's (whole-tensor) sets,
@@ -106,7 +118,8 @@ def predict(plan, hardware: Hardware, n_prompt: int = 512, n_gen: int = 128, dep
     it does not fit, and op offload copies from pinned memory (mmap: from pageable, Link.staged). `numa`: llama.cpp's
     --numa on a CPU of several NUMA nodes ("none": not given; hardware.numa_view says what each sees). `repack`:
     ik_llama.cpp's -rtr (moert/cost/repack.py): mmap off, and weights in RAM whose repacked type its CUDA backend does
-    not run are never offloaded."""
+    not run are never offloaded. `build`: the engine build's date, YYYY-MM-DD ("": today's), where it changes a term
+    (ik_cpu_gemm_x)."""
     repack = repack and policy == "ik_llama.cpp"   # an ik_llama.cpp flag: mainline has none
     mmap = mmap and not repack                   # -rtr turns mmap off (ik_llama.cpp common.cpp)
     hardware = replace(hardware, cpu=numa_view(hardware.cpu, numa))
@@ -115,6 +128,8 @@ def predict(plan, hardware: Hardware, n_prompt: int = 512, n_gen: int = 128, dep
                              n_ubatch=n_ubatch, kv_bytes=kv_bytes, act_quant=act_quant, experts=experts, n_ctx=n_ctx,
                              graphs=graphs)
     _check_arguments(n_prompt, n_gen, depth, threads, n_ubatch, kv_bytes, act_quant, n_ctx)
+    if build and not re.fullmatch(r"\d{4}-\d\d-\d\d", build):
+        raise ArgumentError(f"build={build!r}: give the engine build's date as YYYY-MM-DD (or '' for today's)")
     if policy not in POLICIES:
         raise PlacementError(f"policy={policy!r}; use one of {', '.join(POLICIES)}")
     if graphs not in launch.GRAPHS:
@@ -131,7 +146,7 @@ def predict(plan, hardware: Hardware, n_prompt: int = 512, n_gen: int = 128, dep
     cost = CostModel(plan, hardware, threads, act_quant=act_quant, kv_bytes=kv_bytes, experts=experts, mmap=mmap)
     cost.repack = repack
     if policy == "ik_llama.cpp" and not hardware.cpu.kernel_gflops:   # measured rates are moert's own kernels
-        cost.cpu_gemm_x = IK_CPU_GEMM_X
+        cost.cpu_gemm_x = ik_cpu_gemm_x(build, repack)
     if not hardware.cpu.kernel_gflops:                # the int8 dot path the engine's kernels take on this ISA
         cost.cpu_int8_x = kinds.cpu_int8_x(hardware.cpu, policy)
         cost.amx_engine = policy                      # llama.cpp's AMX tiles for dense matmuls (kinds.amx_gemm_x)
@@ -155,7 +170,8 @@ def predict(plan, hardware: Hardware, n_prompt: int = 512, n_gen: int = 128, dep
     memory = _gpu_memory(plan, m, hardware, n_ctx or depth + n_prompt + n_gen, n_ubatch)
     settings = dict(hardware=hardware.name, n_prompt=n_prompt, n_gen=n_gen, depth=depth, policy=policy,
                     threads=cost.threads, n_ubatch=n_ubatch, kv_bytes=kv_bytes, trace=trace is not None,
-                    overlap="none (splits run in order)", graphs=graphs, numa=numa, repack=repack)
+                    overlap="none (splits run in order)", graphs=graphs, numa=numa, repack=repack,
+                    build=build)
     pred = Prediction(1.0 / decode_s if decode_s else math.inf, n_prompt / prefill_s if prefill_s else 0.0,
                       decode_s, prefill_s, parts, all(v["need"] <= v["capacity"] for v in memory.values()),
                       memory, settings)
@@ -166,6 +182,13 @@ def predict(plan, hardware: Hardware, n_prompt: int = 512, n_gen: int = 128, dep
     from moert.cost import capacity
 
     return capacity.with_ram(pred, plan, ram, n_ctx, disk or capacity.DEFAULT_DISK, mmap=mmap)
+
+
+def ik_cpu_gemm_x(build: str = "", repacked: bool = False) -> float:
+    """ik_llama.cpp's batched CPU matmuls against mainline's, for a build of that date ("": today's) on weights
+    repacked by -rtr or not: IK_CPU_GEMM_X, or / IK_REPACK_X for a build before IK_REPACK_DATE on weights not
+    repacked (each type then ran its own kernel)."""
+    return IK_CPU_GEMM_X / IK_REPACK_X if build and build < IK_REPACK_DATE and not repacked else IK_CPU_GEMM_X
 
 
 def _times(p: Part, n: int) -> Part:
@@ -365,4 +388,5 @@ predict.VALIDATION = VALIDATION      # what a user reads beside moert.predict ha
 predict.trust = trust
 
 
-__all__ = ["POLICIES", "VALIDATION", "CostModel", "Part", "Prediction", "expert_sets", "gpu_memory", "predict", "trust"]
+__all__ = ["IK_REPACK_DATE", "IK_REPACK_X", "POLICIES", "VALIDATION", "CostModel", "Part", "Prediction", "expert_sets",
+           "gpu_memory", "ik_cpu_gemm_x", "predict", "trust"]
