@@ -69,7 +69,7 @@ IK_CPU_GEMM_X = 721.49 / 282.49
 # (-rtr, or _R4 / _R8 types in the file) ran their own interleaved kernels before and after. Read from the PRs, not
 # fitted on any entry of bench/published.json. Not modelled: today's threshold itself (a routed expert seeing fewer than
 # 32 tokens, 64 for Q6_K, still runs its type's own kernel): at x1.93 it would put the training Ryzen AI Max+ 395
-# CPU-only gpt-oss-120b pp512 (16 tokens an expert, MXFP4) 19% too slow where it is 29% too fast now.
+# CPU-only gpt-oss-120b pp512 (16 tokens an expert, MXFP4) 19% too slow out of sample, where it is 37% too fast now.
 IK_REPACK_DATE = "2025-06-18"
 IK_REPACK_X = 300.9 / 155.6
 # Sliding-window attention: llama.cpp's set_swa_pattern(n) per architecture (llama-model.cpp: gpt-oss 2, even layers
