@@ -144,21 +144,24 @@ def attention(q, k_cache, v_cache, pos, scale: float | None = None, window: int 
     host_pos = isinstance(pos, (int, np.integer))
     if host_pos and not 0 <= int(pos) <= kc[1].shape[0] - T:
         raise ShapeError(f"attention: position {pos} + {T} tokens is past the cache's {kc[1].shape[0]} rows")
+    if T == 0:
+        return out
     if backend == "twin":
         if k is not None:
             write_ref(kc, k, pos)
             write_ref(vc, v, pos)
         out[...] = attention_ref(q, kc, vc, pos, scale, window, sinks, Dv)
         return out
-    if n_split is None:
-        keys = int(pos) + T if host_pos else kc[1].shape[0]
-        n_split = splits(keys if window is None else min(keys, int(window) + T - 1), Hk)
-    need = work_size(T, H, Dv, n_split) if T <= DECODE_MAX_T else 0
-    if work is None:
-        work = xp.empty(need, dtype=np.float32)
-    elif work.dtype != np.float32 or work.ndim != 1 or work.size < need:
-        raise ShapeError(f"attention: work must be 1-d float32 of at least {need} (work_size), got {work.dtype} "
-                         f"{tuple(work.shape)}")
+    if T <= DECODE_MAX_T:
+        if n_split is None:
+            keys = int(pos) + T if host_pos else kc[1].shape[0]
+            n_split = splits(keys if window is None else min(keys, int(window) + T - 1), Hk)
+        need = work_size(T, H, Dv, n_split)
+        if work is None:
+            work = xp.empty(need, dtype=np.float32)
+        elif work.dtype != np.float32 or work.ndim != 1 or work.size < need:
+            raise ShapeError(f"attention: work must be 1-d float32 of at least {need} (work_size), got "
+                             f"{work.dtype} {tuple(work.shape)}")
     pos = _device_pos(pos, xp)
     if k is not None:
         _write(kc, k, pos, backend, stream)
@@ -177,7 +180,7 @@ def attention(q, k_cache, v_cache, pos, scale: float | None = None, window: int 
     n = n_split * T * H
     mp, lp, ap = work[:n], work[n:2 * n], work[2 * n:need]
     const = _split_constexprs(kc[0], vc[0], T, H // Hk, Dh, Dv, window)
-    nr = -(-T * H // Hk // const["RP"])                                  # row blocks of a KV head's G * T rows
+    nr = -(-(T * (H // Hk)) // const["RP"])                              # row blocks of a KV head's G * T rows
     run("attn_split_kernel", (Hk * nr, n_split, -(-Dv // const["DVB"])), dict(args, mp_ptr=mp, lp_ptr=lp, ap_ptr=ap,
         **shape, n_split=n_split, scale=scale, NR=nr), const, WARPS, backend, stream)
     # without sinks the sinks pointer is never read (SINKS is False): any float32 device array stands in
@@ -187,7 +190,7 @@ def attention(q, k_cache, v_cache, pos, scale: float | None = None, window: int 
     return out
 
 
-def _dims(Dh: int, Dv: int) -> dict:
+def _dims(Dh: int, Dv: int) -> tuple[dict, dict]:
     """How the kernels hold a head: q's Dh dims as NC chunks of DC (one padded chunk up to 256 dims, 64 dims at a
     time past it: MLA's 576 padded whole would stage ~180-300 KB of tiles in shared memory), the Dv value dims in
     blocks of DVB, one program each (all of them up to 256, 128 past it)."""
