@@ -2,23 +2,24 @@
 up to 8 tokens, FlashAttention-2's forward for prompts, and the cache write.
 
 Dimension legend: T query tokens, H query heads, Hk KV heads, G = H / Hk, Dh key dims, Dv value dims, S keys visible
-(pos0 + T), NS key splits; RP = G * T rows padded to a power of 2 (>= 16, tl.dot's least), DP / DVP the head dims
-padded the same way, BN keys per step, BM tokens per prompt program.
+(pos0 + T), NS key splits; RP rows a program (of a KV head's G * T, padded to a power of 2 >= 16, tl.dot's least;
+NR programs when there are more), DC x NC q's dims read (one padded chunk, or chunks of 64 for a wide head), DVB
+value dims a program (NV blocks), BN keys per step, BM tokens per prompt program.
 
-attn_split_kernel, grid (Hk, NS): one program takes one KV head, all G query heads of its group and every token
-(row r = t * G + g), and one split of the visible keys. It converts BN keys and values at a time to float32 tiles
-(each key row read once for the G * T rows), scores them with tl.dot, and keeps per row FlashAttention's running
-max m, sum l and weighted values acc; then writes those partials. attn_merge_kernel, grid (T * H,): one row's
-partials merged, with the attention sink in the denominator: M = max(sink, m_c), out = sum_c acc_c e^(m_c - M) /
-(e^(sink - M) + sum_c l_c e^(m_c - M)). The same split and merge as kernels/flash_decode.py on the CPU (Dao et
-al.'s flash-decoding; llama.cpp's ggml-cuda fattn-vec splits the same way).
+attn_split_kernel, grid (Hk * NR, NS, NV): one program takes one KV head, all G query heads of its group and every
+token (row r = t * G + g; up to RP of them), and one split of the visible keys. It converts BN keys and values at a
+time to float32 tiles (each key row read once for the G * T rows), scores them with tl.dot, and keeps per row
+FlashAttention's running max m, sum l and weighted values acc; then writes those partials. attn_merge_kernel, grid
+(T * H,): one row's partials merged, with the attention sink in the denominator: M = max(sink, m_c), out = sum_c
+acc_c e^(m_c - M) / (e^(sink - M) + sum_c l_c e^(m_c - M)). The same split and merge as kernels/flash_decode.py on
+the CPU (Dao et al.'s flash-decoding; llama.cpp's ggml-cuda fattn-vec splits the same way).
 
-The position pos0 is read from device memory (pos_ptr), and each program finds its keys from it: the grid depends
-on Hk, NS and T only, so a captured graph replays at every position. Scores and weighted values are tl.dot with
-input_precision="ieee" (float32 products, no TF32): decode reads every cache byte once and does 2 FLOPs per byte
-per row, so tensor cores would buy little and cost the float32 result the NumPy twin is held to.
+The position pos0 is read from device memory (pos_ptr), and each program finds its keys from it: the grid depends on
+Hk, NS, T and the head dims only, so a captured graph replays at every position. Scores and weighted values are
+tl.dot with input_precision="ieee" (float32 products, no TF32): decode reads every cache byte once and does 2 FLOPs
+per byte per row, so tensor cores would buy little and cost the float32 result the NumPy twin is held to.
 
-attn_prompt_kernel, grid (cdiv(T, BM), H): a prompt's BM tokens of one query head over BN-key tiles, f16 operands
+attn_prompt_kernel, grid (cdiv(T, BM), H, NV): a prompt's BM tokens of one query head over BN-key tiles, f16 operands
 into tl.dot (FlashAttention-2's forward; Triton's fused-attention tutorial), causal and windowed, sinks at the end.
 kv_write_kernel, grid (T * Hk,): a step's keys or values into the cache, rounded to its type.
 
