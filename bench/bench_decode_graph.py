@@ -52,28 +52,35 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--steps", type=int, default=8)
     ap.add_argument("--arch", default=",".join(ARCHS), help="comma-separated architectures")
     args = ap.parse_args(argv)
+    rows = check(args.arch.split(","), "sim" if args.dry else "cupy", args.steps)
+    print("| architecture | captured | max logit diff | eager ms/token | graph ms/token |\n|---|---|---|---|---|")
+    for r in rows:
+        print(f"| {r['arch']} | {r['captured'][:60]} | {r['diff']:.2e} | {r['eager_ms']:.2f} | {r['graph_ms']:.2f} |")
+    print(f"\n{platform.node()}, {'sim:0 (kernels twins)' if args.dry else 'cuda:0'}; "
+          f"python bench/bench_decode_graph.py {' '.join(argv if argv is not None else sys.argv[1:])}")
+    return 0 if all(r["captured"] == "yes" and r["diff"] < 1e-3 for r in rows) else 1
+
+
+def check(archs: list[str], backend: str, steps: int = 8) -> list[dict]:
+    """Per architecture: arch, captured ("yes", or "no: why"), diff (the largest |logit| difference from eager),
+    eager_ms and graph_ms (a step, after the first). backend: "cupy", or "sim" (through the GPU kernels' twins)."""
     from moert.devices.sim import SimDevice
     from moert.testing import write_tiny
 
-    backend = "sim" if args.dry else "cupy"
     rows, kernels = [], SimDevice.run_kernels
     SimDevice.run_kernels = True                        # the sim reads weights through the GPU kernels' twins
     try:
         with tempfile.TemporaryDirectory() as d, warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            for arch in args.arch.split(","):
+            for arch in archs:
                 path = write_tiny(Path(d) / f"{arch}.gguf", arch, seed=3)
-                want, eager_s, _ = _steps(path, backend, False, args.steps)
-                got, graph_s, said = _steps(path, backend, True, args.steps)
-                rows.append((arch, said, float(np.abs(got - want).max()), eager_s * 1e3, graph_s * 1e3))
+                want, eager_s, _ = _steps(path, backend, False, steps)
+                got, graph_s, said = _steps(path, backend, True, steps)
+                rows.append(dict(arch=arch, captured=said, diff=float(np.abs(got - want).max()),
+                                 eager_ms=eager_s * 1e3, graph_ms=graph_s * 1e3))
     finally:
         SimDevice.run_kernels = kernels
-    print("| architecture | captured | max logit diff | eager ms/token | graph ms/token |\n|---|---|---|---|---|")
-    for arch, said, diff, e, g in rows:
-        print(f"| {arch} | {said[:60]} | {diff:.2e} | {e:.2f} | {g:.2f} |")
-    print(f"\n{platform.node()}, {'sim:0 (kernels twins)' if args.dry else 'cuda:0'}; "
-          f"python bench/bench_decode_graph.py {' '.join(argv if argv is not None else sys.argv[1:])}")
-    return 0 if all(said == "yes" and diff < 1e-3 for _, said, diff, _, _ in rows) else 1
+    return rows
 
 
 if __name__ == "__main__":

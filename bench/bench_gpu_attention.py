@@ -82,18 +82,36 @@ def main(argv=None) -> int:
             return 2
         backend, reps, copy_bytes = None, 50, 1 << 30
     h, hk = (int(v) for v in a.heads.split("/"))
-    d, t = a.dim, a.tokens
-    depths = [int(v) for v in a.depths.split(",")]
-    big = xp.empty(copy_bytes, dtype=np.uint8)
-    copy_bw = 2 * copy_bytes / _time(xp, lambda: big.copy(), 10)          # read + write
+    copy_bw = copy_gbs(xp, copy_bytes) * 1e9
     name = "NumPy (--dry: interpreter times)" if xp is np else \
         xp.cuda.runtime.getDeviceProperties(xp.cuda.Device().id)["name"].decode()
-    print(f"# {name}; heads {h}/{hk} of {d}; device-to-device copy {copy_bw / 1e9:.0f} GB/s")
+    print(f"# {name}; heads {h}/{hk} of {a.dim}; device-to-device copy {copy_bw / 1e9:.0f} GB/s")
     print(f"{'kv':5} {'what':>12} {'us':>10} {'GB/s':>7} {'% copy':>7} {'TFLOP/s':>8} {'rel err':>9}")
+    for r in measure(xp, a.kv.split(","), [int(v) for v in a.depths.split(",")], h, hk, a.dim, a.tokens, a.prompt,
+                     reps, backend):
+        err = float("nan") if r["rel_err"] is None else r["rel_err"]
+        if r["tflops"] is None:
+            print(f"{r['kv']:5} {r['what']:>12} {r['us']:>10.1f} {r['gbs']:>7.0f} "
+                  f"{100 * r['gbs'] * 1e9 / copy_bw:>6.0f}% {'':>8} {err:>9.1e}")
+        else:
+            print(f"{r['kv']:5} {r['what']:>12} {r['us']:>10.1f} {'':>7} {'':>7} {r['tflops']:>8.1f} {err:>9.1e}")
+    return 0
+
+
+def copy_gbs(xp, nbytes: int = 1 << 30) -> float:
+    """GB/s of a device-to-device copy of nbytes, read + write (what a kernel reading the cache once can reach)."""
+    big = xp.empty(nbytes, dtype=np.uint8)
+    return 2 * nbytes / _time(xp, lambda: big.copy(), 10) / 1e9
+
+
+def measure(xp, kinds: list[str], depths: list[int], h: int, hk: int, d: int, t: int = 1, prompt: int = 512,
+            reps: int = 50, backend: str | None = None):
+    """The table's rows one at a time, as dicts: kv, what, us, then gbs (decode: K and V bytes read / s) or tflops
+    (prompt), and rel_err (None where not checked). xp: NumPy or CuPy; backend: None, or "interpret"."""
     rng = np.random.default_rng(0)
-    n_ctx = max(max(depths) + t, a.prompt)
+    n_ctx = max(max(depths) + t, prompt)
     kx, vx = (rng.standard_normal((n_ctx, hk, d), dtype=np.float32) for _ in range(2))
-    for kind in a.kv.split(","):
+    for kind in kinds:
         kh, vh = cache(kind, kx), cache(kind, vx)
         kc, vc = ((kind, *(xp.asarray(p) for p in c[1:])) for c in (kh, vh))
         for i, depth in enumerate(depths):
@@ -104,19 +122,17 @@ def main(argv=None) -> int:
             work = xp.empty(attn.work_size(t, h, d, n_split), dtype=np.float32)
             s = _time(xp, functools.partial(gpu.attention, q, kc, vc, pos, n_split=n_split, out=out, work=work,
                                             backend=backend), reps)
-            err = _err(out, gpu.attention_ref(qh, kh, vh, depth)) if i == 0 else float("nan")
+            err = _err(out, gpu.attention_ref(qh, kh, vh, depth)) if i == 0 else None
             gbs = (depth + t) * hk * 2 * d * _ROW_BYTES[kind] / s / 1e9
-            print(f"{kind:5} {f'T={t} @{depth}':>12} {s * 1e6:>10.1f} {gbs:>7.0f} {100 * gbs * 1e9 / copy_bw:>6.0f}% "
-                  f"{'':>8} {err:>9.1e}")
-        if a.prompt:
-            qh = rng.standard_normal((a.prompt, h, d), dtype=np.float32)
+            yield dict(kv=kind, what=f"T={t} @{depth}", us=s * 1e6, gbs=gbs, tflops=None, rel_err=err)
+        if prompt:
+            qh = rng.standard_normal((prompt, h, d), dtype=np.float32)
             q = xp.asarray(qh)
-            out = xp.empty((a.prompt, h * d), dtype=np.float32)
+            out = xp.empty((prompt, h * d), dtype=np.float32)
             s = _time(xp, functools.partial(gpu.attention, q, kc, vc, 0, out=out, backend=backend), max(1, reps // 5))
-            tflops = 4 * h * d * a.prompt * (a.prompt + 1) / 2 / s / 1e12
-            print(f"{kind:5} {f'prompt {a.prompt}':>12} {s * 1e6:>10.1f} {'':>7} {'':>7} {tflops:>8.1f} "
-                  f"{_err(out, gpu.attention_ref(qh, kh, vh, 0)):>9.1e}")
-    return 0
+            tflops = 4 * h * d * prompt * (prompt + 1) / 2 / s / 1e12
+            yield dict(kv=kind, what=f"prompt {prompt}", us=s * 1e6, gbs=None, tflops=tflops,
+                       rel_err=_err(out, gpu.attention_ref(qh, kh, vh, 0)))
 
 
 def _err(got, want: np.ndarray) -> float:
