@@ -2,6 +2,7 @@
 (ratios side by side: this machine is shared, its absolute times are not).
 
     python bench/depth_ab.py kernel [-d 256,4096,16384,32768] [--rounds 15]     one token's attention
+    python bench/depth_ab.py kernel --split-before COMMIT [...]                  flash_decode.py then and now
     python bench/depth_ab.py decode [--layers 2] [-d 512,4096,16384] [--rounds 6] [--steps 32]
     python bench/depth_ab.py prompt [--layers 2] [-d 0,4096] [--rounds 5] [--prompt 512]
 
@@ -28,13 +29,13 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def previous_layers(commit: str):
-    """kernels/layers.py as it was at `commit`, as a module (Numba's cache off: it is not a file of the tree)."""
-    src = subprocess.run(["git", "-C", str(ROOT), "show", f"{commit}:kernels/layers.py"], check=True,
+def previous_layers(commit: str, name: str = "layers"):
+    """kernels/{name}.py as it was at `commit`, as a module (Numba's cache off: it is not a file of the tree)."""
+    src = subprocess.run(["git", "-C", str(ROOT), "show", f"{commit}:kernels/{name}.py"], check=True,
                          capture_output=True, text=True).stdout.replace("cache=True", "cache=False")
-    path = Path("/tmp") / f"moert_layers_{commit}.py"
+    path = Path("/tmp") / f"moert_{name}_{commit}.py"
     path.write_text(src)
-    spec = importlib.util.spec_from_file_location("moert.kernels.layers_previous", path)
+    spec = importlib.util.spec_from_file_location(f"moert.kernels.{name}_previous", path)
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod
@@ -54,10 +55,35 @@ def interleave(fns: dict, rounds: int, clock=time.perf_counter) -> dict:
 
 
 def kernel(args) -> None:
+    if args.split_before:
+        from moert.kernels import flash_decode as new
+        old = previous_layers(args.split_before, "flash_decode")
+        for S in args.depth:
+            _split_at(old, new, S, args.rounds)
+        return
     from moert.kernels import layers as new
     old = previous_layers(args.before)
     for S in args.depth:
         _kernel_at(old, new, S, args.rounds)
+
+
+def _split_at(old, new, S: int, rounds: int) -> None:
+    """One depth of `kernel --split-before`: kernels/flash_decode.py then and now, one token: attend1 on one
+    thread, split_attention on all."""
+    import numba
+    rng = np.random.default_rng(0)
+    H, Hk, Dh = 32, 4, 128
+    kc, vc = (rng.standard_normal((S, Hk, Dh)).astype(np.float16).view(np.uint16) for _ in range(2))
+    q = rng.standard_normal((1, H, Dh)).astype(np.float32)
+    sinks, out, scale = np.full(H, -np.inf, np.float32), np.empty((H, Dh), np.float32), np.float32(0.088)
+    numba.set_num_threads(1)
+    one = interleave({"previous": lambda: old.attend1(q[0], kc, vc, 0, S, scale, sinks, out),
+                      "current": lambda: new.attend1(q[0], kc, vc, 0, S, scale, sinks, out)}, rounds, time.thread_time)
+    n = numba.config.NUMBA_NUM_THREADS
+    numba.set_num_threads(n)
+    par = interleave({name: (lambda m=m: m.split_attention(q, m.Cache(kc), m.Cache(vc), S - 1, scale, None))
+                      for name, m in (("previous", old), ("current", new))}, rounds)
+    _report(S, one, par, n)
 
 
 def _kernel_at(old, new, S: int, rounds: int) -> None:
@@ -77,6 +103,10 @@ def _kernel_at(old, new, S: int, rounds: int) -> None:
     numba.set_num_threads(n)
     par = interleave({"previous": lambda: old.attention_decode(q, k, k, kc, vc, S, 0.088, None),
                       "current": lambda: new.attention_decode(q, k, k, kc, vc, S, 0.088, None)}, rounds)
+    _report(S, one, par, n)
+
+
+def _report(S: int, one: dict, par: dict, n: int) -> None:
     for name, ts in (("1 thread (CPU time)", one), (f"{n} threads", par)):
         p, c = statistics.median(ts["previous"]), statistics.median(ts["current"])
         print(f"{S:6d} keys, {name:20s}: previous {p * 1e3:7.2f} ms, current {c * 1e3:7.2f} ms: {p / c:.2f}x "
@@ -181,6 +211,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--steps", type=int, default=32)
     ap.add_argument("--prompt", type=int, default=512)
     ap.add_argument("--before", default="d19a328", help="the commit whose kernels/layers.py is 'previous'")
+    ap.add_argument("--split-before", metavar="COMMIT", help="kernel: compare kernels/flash_decode.py at COMMIT "
+                    "(attend1, split_attention) with the current one instead")
     args = ap.parse_args(argv)
     defaults = {"kernel": ([256, 4096, 16384, 32768], 15), "decode": ([512, 4096, 16384], 6),
                 "prompt": ([0, 4096], 5)}[args.what]

@@ -18,6 +18,13 @@ Measured (32 query / 4 KV heads of 128, f16, one token; 2 shared cores): on one 
 replaced up to 4096 keys and 2.3-2.8x at 8192-32768 (whose (G, S) scores fell out of L2); on 2 threads 2.1-2.5x
 the previous one (a KV head a thread) at 16384-32768.
 
+A tile's scores and weighted values run as register tiles where Dh and Dv are whole vectors (kernels/flash_simd.py:
+4 heads x 4 keys of q.k accumulators, 4 heads x 64 dims of P.V accumulators held over the tile's keys; plain loops
+otherwise), and the next tile's cache rows are prefetched while this one is computed. Against the plain loops
+(2026-11-28, `python bench/depth_ab.py kernel --split-before 64d2480`): one thread 2.6x at 256 keys, 2.2x at 4096,
+1.6-1.7x at 16384-32768 (there the cache streams from memory: a tile's conversion is then ~2/3 of its time); two
+threads 1.5x at 16384-32768.
+
 Windows (gemma3, gpt-oss: a query at p sees keys p - window < s <= p) and sinks (gpt-oss: a logit per head in
 the denominator) as moert.layers.attention takes them. MLA (deepseek2) passes its latent cache as both k and v
 with dv = the latent rank: the values are the first dv dims of each key row.
@@ -35,6 +42,7 @@ from numba.extending import overload
 
 from moert.errors import ShapeError
 from moert.kernels.blockdot import PRANGE_ONLY
+from moert.kernels.flash_simd import LANES, prefetch_row, scores, weighted_values
 from moert.kernels.fmath import as_f32, exp_neg, f32_of_bits
 from moert.kernels.jit import threads
 
@@ -104,6 +112,7 @@ def _item(q, kc, ks, kb, vc, vs, vb, Dv, pos0, window, kh, t0, t1, a0, a1, scale
     H, Dh = q.shape[1], q.shape[2]
     Hk = kc.shape[1]
     G = H // Hk
+    simd = Dh % LANES == 0 and Dv % LANES == 0
     for r in range((t1 - t0) * G):
         m[r] = -np.inf
         l[r] = 0.0
@@ -115,6 +124,9 @@ def _item(q, kc, ks, kb, vc, vs, vb, Dv, pos0, window, kh, t0, t1, a0, a1, scale
         n = min(BLOCK, hi - a)
         tile(kc, ks, kb, a, n, kh, kt[:n])                          # (n, Dh): converted once for every row
         tile(vc, vs, vb, a, n, kh, vt[:n])                          # (n, Dv)
+        for j in range(a + BLOCK, min(a + 2 * BLOCK, hi)):             # the next tile's rows on their way
+            prefetch_row(kc, j, kh)
+            prefetch_row(vc, j, kh)
         for t in range(t0, t1):
             p = pos0 + t
             j0 = 0 if window <= 0 else max(0, p - window + 1 - a)       # this token's keys in the tile: j0 .. j1
@@ -125,14 +137,17 @@ def _item(q, kc, ks, kb, vc, vs, vb, Dv, pos0, window, kh, t0, t1, a0, a1, scale
                 for i in range(Dh):
                     qs[g, i] = q[t, kh * G + g, i] * scale
             nj = j1 - j0
-            for j in range(nj):                                         # scores: each key row read for the G heads
-                kr = kt[j0 + j]
-                for g in range(G):
-                    qg = qs[g]
-                    d = np.float32(0.0)
-                    for i in range(Dh):
-                        d += qg[i] * kr[i]
-                    sc[g, j] = d
+            if simd:
+                scores(qs, kt, j0, nj, sc)                              # register tiles: kernels/flash_simd.py
+            else:
+                for j in range(nj):                                     # each key row read for the G heads
+                    kr = kt[j0 + j]
+                    for g in range(G):
+                        qg = qs[g]
+                        d = np.float32(0.0)
+                        for i in range(Dh):
+                            d += qg[i] * kr[i]
+                        sc[g, j] = d
             for g in range(G):
                 r = (t - t0) * G + g
                 sg, ar = sc[g], acc[r]                                  # 1-D views indexed by range variables
@@ -153,6 +168,9 @@ def _item(q, kc, ks, kb, vc, vs, vb, Dv, pos0, window, kh, t0, t1, a0, a1, scale
                     sg[j] = e
                     s += e
                 l[r] += s
+            if simd:
+                weighted_values(sc, vt, j0, nj, acc, (t - t0) * G, Dv)
+                continue
             for j in range(nj):                                         # each value row read for the G heads
                 vr = vt[j0 + j]
                 for g in range(G):
