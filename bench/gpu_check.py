@@ -5,16 +5,24 @@
     python bench/gpu_check.py --out DIR --dry        # every stage at tiny sizes on the sim GPU, no CuPy (CI runs it)
 
 Stages, each in its own process under a timeout, skipped (saying so) when the time left cannot hold it:
-  tests    pytest tests/test_cuda*.py -k cupy: the summary line (dry: tests/test_cuda.py -k sim)
-  kernels  GB/s of moert.kernels.gpu.matvec per GGML type on 4096x4096 and 8192x8192 weights (one token), against
-           a device-to-device copy (read + write bytes / s); its error against the NumPy twin ("not built" without
-           the package)
-  e2e      pp512 / tg128 (moert.bench, 16 threads, --act-quant int8) for -ngl 0 (no GPU), -cmoe (with op offload
-           and without) and all-GPU on a Qwen3-30B-A3B-shaped Q4_K_M twin with random valid weights
-           (moert/cost/zoo_data.py): a 4-layer probe first, then as many of the 48 layers as the budget holds (the
-           table says how many; a configuration short of time drops to one repetition, then tg32, then tg8)
-  peer     transformers' Qwen3MoeForCausalLM, bf16, everything on the GPU, random weights of the same shapes and
-           layers: pp512 and decode tokens/s
+  tests      pytest tests/test_cuda*.py -k cupy: the summary line (dry: tests/test_cuda.py -k sim); the other GPU
+             tests (test_gpu_attention.py, test_gpu_graph.py, test_gpu_routing.py) have no CuPy cases: they run the
+             kernels' source under Triton's interpreter and on the sim, as CI does
+  kernels    GB/s of moert.kernels.gpu.matvec per GGML type on 4096x4096 and 8192x8192 weights (one token), against
+             a device-to-device copy (read + write bytes / s); its error against the NumPy twin ("not built" without
+             the package)
+  attention  moert.kernels.gpu.attention at Qwen3-30B-A3B's 32/4 heads of 128 over f16 and q8_0 caches: a decode
+             token's GB/s over the cache at 4096 and 32768 keys (% of the copy's), a 512-token prompt's TFLOP/s, each
+             with its error against the twin (bench/bench_gpu_attention.py's rows)
+  graph      the decode step as a CUDA graph on tiny qwen3moe and gpt-oss files all on the GPU: captured or why not,
+             the largest logit difference from eager steps, ms/token of each (bench/bench_decode_graph.py's check)
+  e2e        pp512 / tg128 (moert.bench, 16 threads, --act-quant int8) for -ngl 0 (no GPU), -cmoe (with op offload
+             and without) and all-GPU, whose tg runs again with the decode step as a CUDA graph (captured or why
+             not), on a Qwen3-30B-A3B-shaped Q4_K_M twin with random valid weights (moert/cost/zoo_data.py): a
+             4-layer probe first, then as many of the 48 layers as the budget holds (the table says how many; a
+             configuration short of time drops to one repetition, then tg32, then tg8)
+  peer       transformers' Qwen3MoeForCausalLM, bf16, everything on the GPU, random weights of the same shapes and
+             layers: pp512 and decode tokens/s
 It prints one table and writes DIR/gpu_check.json (and each stage's DIR/<stage>.json).
 
 Before the stages: gguf-py from bench/wheels/ when `import gguf` fails (the GPU image has none and no internet), and
@@ -31,19 +39,22 @@ import subprocess
 import sys
 import tempfile
 import time
+import warnings
 from pathlib import Path
+
+import gpu_check_kernels
 
 ROOT = Path(__file__).resolve().parent.parent
 WHEELS = ROOT / "bench" / "wheels"
 BUDGET_S = 440                                       # the stages: with the setup, under 8 minutes of a 15-minute lease
-STAGES = {"tests": 110, "kernels": 60, "e2e": 190, "peer": 80}     # each stage's own limit, seconds
-MIN_S = {"tests": 20, "kernels": 10, "e2e": 40, "peer": 20}        # below this much time left: skipped
+STAGES = {"tests": 95, "kernels": 50, "attention": 35, "graph": 45, "e2e": 155, "peer": 60}   # each one's limit, s
+MIN_S = {"tests": 20, "kernels": 10, "attention": 10, "graph": 15, "e2e": 40, "peer": 20}   # less left: skipped
 TWIN, QUANT, LAYERS, PROBE_LAYERS = "qwen3-30b-a3b", "Q4_K_M", 48, 4
 CONFIGS = {                                          # -ngl 0 with no GPU at all: a GPU would take big batches' experts
     "-ngl 0 (no GPU)": dict(gpu_layers=0, gpu_backend="none"),
     "-cmoe": dict(cpu_moe=True),                     # pp: the selected experts copied to the GPU (op offload)
     "-cmoe --offload-min-batch 0": dict(cpu_moe=True, offload_min_batch=0),
-    "all GPU": dict(),
+    "all GPU": dict(graph=True),                     # tg again with the decode step as a CUDA graph
 }
 
 
@@ -90,73 +101,6 @@ def stage_tests(dry: bool, left: float) -> dict:
             "failures": [ln for ln in r.stdout.splitlines() if ln.startswith("FAILED")][:20]}
 
 
-def _timed(fn, xp, reps: int) -> float:
-    """Seconds per call of fn() (CUDA events on CuPy, wall time on NumPy), after 3 warm-up calls."""
-    for _ in range(3):
-        fn()
-    if xp.__name__ == "cupy":
-        start, end = xp.cuda.Event(), xp.cuda.Event()
-        start.record()
-        for _ in range(reps):
-            fn()
-        end.record()
-        end.synchronize()
-        return xp.cuda.get_elapsed_time(start, end) / 1e3 / reps
-    t0 = time.perf_counter()
-    for _ in range(reps):
-        fn()
-    return (time.perf_counter() - t0) / reps
-
-
-def _copy_seconds(xp, nbytes: int, reps: int) -> float:
-    """Seconds of one device-to-device copy of nbytes (the bandwidth a matvec reading its weight once can reach)."""
-    src = xp.ones(nbytes, dtype=xp.uint8)
-    dst = xp.empty_like(src)
-    return _timed(lambda: xp.copyto(dst, src), xp, reps)
-
-
-def stage_kernels(dry: bool, left: float, save=lambda r: None) -> dict:
-    import numpy as np
-
-    from moert.cost.zoo_data import random_blocks
-    from moert.quants import ggml_type
-
-    try:
-        import moert.kernels.gpu as kg
-    except ImportError as e:
-        return {"status": "not built", "why": str(e)}
-    if dry:
-        xp, shapes, copy_bytes, reps = np, [(256, 256)], 1 << 20, 3
-    else:
-        import cupy as xp
-        shapes, copy_bytes, reps = [(4096, 4096), (8192, 8192)], 1 << 30, 50
-    out = {"copy_gbs": 2 * copy_bytes / _copy_seconds(xp, copy_bytes, reps) / 1e9, "types": {}}
-    t_end = time.perf_counter() + left - 5
-    for name in kg.GPU_TYPES:
-        row = out["types"][name] = {}
-        for n, k in shapes:
-            if time.perf_counter() > t_end:
-                row[f"{n}x{k}"] = "skipped: out of time"
-                continue
-            try:
-                t = ggml_type(name)
-                w_h = random_blocks(name, n * k // t.block_size).reshape(n, -1)         # (N, row bytes)
-                x_h = np.random.default_rng(0).standard_normal((1, k)).astype(np.float32)
-                w, x = xp.asarray(w_h), xp.asarray(x_h)
-                s = _timed(lambda w=w, x=x, n=n, k=k, t=name: kg.matvec(w, t, (n, k), x), xp, reps)
-                err = None
-                if (n, k) == shapes[0]:                    # the twin on the first shape only (float64 NumPy: slow)
-                    y = kg.matvec(w, name, (n, k), x)
-                    y = y.get() if hasattr(y, "get") else np.asarray(y)
-                    ref = kg.matmul_ref(w_h, name, (n, k), x_h)
-                    err = float(np.linalg.norm(y - ref) / np.linalg.norm(ref))
-                row[f"{n}x{k}"] = {"gbs": w_h.nbytes / s / 1e9, "us": s * 1e6, "rel_err": err}
-            except Exception as e:                  # a type the kernels or the quantizer do not take: say which
-                row[f"{n}x{k}"] = f"{type(e).__name__}: {str(e)[:120]}"
-        save(out)                                          # the first compile of each type is slow: keep what ran
-    return out
-
-
 def _model_file(dry: bool, layers: int, work: Path) -> tuple[Path, float]:
     """The benchmark file and the seconds it took to write (dry: a tiny qwen3moe of moert.testing)."""
     t0 = time.perf_counter()
@@ -170,27 +114,45 @@ def _model_file(dry: bool, layers: int, work: Path) -> tuple[Path, float]:
 
 
 def _bench(path: Path, config: dict, dry: bool, n_prompt: int, n_gen: int, reps: int) -> dict:
+    """pp and tg of one configuration; with graph=True, tg again with the decode step as a CUDA graph (DecodeGraph),
+    and whether it was captured (else why not); dry: the sim runs the GPU kernels' twins then, as a GPU runs them."""
     import moert
     from moert.bench import bench
+    from moert.devices.sim import SimDevice
+    from moert.graphs.decode import DecodeGraph
 
-    t0 = time.perf_counter()
-    m = moert.load(path, threads=None if dry else 16, context_size=1024, act_quant=None if dry else "int8",
-                   progress=False, **{"gpu_backend": "sim" if dry else "cupy", **config})
-    load_s = time.perf_counter() - t0
+    config = dict(config)
+    graph, kernels, g, m = config.pop("graph", False), SimDevice.run_kernels, None, None
+    SimDevice.run_kernels = kernels or (dry and graph)
     try:
+        t0 = time.perf_counter()
+        m = moert.load(path, threads=None if dry else 16, context_size=1024, act_quant=None if dry else "int8",
+                       progress=False, **{"gpu_backend": "sim" if dry else "cupy", **config})
+        load_s = time.perf_counter() - t0
         pp, tg = bench(m, n_prompt=n_prompt, n_gen=n_gen, repetitions=reps)
         offload = sum(t.offload_bytes for t in m.stats.total.transfers.values())   # experts copied for prompts
+        if graph:                                          # the warm-up's first step captures it (untimed)
+            m.decode_graph = DecodeGraph(m)
+            with warnings.catch_warnings():                # a step that cannot be captured: said in the result
+                warnings.simplefilter("ignore")
+                (tg_g,) = bench(m, n_prompt=0, n_gen=n_gen, repetitions=reps)
+            why = m.decode_graph.why_eager
+            g = {"tg": tg_g.avg_ts, "tg_s": n_gen / tg_g.avg_ts, "captured": "yes" if why is None else f"no: {why}"}
     finally:
-        m.close()
+        SimDevice.run_kernels = kernels
+        if m is not None:
+            m.close()
     return {"pp": pp.avg_ts, "tg": tg.avg_ts, "pp_s": n_prompt / pp.avg_ts, "tg_s": n_gen / tg.avg_ts,
-            "load_s": load_s, "n_prompt": n_prompt, "n_gen": n_gen, "reps": reps, "offload_bytes": offload}
+            "load_s": load_s, "n_prompt": n_prompt, "n_gen": n_gen, "reps": reps, "offload_bytes": offload,
+            "graph": g, "graph_tg_s": g["tg_s"] if g else 0.0}
 
 
 def _fit_run(p: dict, ratio: float, left: float, n_gen: int, reps: int) -> tuple[int, int] | None:
     """(n_gen, reps) for a config whose probe at 4 layers was p, on a file `ratio` times its bytes, in `left` s:
     as asked, else one repetition, else tg32, else tg8; None when not even that fits."""
     for r, g in ((reps, n_gen), (1, n_gen), (1, 32), (1, 8)):
-        if ratio * (r * (p["pp_s"] + p["tg_s"] * g / p["n_gen"]) + p.get("load_est_s", p["load_s"])) <= left:
+        tg_s = p["tg_s"] + p.get("graph_tg_s", 0.0)            # tg eager, and again as a graph (all GPU)
+        if ratio * (r * (p["pp_s"] + tg_s * g / p["n_gen"]) + p.get("load_est_s", p["load_s"])) <= left:
             return g, r
     return None
 
@@ -216,7 +178,8 @@ def stage_e2e(dry: bool, left: float, work: Path, save=lambda r: None) -> dict:
         return size[0] / size[1]
 
     def cost(L: int, g: int = n_gen, r: int = 1) -> float:
-        run = sum(r * (p["pp_s"] + p["tg_s"] * g / p["n_gen"]) + p["load_est_s"] for p in out["probe"].values())
+        run = sum(r * (p["pp_s"] + (p["tg_s"] + p["graph_tg_s"]) * g / p["n_gen"]) + p["load_est_s"]
+                  for p in out["probe"].values())
         return ratio(L) * (run + (write_s if L != PROBE_LAYERS else 0))
     layers = PROBE_LAYERS
     if not dry:                                            # as many layers as one repetition of each config allows
@@ -294,8 +257,9 @@ def run_stage(stage: str, dry: bool, left: float, out: Path) -> dict:
     """One stage in this process (the child's side): its result, also written to out/<stage>.json."""
     if stage == "tests":
         r = stage_tests(dry, left)
-    elif stage == "kernels":
-        r = stage_kernels(dry, left, lambda r: (out / "kernels.json").write_text(json.dumps(r, indent=1)))
+    elif stage in ("kernels", "attention", "graph"):
+        r = getattr(gpu_check_kernels, f"stage_{stage}")(
+            dry, left, lambda r: (out / f"{stage}.json").write_text(json.dumps(r, indent=1)))
     elif stage == "e2e":                                  # the twins (up to 18.5 GB) stay out of --out, and go
         with tempfile.TemporaryDirectory(prefix="moert-gpu-check-") as work:
             r = stage_e2e(dry, left, Path(work), lambda r: (out / "e2e.json").write_text(json.dumps(r, indent=1)))
@@ -345,13 +309,8 @@ def rows(res: dict) -> list[tuple[str, str, str]]:
         elif stage == "tests":
             out.append((stage, "pytest tests/test_cuda*.py", r["summary"]))
             out += [(stage, "", f) for f in r["failures"]]
-        elif stage == "kernels":
-            out.append((stage, "device copy", f"{r['copy_gbs']:.0f} GB/s (read + write)"))
-            for t, by in r["types"].items():
-                for shape, v in by.items():
-                    err = "" if not isinstance(v, dict) or v["rel_err"] is None else f", rel err {v['rel_err']:.1e}"
-                    out.append((stage, f"matvec {t} {shape}", f"{v['gbs']:.0f} GB/s, {v['us']:.0f} us{err}"
-                                if isinstance(v, dict) else v))
+        elif stage in ("kernels", "attention", "graph"):
+            out += gpu_check_kernels.rows(stage, r)
         elif stage == "e2e":
             out.append((stage, "model", r["model"]))
             out.append((stage, "twin writer", f"{r['write_gbs']:.2f} GB/s"))
@@ -359,6 +318,10 @@ def rows(res: dict) -> list[tuple[str, str, str]]:
                 out.append((stage, name, f"pp{v['n_prompt']} {v['pp']:.1f} t/s, tg{v['n_gen']} "
                             f"{v['tg']:.2f} t/s, load {v['load_s']:.0f} s, op offload {v['offload_bytes'] / 1e6:.1f} MB"
                             if isinstance(v, dict) else v))
+                if isinstance(v, dict) and v.get("graph"):
+                    g = v["graph"]
+                    out.append((stage, f"{name}, decode as a CUDA graph", f"tg{v['n_gen']} {g['tg']:.2f} t/s (eager "
+                                f"{v['tg']:.2f} t/s), captured: {g['captured'][:100]}"))
         else:
             out.append((stage, f"transformers {r['transformers']} bf16, {r['layers']} layers",
                         f"pp{r['n_prompt']} {r['pp']:.1f} t/s, decode {r['tg']:.2f} t/s"))

@@ -21,27 +21,44 @@ def test_dry_runs_every_stage_and_prints_one_table(tmp_path):
                        capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr[-2000:]
     res = json.loads((tmp_path / "gpu_check.json").read_text())
-    assert res["dry"] and set(res) >= {"tests", "kernels", "e2e", "peer"}
+    assert res["dry"] and set(res) >= {"tests", "kernels", "attention", "graph", "e2e", "peer"}
     assert " passed" in res["tests"]["summary"] and res["tests"]["rc"] == 0, res["tests"]
     k = res["kernels"]
     assert k.get("status") == "not built" or (k["copy_gbs"] > 0 and k["types"] and all(
         v["rel_err"] < 1e-5 for by in k["types"].values() for v in by.values())), k
+    a = res["attention"]                   # f16 and q8_0 caches: a decode token, then a prompt (f16 operands: ~1e-3)
+    assert a.get("status") == "not built" or [(v["kv"], v["what"]) for v in a["rows"]] == [
+        ("f16", "T=1 @40"), ("f16", "prompt 12"), ("q8_0", "T=1 @40"), ("q8_0", "prompt 12")], a
+    assert "rows" not in a or all(v["rel_err"] < (1e-5 if v["tflops"] is None else 3e-3) for v in a["rows"]), a
+    g = res["graph"]["archs"]
+    assert list(g) == ["qwen3moe", "gpt-oss"] and all(v["captured"] == "yes" and v["diff"] < 1e-3 for v in g.values())
     runs = res["e2e"]["runs"]
     assert list(runs) == ["-ngl 0 (no GPU)", "-cmoe", "-cmoe --offload-min-batch 0", "all GPU"], res["e2e"]
     assert all(v["pp"] > 0 and v["tg"] > 0 and v["n_prompt"] == 40 for v in runs.values())
     assert runs["-cmoe"]["offload_bytes"] > 0 == runs["-cmoe --offload-min-batch 0"]["offload_bytes"]
+    graph = runs["all GPU"]["graph"]               # tg again, the decode step captured on the sim
+    assert graph["captured"] == "yes" and graph["tg"] > 0 and runs["-cmoe"]["graph"] is None, runs
     peer = res["peer"]
     assert peer.get("status") == "skipped" and "pip install transformers" in peer["why"] or peer["pp"] > 0, peer
     lines = r.stdout.splitlines()
-    assert lines[0].startswith("gpu_check --dry: ") and sum(ln.startswith("e2e ") for ln in lines) == 6
+    assert lines[0].startswith("gpu_check --dry: ") and sum(ln.startswith("e2e ") for ln in lines) == 7
+    assert sum(ln.startswith("graph ") and "captured: yes" in ln for ln in lines) == 2
+    assert sum(ln.startswith("attention ") for ln in lines) == (1 if "status" in a else 5)
+    assert any(ln.startswith("e2e ") and "all GPU, decode as a CUDA graph" in ln for ln in lines)
+
+
+def test_the_stages_limits_fit_the_budget():
+    gc = _gpu_check()
+    assert list(gc.STAGES) == list(gc.MIN_S) and sum(gc.STAGES.values()) <= gc.BUDGET_S <= 8 * 60 - 40
 
 
 def test_a_stage_that_cannot_fit_is_skipped_saying_why(tmp_path):
     gc = _gpu_check()
     r = gc.child("e2e", True, 5.0, tmp_path)
     assert r == {"status": "skipped", "why": "5 s left, the stage needs at least 40 s"}
-    res = {"setup": [], "tests": r, "kernels": r, "e2e": r, "peer": {"timed_out": "stopped after 80 s", "pp": 1.0,
-           "tg": 2.0, "n_prompt": 16, "n_gen": 4, "layers": 2, "transformers": "5.0", "torch": "2.11"}}
+    res = {"setup": [], "tests": r, "kernels": r, "attention": r, "graph": r, "e2e": r, "peer": {
+           "timed_out": "stopped after 80 s", "pp": 1.0, "tg": 2.0, "n_prompt": 16, "n_gen": 4, "layers": 2,
+           "transformers": "5.0", "torch": "2.11"}}
     rows = gc.rows(res)
     assert ("e2e", "skipped", "5 s left, the stage needs at least 40 s") in rows
     assert ("peer", "timed out: what it measured so far", "stopped after 80 s") in rows
