@@ -105,6 +105,21 @@ def _tile_impl(cache, scales, bf16, a, n, kh, out):
     return None
 
 
+def rows(cache, scales, bf16, a, n, kh, out):
+    """What the register tiles read for rows a .. a+n of KV head kh: (the cache, a), read as it is (float32, f16,
+    bf16); a q8_0 cache's rows converted into out, (out, 0)."""
+
+
+@overload(rows, jit_options={"fastmath": _FM})
+def _rows_impl(cache, scales, bf16, a, n, kh, out):
+    if cache.dtype == types.int8:
+        def q8(cache, scales, bf16, a, n, kh, out):
+            tile(cache, scales, bf16, a, n, kh, out[:n])
+            return out, 0
+        return q8
+    return lambda cache, scales, bf16, a, n, kh, out: (cache, a)
+
+
 @njit(cache=True, fastmath=_FM, inline="always")
 def _item(q, kc, ks, kb, vc, vs, vb, Dv, pos0, window, kh, t0, t1, a0, a1, scale, m, l, acc, kt, vt, sc, qs):
     """One work item: tokens t0 .. t1 (their G heads of KV head kh) over keys a0 .. a1 -> the partials m, l (R,)
@@ -122,8 +137,11 @@ def _item(q, kc, ks, kb, vc, vs, vb, Dv, pos0, window, kh, t0, t1, a0, a1, scale
     hi = min(a1, pos0 + t1)                                             # nor keys >= hi
     for a in range(lo, hi, BLOCK):
         n = min(BLOCK, hi - a)
-        tile(kc, ks, kb, a, n, kh, kt[:n])                          # (n, Dh): converted once for every row
-        tile(vc, vs, vb, a, n, kh, vt[:n])                          # (n, Dv)
+        kx, ka = rows(kc, ks, kb, a, n if simd else 0, kh, kt)          # the register tiles' keys: kx[ka + j]
+        vx, va = rows(vc, vs, vb, a, n if simd else 0, kh, vt)
+        if not simd:
+            tile(kc, ks, kb, a, n, kh, kt[:n])                          # (n, Dh): converted once for every row
+            tile(vc, vs, vb, a, n, kh, vt[:n])                          # (n, Dv)
         for j in range(a + BLOCK, min(a + 2 * BLOCK, hi)):             # the next tile's rows on their way
             prefetch_row(kc, j, kh)
             prefetch_row(vc, j, kh)
@@ -138,7 +156,7 @@ def _item(q, kc, ks, kb, vc, vs, vb, Dv, pos0, window, kh, t0, t1, a0, a1, scale
                     qs[g, i] = q[t, kh * G + g, i] * scale
             nj = j1 - j0
             if simd:
-                scores(qs, kt, j0, nj, sc)                              # register tiles: kernels/flash_simd.py
+                scores(qs, kx, ka + j0, kh, kb, nj, sc)                 # register tiles: kernels/flash_simd.py
             else:
                 for j in range(nj):                                     # each key row read for the G heads
                     kr = kt[j0 + j]
@@ -169,7 +187,7 @@ def _item(q, kc, ks, kb, vc, vs, vb, Dv, pos0, window, kh, t0, t1, a0, a1, scale
                     s += e
                 l[r] += s
             if simd:
-                weighted_values(sc, vt, j0, nj, acc, (t - t0) * G, Dv)
+                weighted_values(sc, vx, va + j0, kh, vb, nj, acc, (t - t0) * G, Dv)
                 continue
             for j in range(nj):                                         # each value row read for the G heads
                 vr = vt[j0 + j]
