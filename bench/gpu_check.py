@@ -54,8 +54,9 @@ CONFIGS = {                                          # -ngl 0 with no GPU at all
     "-ngl 0 (no GPU)": dict(gpu_layers=0, gpu_backend="none"),
     "-cmoe": dict(cpu_moe=True),                     # pp: the selected experts copied to the GPU (op offload)
     "-cmoe --offload-min-batch 0": dict(cpu_moe=True, offload_min_batch=0),
-    "all GPU": dict(graph=True),                     # tg again with the decode step as a CUDA graph
+    "all GPU": dict(),
 }
+GRAPH = "all GPU"                                    # its tg runs again with the decode step as a CUDA graph
 
 
 def python(*args: str, timeout: float | None = None, env: dict | None = None) -> subprocess.CompletedProcess:
@@ -113,16 +114,16 @@ def _model_file(dry: bool, layers: int, work: Path) -> tuple[Path, float]:
     return p, time.perf_counter() - t0
 
 
-def _bench(path: Path, config: dict, dry: bool, n_prompt: int, n_gen: int, reps: int) -> dict:
-    """pp and tg of one configuration; with graph=True, tg again with the decode step as a CUDA graph (DecodeGraph),
-    and whether it was captured (else why not); dry: the sim runs the GPU kernels' twins then, as a GPU runs them."""
+def _bench(path: Path, config: dict, dry: bool, n_prompt: int, n_gen: int, reps: int, graph: bool = False) -> dict:
+    """pp and tg of one configuration; with graph, tg again with the decode step as a CUDA graph (DecodeGraph), and
+    whether it was captured, else why not, or how it failed (the eager numbers kept); dry: the sim runs the GPU
+    kernels' twins then, as a GPU runs them."""
     import moert
     from moert.bench import bench
     from moert.devices.sim import SimDevice
     from moert.graphs.decode import DecodeGraph
 
-    config = dict(config)
-    graph, kernels, g, m = config.pop("graph", False), SimDevice.run_kernels, None, None
+    kernels, g, m = SimDevice.run_kernels, None, None
     SimDevice.run_kernels = kernels or (dry and graph)
     try:
         t0 = time.perf_counter()
@@ -132,19 +133,22 @@ def _bench(path: Path, config: dict, dry: bool, n_prompt: int, n_gen: int, reps:
         pp, tg = bench(m, n_prompt=n_prompt, n_gen=n_gen, repetitions=reps)
         offload = sum(t.offload_bytes for t in m.stats.total.transfers.values())   # experts copied for prompts
         if graph:                                          # the warm-up's first step captures it (untimed)
-            m.decode_graph = DecodeGraph(m)
-            with warnings.catch_warnings():                # a step that cannot be captured: said in the result
-                warnings.simplefilter("ignore")
-                (tg_g,) = bench(m, n_prompt=0, n_gen=n_gen, repetitions=reps)
-            why = m.decode_graph.why_eager
-            g = {"tg": tg_g.avg_ts, "tg_s": n_gen / tg_g.avg_ts, "captured": "yes" if why is None else f"no: {why}"}
+            try:
+                m.decode_graph = DecodeGraph(m)
+                with warnings.catch_warnings():            # a step that cannot be captured: said in the result
+                    warnings.simplefilter("ignore")
+                    (tg_g,) = bench(m, n_prompt=0, n_gen=n_gen, repetitions=reps)
+                why = m.decode_graph.why_eager
+                g = {"tg": tg_g.avg_ts, "captured": "yes" if why is None else f"no: {why}"}
+            except Exception as e:                         # not yet run on a GPU: the eager numbers stay
+                g = {"tg": None, "captured": f"failed: {type(e).__name__}: {str(e)[:200]}"}
     finally:
         SimDevice.run_kernels = kernels
         if m is not None:
             m.close()
     return {"pp": pp.avg_ts, "tg": tg.avg_ts, "pp_s": n_prompt / pp.avg_ts, "tg_s": n_gen / tg.avg_ts,
             "load_s": load_s, "n_prompt": n_prompt, "n_gen": n_gen, "reps": reps, "offload_bytes": offload,
-            "graph": g, "graph_tg_s": g["tg_s"] if g else 0.0}
+            "graph": g}
 
 
 def _fit_run(p: dict, ratio: float, left: float, n_gen: int, reps: int) -> tuple[int, int] | None:
@@ -168,8 +172,9 @@ def stage_e2e(dry: bool, left: float, work: Path, save=lambda r: None) -> dict:
         out["probe"][name] = _bench(probe_file, config, dry, n_prompt, min(8, n_gen), 1)
         save(out)
     first = min(p["load_s"] for p in out["probe"].values())   # the first load compiled the CPU kernels: once
-    for p in out["probe"].values():
+    for name, p in out["probe"].items():
         p["load_est_s"] = min(p["load_s"], 2 * first)         # what a load costs once compiled
+        p["graph_tg_s"] = p["tg_s"] if name == GRAPH else 0.0  # the graph's tg: no longer than eager's (a guess)
 
     def ratio(L: int) -> float:                            # time goes with the bytes read: the files' bytes
         if dry:
@@ -199,7 +204,7 @@ def stage_e2e(dry: bool, left: float, work: Path, save=lambda r: None) -> dict:
         if fit is None:
             out["runs"][name] = f"skipped: pp{n_prompt} + tg8 would not fit its {share:.0f} s"
             continue
-        out["runs"][name] = _bench(path, CONFIGS[name], dry, n_prompt, *fit)
+        out["runs"][name] = _bench(path, CONFIGS[name], dry, n_prompt, *fit, graph=name == GRAPH)
         save(out)                                          # what a timeout leaves is still in the table
     return out
 
@@ -285,7 +290,10 @@ def child(stage: str, dry: bool, left: float, out: Path) -> dict:
     except subprocess.TimeoutExpired:
         why = f"stopped after {limit:.0f} s (the stage's limit)"
         return {**json.loads(f.read_text()), "timed_out": why} if f.exists() else {"status": "timed out", "why": why}
-    if r.returncode or not f.exists():
+    if r.returncode:                                   # a crash (a CUDA error, say): what it saved before stays
+        why = (r.stderr or r.stdout).strip()[-400:]
+        return {**json.loads(f.read_text()), "crashed": why} if f.exists() else {"status": "failed", "why": why}
+    if not f.exists():
         return {"status": "failed", "why": (r.stderr or r.stdout).strip()[-400:]}
     return {**json.loads(f.read_text()), "seconds": time.perf_counter() - t0}
 
@@ -304,6 +312,8 @@ def rows(res: dict) -> list[tuple[str, str, str]]:
             continue
         if r.get("timed_out"):
             out.append((stage, "timed out: what it measured so far", r["timed_out"]))
+        if r.get("crashed"):
+            out.append((stage, "failed: what it measured before", r["crashed"][-150:]))
         if stage == "e2e" and "runs" not in r:
             out.append((stage, "probe only", json.dumps(r.get("probe"), default=str)[:150]))
         elif stage == "tests":
@@ -320,8 +330,9 @@ def rows(res: dict) -> list[tuple[str, str, str]]:
                             if isinstance(v, dict) else v))
                 if isinstance(v, dict) and v.get("graph"):
                     g = v["graph"]
-                    out.append((stage, f"{name}, decode as a CUDA graph", f"tg{v['n_gen']} {g['tg']:.2f} t/s (eager "
-                                f"{v['tg']:.2f} t/s), captured: {g['captured'][:100]}"))
+                    out.append((stage, f"{name}, decode as a CUDA graph", g["captured"][:150] if g["tg"] is None else
+                                f"tg{v['n_gen']} {g['tg']:.2f} t/s (eager {v['tg']:.2f} t/s), captured: "
+                                f"{g['captured'][:100]}"))
         else:
             out.append((stage, f"transformers {r['transformers']} bf16, {r['layers']} layers",
                         f"pp{r['n_prompt']} {r['pp']:.1f} t/s, decode {r['tg']:.2f} t/s"))

@@ -9,6 +9,7 @@ import subprocess
 import sys
 import zipfile
 
+import pytest
 from bench_scripts import BENCH, bench_module
 
 
@@ -90,3 +91,45 @@ def test_tests_that_run_out_of_time_say_how_far_they_got(monkeypatch):
     monkeypatch.setattr(gc, "python", slow)
     r = gc.stage_tests(False, 3.0)
     assert r["summary"] == "timed out after 3 s: 6 passed, 1 failed, 1 errors so far" and r["rc"] == "timeout"
+
+
+@pytest.mark.filterwarnings("ignore::moert.errors.ContextWarning")   # a context of 1024 on a tiny model
+def test_a_graph_that_fails_keeps_the_eager_numbers(tmp_path, monkeypatch):
+    """The all-GPU run's tg as a graph raising (it has not run on a GPU yet): pp and tg eager stay, the row says how."""
+    import moert.graphs.decode
+    from moert.testing import write_tiny
+
+    def broken(m):
+        raise RuntimeError("cudaErrorStreamCaptureUnsupported")
+
+    monkeypatch.setattr(moert.graphs.decode, "DecodeGraph", broken)
+    gc = _gpu_check()
+    v = gc._bench(write_tiny(tmp_path / "tiny.gguf", "qwen3moe"), {}, True, 8, 2, 1, graph=True)
+    assert v["pp"] > 0 and v["tg"] > 0 and v["graph"] == {
+        "tg": None, "captured": "failed: RuntimeError: cudaErrorStreamCaptureUnsupported"}
+    (row,) = [r for r in gc.rows({"setup": [], **{s: {"status": "skipped"} for s in gc.STAGES},
+                                  "e2e": {"model": "m", "write_gbs": 1.0, "runs": {"all GPU": v}}})
+              if "CUDA graph" in r[1]]
+    assert row == ("e2e", "all GPU, decode as a CUDA graph", "failed: RuntimeError: cudaErrorStreamCaptureUnsupported")
+
+
+def test_a_stage_that_crashes_keeps_what_it_saved(tmp_path, monkeypatch):
+    """A stage whose process dies (a CUDA error is sticky) after saving rows: the rows stay, with the error's end."""
+    gc = _gpu_check()
+    saved = {"heads": "32/4 of 128", "copy_gbs": 4000.0, "rows": [
+        {"kv": "f16", "what": "T=1 @4096", "us": 10.0, "gbs": 1000.0, "tflops": None, "rel_err": 1e-7},
+        {"kv": "q8_0", "what": "", "failed": "CUDAError: an illegal memory access was encountered"}]}
+
+    def crashes(*args, timeout=None, env=None):
+        (tmp_path / "attention.json").write_text(json.dumps(saved))
+        return subprocess.CompletedProcess(args, 1, "", "Traceback ...\ncupy_backends.CUDARuntimeError: illegal")
+
+    monkeypatch.setattr(gc, "python", crashes)
+    r = gc.child("attention", False, 100.0, tmp_path)
+    assert r["crashed"].endswith("CUDARuntimeError: illegal") and r["rows"] == saved["rows"]
+    rows = gc.rows({"setup": [], **{s: {"status": "skipped"} for s in gc.STAGES}, "attention": r,
+                    "graph": {"archs": {"qwen3moe": "skipped: 3 s left, the last took 30 s"}}})
+    assert ("attention", "f16 cache, T=1 @4096", "1000 GB/s (25% of a copy), 10 us, rel err 1.0e-07") in rows
+    assert ("attention", "q8_0 cache", "CUDAError: an illegal memory access was encountered") in rows
+    assert ("graph", "decode graph, tiny qwen3moe", "skipped: 3 s left, the last took 30 s") in rows
+    assert rows[3][:2] == ("attention", "failed: what it measured before"), rows
