@@ -7,23 +7,22 @@ float32 copy). Prompts take kernels/flash_prompt.py, the same work items by sgem
     attend1(q, k_cache, v_cache, s0, S, scale, sinks, out)                       one token, serial, in Numba
     Cache(values, scales=None, bf16=False)                                       a cache as this kernel reads it
 
-One work item is (KV head, key chunk, token block): it converts BLOCK keys and values of its chunk at a time to
-float32 tiles (each KV head's keys once for all G query heads of its group and every token of the block), and
-keeps per query row a partial softmax: running max m, sum l and weighted values acc (FlashAttention's
-recurrence). A second pass merges the chunks' partials per row: M = max(sink, m_c), out = sum_c acc_c e^(m_c - M)
-/ (e^(sink - M) + sum_c l_c e^(m_c - M)) (Dao et al.'s flash-decoding; llama.cpp's CPU flash attention splits
-the same way). Decode has few rows, so the keys are split into chunks until every thread has work items;
-many tokens make many token blocks and keep one chunk. Small work runs as one serial call (no parallel region).
-Measured (32 query / 4 KV heads of 128, f16, one token; 2 shared cores): on one thread as fast as the kernel it
-replaced up to 4096 keys and 2.3-2.8x at 8192-32768 (whose (G, S) scores fell out of L2); on 2 threads 2.1-2.5x
-the previous one (a KV head a thread) at 16384-32768.
+One work item is (KV head, key chunk, token block): it reads its chunk BLOCK keys and values at a time (each KV
+head's keys once for all G query heads of its group; the register tiles of kernels/flash_simd.py, where Dh and Dv
+are whole vectors, read f32 / f16 / bf16 rows as they are and q8_0 rows through a float32 tile; plain loops over
+float32 tiles otherwise), prefetches the next BLOCK rows, and keeps per query row a partial softmax: running max
+m, sum l and weighted values acc (FlashAttention's recurrence). A second pass merges the chunks' partials per row:
+M = max(sink, m_c), out = sum_c acc_c e^(m_c - M) / (e^(sink - M) + sum_c l_c e^(m_c - M)) (Dao et al.'s
+flash-decoding; llama.cpp's CPU flash attention splits the same way). Decode has few rows, so the keys are split
+into chunks until every thread has work items; many tokens make many token blocks and keep one chunk. Small work
+runs as one serial call (no parallel region).
 
-A tile's scores and weighted values run as register tiles where Dh and Dv are whole vectors (kernels/flash_simd.py:
-4 heads x 4 keys of q.k accumulators, 4 heads x 64 dims of P.V accumulators held over the tile's keys; plain loops
-otherwise), and the next tile's cache rows are prefetched while this one is computed. Against the plain loops
-(2026-11-28, `python bench/depth_ab.py kernel --split-before 64d2480`): one thread 2.6x at 256 keys, 2.2x at 4096,
-1.6-1.7x at 16384-32768 (there the cache streams from memory: a tile's conversion is then ~2/3 of its time); two
-threads 1.5x at 16384-32768.
+Measured (32 query / 4 KV heads of 128, f16, one token; 2 shared cores of a Zen 5 EPYC, AVX-512): the register
+tiles against the plain loops over float32 tiles (2026-11-28, `python bench/depth_ab.py kernel --split-before
+64d2480 --rounds 9`): 2 threads 3.45x at 4096 keys (0.98 -> 0.28 ms), 3.0x at 16384 (5.4 -> 1.8 ms), 2.6x at
+32768 (11.2 -> 4.4 ms); one thread 3.2-3.3x at 256-4096 keys, 1.9-2.4x at 16384-32768 (from memory). With the
+register tiles over float32 tiles, converting the cache was ~1/3 of a tile's time at 4096 keys: reading the rows
+as they are took it from 2.6 to 1.9 us (one thread); the prefetch, 5.6 -> 4.9 us at 16384 keys.
 
 Windows (gemma3, gpt-oss: a query at p sees keys p - window < s <= p) and sinks (gpt-oss: a logit per head in
 the denominator) as moert.layers.attention takes them. MLA (deepseek2) passes its latent cache as both k and v

@@ -31,11 +31,14 @@ from numba.extending import intrinsic
 
 from moert.kernels.simd_f32z import available as _avx512f
 
-__all__ = ["HB_PV", "HB_QK", "LANES", "lane_sums", "prefetch_row", "pv_tile", "qk_tile", "scores", "weighted_values"]
+__all__ = ["DB_PV", "HB_PV", "HB_QK", "KB_QK", "LANES", "lane_sums", "prefetch_row", "pv_tile", "qk_tile", "scores",
+           "weighted_values"]
 
 LANES = 16 if _avx512f() else 8
 HB_QK = 4 if LANES == 16 else 2     # heads a score tile: 4 x 4 (16 zmm) or 2 x 4 (8 ymm) accumulators
-HB_PV = 4 if LANES == 16 else 2     # heads a P.V tile (x 4 vectors of dims)
+KB_QK = 4                           # keys a score tile
+HB_PV = 4 if LANES == 16 else 2     # heads a P.V tile
+DB_PV = 4                           # vectors of dims a P.V tile
 _F = ir.FloatType()
 _I32 = ir.IntType(32)
 
@@ -232,8 +235,8 @@ def prefetch_row(typingctx, cache, r, kh):
     return types.void(cache, r, kh), codegen
 
 
-_QK = (qk_tile(HB_QK, 4), qk_tile(1, 4), qk_tile(HB_QK, 1), qk_tile(1, 1))
-_PV = (pv_tile(HB_PV, 4), pv_tile(1, 4), pv_tile(HB_PV, 1), pv_tile(1, 1))
+_QK = (qk_tile(HB_QK, KB_QK), qk_tile(1, KB_QK), qk_tile(HB_QK, 1), qk_tile(1, 1))
+_PV = (pv_tile(HB_PV, DB_PV), pv_tile(1, DB_PV), pv_tile(HB_PV, 1), pv_tile(1, 1))
 _qk_hk, _qk_1k, _qk_h1, _qk_11 = _QK
 _pv_hd, _pv_1d, _pv_h1, _pv_11 = _PV
 
@@ -241,11 +244,11 @@ _pv_hd, _pv_1d, _pv_h1, _pv_11 = _PV
 @njit(cache=True, inline="always")
 def scores(qs, kt, j0, kh, bf16, nj, sc):
     """sc[g, j] = qs[g] . kt[j0 + j] (a tile's row, or a cache's kt[j0 + j, kh] read as it is: f32, f16, bf16
-    when bf16) for the G = qs.shape[0] heads and j < nj: tiles of HB_QK heads x 4 keys, the
+    when bf16) for the G = qs.shape[0] heads and j < nj: tiles of HB_QK heads x KB_QK keys, the
     rest in smaller ones."""
     G = qs.shape[0]
     j = 0
-    while j + 4 <= nj:
+    while j + KB_QK <= nj:
         g = 0
         while g + HB_QK <= G:
             _qk_hk(qs, g, kt, j0 + j, kh, bf16, sc, j)
@@ -253,7 +256,7 @@ def scores(qs, kt, j0, kh, bf16, nj, sc):
         while g < G:
             _qk_1k(qs, g, kt, j0 + j, kh, bf16, sc, j)
             g += 1
-        j += 4
+        j += KB_QK
     while j < nj:
         g = 0
         while g + HB_QK <= G:
@@ -268,19 +271,18 @@ def scores(qs, kt, j0, kh, bf16, nj, sc):
 @njit(cache=True, inline="always")
 def weighted_values(sc, vt, j0, kh, bf16, nj, acc, a0, Dv):
     """acc[a0 + g, :Dv] += sum_{j < nj} sc[g, j] vt[j0 + j, :Dv] (or vt[j0 + j, kh, :Dv], as scores) for the
-    G = sc.shape[0] heads: tiles of HB_PV
-    heads x 4 vectors of dims, the rest in smaller ones."""
+    G = sc.shape[0] heads: tiles of HB_PV heads x DB_PV vectors of dims, the rest in smaller ones."""
     G = sc.shape[0]
     g = 0
     while g < G:
         one = g + HB_PV > G
         d = 0
-        while d + 4 * LANES <= Dv:
+        while d + DB_PV * LANES <= Dv:
             if one:
                 _pv_1d(sc, g, 0, vt, j0, kh, bf16, nj, acc, a0 + g, d)
             else:
                 _pv_hd(sc, g, 0, vt, j0, kh, bf16, nj, acc, a0 + g, d)
-            d += 4 * LANES
+            d += DB_PV * LANES
         while d < Dv:
             if one:
                 _pv_11(sc, g, 0, vt, j0, kh, bf16, nj, acc, a0 + g, d)
