@@ -124,7 +124,7 @@ def _on(m, dev: Device, ffn, x, ids, weights, counts: np.ndarray, src: Device):
             y = fused_moe(dev, ts, bs, act, x, ids, weights) if int(counts.sum()) == ids.size else None   # no -1
             if y is None:
                 y = dispatch(x, ids, weights, counts, _expert_ffn(ts, bs, act, dev.xp), dev.xp)
-    return y if src is dev else m.to(y, src, "expert output")
+    return y if src is dev else m.to(y, src, "expert output", pinned=True)    # the pinned crossing back
 
 
 def _expert_ffn(ts: list, bs: list | None, act: str, xp):

@@ -11,6 +11,7 @@ import numpy as np
 
 from moert import devices as _devices
 from moert.devices import CPU, Device
+from moert.devices.pinned import crossing
 from moert.experts import op_offload_gpu, run_experts
 from moert.kernels import DEQUANT_TYPES, dequantize_block_rows
 from moert.layers import rms_norm, rope_angles
@@ -40,15 +41,21 @@ class ModelRuntime:
         """Whether the model holds the (optional) tensor `name` (output.weight: also when tied)."""
         return name in self.weights or (name == "output.weight" and "token_embd.weight" in self.weights)
 
-    def to(self, x, dev: Device, what: str = ""):
-        """x moved to dev (explicit, counted, timed as a transfer); x itself when it is there already."""
+    def to(self, x, dev: Device, what: str = "", pinned: bool = False):
+        """x moved to dev (explicit, counted, timed as a transfer); x itself when it is there already. pinned: a 2-D
+        array between a GPU and the host goes through the GPU's pinned crossing (moert/devices/pinned.py: async
+        copies and an event, not a device sync): the CPU experts' activations."""
         src = _devices.device_of(x, self.plan.devices)
         if src is dev:
             return x
         clock = self.clock
         predicted = (clock.transfer_seconds(x.nbytes) if clock is not None and (clock.covers(src) or clock.covers(dev))
                      else None)
+        cr = None if not pinned or x.ndim != 2 else crossing(src) if dev is CPU else crossing(dev) if src is CPU \
+            else None
         with Phase(self, "transfers", f"{src.name}->{dev.name}", predicted):
+            if cr is not None:
+                return cr.down(x) if dev is CPU else cr.up(x)
             return _devices.transfer(x, src, dev, what)
 
     def to_together(self, arrays: tuple, dev: Device, what: str = "") -> tuple:
@@ -62,7 +69,7 @@ class ModelRuntime:
         xp, T = src.xp, arrays[0].shape[0]
         cols = [a.reshape(T, -1).astype(np.float32).view(np.int32) if a.dtype.kind == "f" else
                 a.reshape(T, -1).astype(np.int32) for a in arrays]
-        buf = self.to(xp.concatenate(cols, axis=1), dev, what)                             # (T, sum of widths)
+        buf = self.to(xp.concatenate(cols, axis=1), dev, what, pinned=True)                # (T, sum of widths)
         out, at = [], 0
         for a, c in zip(arrays, cols):
             part = dev.xp.ascontiguousarray(buf[:, at:at + c.shape[1]])
