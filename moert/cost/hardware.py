@@ -63,11 +63,11 @@ class CPU:
     numa_read_gbs: float = 0.0          # the most a run reads with its pages on one node (numa_view "none"); 0: none
     # The share of peak fp32 FLOPs a quantized batched matmul gets: 0.4, fitted by bench/validate_published.py (its
     # cpu_compute factor, 0.79 x the earlier assumed 0.5) on the CPU-only prefill figures of bench/published.json (5
-    # figures, 3 sources; out of sample, leaving each source out, 21%). ik_llama.cpp's GEMMs are faster still
-    # (moert/cost/predict.py IK_CPU_GEMM_X).
+    # figures, 3 sources; out of sample, leaving each source out, 21%; ik_llama.cpp's: predict.py IK_CPU_GEMM_X).
     compute_efficiency: float = 0.4
     call_us: float = 2.0                # fixed cost of one op (its call and ggml's per-node barrier: a few us), and
     barrier_us_per_thread: float = 0.0  # per thread: the barrier growing with them (roofline.op_us; 0: not modelled)
+    attn_1q_flops_per_cycle: float = kinds.LLAMA_CPU_ATTN_1Q_FPC  # llama.cpp's decode attention (0: GEMM rate)
     layer_us: float = 0.0               # fixed cost per layer per forward beyond the ops (moert: Python glue)
     token_us: float = 0.0               # fixed cost per forward call (embedding, logits, bookkeeping)
     # Measured, per thread: (("Q4_K", GB/s of weights one thread's matvec streams), ("Q4_K/int8", ...), ...)
@@ -87,8 +87,8 @@ class CPU:
     def __post_init__(self):
         _positive(self, "cores", "mem_bw_gbs", "ghz", "flops_per_cycle", "numa_nodes", "sockets")
         kinds.check(self, kinds.CPU_FIELDS, HardwareError)
-        _not_negative(self, "mem_channels", "mem_mts", "mem_gib", "call_us", "layer_us", "token_us",
-                      "bw_1thread_gbs", "ccds", "fclk_ghz", "numa_read_gbs", "barrier_us_per_thread")
+        _not_negative(self, "mem_channels", "mem_mts", "mem_gib", "call_us", "layer_us", "token_us", "bw_1thread_gbs",
+                      "ccds", "fclk_ghz", "numa_read_gbs", "barrier_us_per_thread", "attn_1q_flops_per_cycle")
         if self.bw_efficiency == 0:                          # not given: the share of the part's kind
             object.__setattr__(self, "bw_efficiency", kinds.cpu_bw_share(self))
         _share(self, "bw_efficiency", "compute_efficiency")

@@ -97,6 +97,22 @@ def amx_gemm_x(cpu, engine: str, type_name: str) -> float:
     return AMX_GEMM_X if cpu.isa == "amx" and engine == "llama.cpp" and type_name in AMX_TYPES else 1.0
 
 
+# One query's flash attention on the CPU (decode: llama.cpp's ggml_compute_forward_flash_attn_ext_f16, per head and
+# cached position a ggml_vec_dot_f16 of the key row, an online-softmax step and a ggml_vec_mad of the value row) runs
+# far below the batched GEMM rate: measured, not read from any entry of bench/published.json. bench/RESULTS.md,
+# "e2e.py -d against llama.cpp: depth to 32768" (2026-11-28; EPYC Zen 5 VM, 2 cores, AVX-512; llama-cpp-python
+# 0.3.36, a 6-layer Qwen3-30B-A3B-shaped Q4_K_M file, 32 query / 4 KV heads of 128, f16 KV, flash attention, 2
+# threads): tg32 159.0 t/s at depth 0, 24.2 at 16384, so 16384 keys cost (1/24.2 - 1/159.0) / 6 = 5.84 ms a layer
+# for 2 x 16384 x 32 x 256 = 268 MFLOP: 46 GFLOP/s, i.e. 8.85 FLOPs a core-cycle at the 2.596 GHz /proc/cpuinfo
+# gives the VM (its clock under load is not visible there; at 3 GHz it would be 7.7). At 4096 and 32768 keys the same
+# reading gives 7.5 and 9.7. The prompt's attention at depth (pp512, same section) runs at 154-167 GFLOP/s, 30-32 a
+# core-cycle: the GEMM rate's 0.4 x 64 = 25.6 within the clock's uncertainty, so a batch keeps that rate. One box,
+# one ISA (AVX-512 with 512-bit datapaths), so one figure for every part, in FLOPs a cycle (the kernel's per-position
+# softmax step does not widen with the vectors); ik_llama.cpp's own CPU flash attention (iqk) is not this kernel:
+# it keeps the GEMM rate (no reading of it).
+LLAMA_CPU_ATTN_1Q_FPC = 2 * 16384 * 32 * 256 / ((1 / 24.2 - 1 / 159.0) / 6) / (2 * 2.596e9)
+
+
 # The share of the data sheet's DRAM bandwidth a many-core server part's cores read, by generation, where a measurement
 # of that platform was read (else MANY_CHANNEL_BW_SHARE below, 0.45: an Intel mlc figure of a dual EPYC 9965, 256 GiB/s
 # of 12 x DDR5-6400 a socket, ik_llama.cpp PR 612):
@@ -167,6 +183,6 @@ def check(part, allowed: dict[str, tuple[str, ...]], error) -> None:
 
 __all__ = ["AMX_GEMM_X", "AMX_TYPES", "CPU_BW_SHARE", "CPU_FIELDS", "CPU_GENERATIONS", "CPU_ISAS", "CPU_TIERS",
            "CPU_VENDORS", "GMI_LINKS", "GPU_APIS", "GPU_ARCHS", "GPU_BW_SHARE", "GPU_FIELDS", "GPU_MEMORY", "GPU_TIERS",
-           "MANY_CHANNEL_BW_SHARE", "RDNA3_DGPU_BW", "REMOTE_READ_SHARE", "SERVER_READ_SHARE", "SOCKET_LINK_GBS",
-           "amx_gemm_x", "check", "cpu_bw_share", "cpu_int8_x", "gmi_links_per_ccd", "gpu_bw_share",
+           "LLAMA_CPU_ATTN_1Q_FPC", "MANY_CHANNEL_BW_SHARE", "RDNA3_DGPU_BW", "REMOTE_READ_SHARE", "SERVER_READ_SHARE",
+           "SOCKET_LINK_GBS", "amx_gemm_x", "check", "cpu_bw_share", "cpu_int8_x", "gmi_links_per_ccd", "gpu_bw_share",
            "int8_macs_per_cycle", "remote_read_gbs"]

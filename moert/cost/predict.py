@@ -150,6 +150,8 @@ def predict(plan, hardware: Hardware, n_prompt: int = 512, n_gen: int = 128, dep
     if not hardware.cpu.kernel_gflops:                # the int8 dot path the engine's kernels take on this ISA
         cost.cpu_int8_x = kinds.cpu_int8_x(hardware.cpu, policy)
         cost.amx_engine = policy                      # llama.cpp's AMX tiles for dense matmuls (kinds.amx_gemm_x)
+    if policy == "llama.cpp" and not hardware.cpu.kernel_gflops:   # its one-query flash attention (ik's: not it)
+        cost.attn_1q_fpc = hardware.cpu.attn_1q_flops_per_cycle
     m = cost.shape
     q = selection(plan.metadata, trace, m.n_layer)
     parts: list[Part] = []
@@ -223,6 +225,7 @@ class CostModel:
         self.cpu_int8_x = 1.0                   # the ISA's int8 dot rate relative to the fitted one (kinds.cpu_int8_x)
         self.repack = False                     # ik_llama.cpp's -rtr: repack.offloadable decides what op offload takes
         self.amx_engine = ""                    # the engine whose AMX tiles apply (kinds.amx_gemm_x); "": none
+        self.attn_1q_fpc = 0.0                  # one query's CPU attention, FLOPs a core-cycle (roofline.kv_gflops)
         self.shape = Shape(plan, kv_bytes, experts)
         arch = plan.metadata.get("general.architecture")
         self.swa_period = SWA_PERIOD.get(arch, 0)

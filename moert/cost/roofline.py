@@ -63,6 +63,16 @@ def _amx(item, cost) -> float:
     return 1.0 if len(item) > 3 or not cost.amx_engine else kinds.amx_gemm_x(cost.hw.cpu, cost.amx_engine, item[0])
 
 
+def kv_gflops(cpu, threads: int, batch: int, cost) -> float:
+    """GFLOP/s of attention over the KV cache on `threads` threads in a forward of `batch` tokens: the GEMM's float
+    rate, or for one query under llama.cpp (cost.attn_1q_fpc, from cpu.attn_1q_flops_per_cycle: its decode flash
+    attention, measured in kinds.LLAMA_CPU_ATTN_1Q_FPC) that many FLOPs a core-cycle where it is lower."""
+    rate = cpu.matmul_gflops("KV", threads, None, batch)
+    if batch == 1 and cost.attn_1q_fpc:
+        rate = min(rate, min(threads, cpu.cores) * cpu.ghz * cost.attn_1q_fpc)
+    return rate
+
+
 def cpu_time(items, ops: float, cost, batch: int) -> tuple[float, float, float, str]:
     """(memory, compute, fixed) seconds and bound of items on the CPU. A batch's weight matmuls run at the int8 dot
     rate of the engine's kernels on the CPU's ISA (cost.cpu_int8_x, cost.cpu_gemm_x; llama.cpp's AMX tiles for dense
@@ -71,7 +81,7 @@ def cpu_time(items, ops: float, cost, batch: int) -> tuple[float, float, float, 
     latent KV row (DeepSeek-V3: 2 x 128 x 1088 FLOPs a position) outweighs reading the row's 576 x 2 bytes."""
     cpu, n, aq = cost.hw.cpu, cost.threads, cost.act_quant
     nbytes = sum(i[1] for i in items)
-    t_att = sum(i[2] / (1e9 * cpu.matmul_gflops("KV", n, None, _tokens(i, batch))) for i in items if i[0] == "KV")
+    t_att = sum(i[2] / (1e9 * kv_gflops(cpu, n, batch, cost)) for i in items if i[0] == "KV")
     if batch == 1:                       # a kernel's streaming rate per type (or DRAM when not measured)
         t_mem = sum(i[1] / (1e9 * cpu.matvec_gbs(i[0], n, aq)) for i in items)
         t_cmp = t_att
@@ -102,4 +112,4 @@ def part_time(dev: str, items, ops: float, cost, batch: int) -> tuple[float, str
     return max(t_mem, t_cmp) + t_fix, bound
 
 
-__all__ = ["MMQ_HALF_FILL_TOKENS", "MMVQ_MAX_BATCH", "cpu_time", "op_us", "part_time", "tile_fill"]
+__all__ = ["MMQ_HALF_FILL_TOKENS", "MMVQ_MAX_BATCH", "cpu_time", "kv_gflops", "op_us", "part_time", "tile_fill"]
