@@ -45,7 +45,7 @@ def run_experts(m, il: int, x, ids, weights, names: tuple[str, str, str], logits
     if y is not None:
         return y
     if src is not CPU and layout.home is CPU and m.expert_cache is None and offload_gpu(m, CPU, src, len(x)) is None:
-        x, ids, weights = m.to_together((x, ids, weights), CPU, "hidden, expert ids, weights")   # one crossing
+        return m.cross((x, ids, weights), src, lambda *h: run_experts(m, il, *h, names, logits, act, biases))
     ids_h = ids if src is CPU else m.to(ids, CPU, "expert ids")          # (T, K) host: counts, masks
     counts = np.bincount(ids_h.reshape(-1), minlength=m.config.n_expert)
     m.record_routing(il, counts, ids_h, weights, logits)

@@ -11,6 +11,7 @@ import numpy as np
 
 from moert import devices as _devices
 from moert.devices import CPU, Device
+from moert.devices.graph import hop as graph_hop
 from moert.devices.pinned import crossing
 from moert.experts import op_offload_gpu, run_experts
 from moert.kernels import DEQUANT_TYPES, dequantize_block_rows
@@ -48,15 +49,19 @@ class ModelRuntime:
         src = _devices.device_of(x, self.plan.devices)
         if src is dev:
             return x
-        clock = self.clock
-        predicted = (clock.transfer_seconds(x.nbytes) if clock is not None and (clock.covers(src) or clock.covers(dev))
-                     else None)
         cr = None if not pinned or x.ndim != 2 else crossing(src) if dev is CPU else crossing(dev) if src is CPU \
             else None
-        with Phase(self, "transfers", f"{src.name}->{dev.name}", predicted):
+        with self._moving(src, dev, x.nbytes):
             if cr is not None:
                 return cr.down(x) if dev is CPU else cr.up(x)
             return _devices.transfer(x, src, dev, what)
+
+    def _moving(self, src: Device, dev: Device, nbytes: int) -> Phase:
+        """The timer of a transfer from src to dev (on a virtual clock: the link's time for nbytes)."""
+        clock = self.clock
+        predicted = (clock.transfer_seconds(nbytes) if clock is not None and (clock.covers(src) or clock.covers(dev))
+                     else None)
+        return Phase(self, "transfers", f"{src.name}->{dev.name}", predicted)
 
     def to_together(self, arrays: tuple, dev: Device, what: str = "") -> tuple:
         """Arrays of one device, each (T, ...) float or int, moved to dev as ONE transfer (a GPU's expert layer on
@@ -66,16 +71,28 @@ class ModelRuntime:
         src = _devices.device_of(arrays[0], self.plan.devices)
         if src is dev:
             return tuple(arrays)
-        xp, T = src.xp, arrays[0].shape[0]
-        cols = [a.reshape(T, -1).astype(np.float32).view(np.int32) if a.dtype.kind == "f" else
-                a.reshape(T, -1).astype(np.int32) for a in arrays]
-        buf = self.to(xp.concatenate(cols, axis=1), dev, what, pinned=True)                # (T, sum of widths)
-        out, at = [], 0
-        for a, c in zip(arrays, cols):
-            part = dev.xp.ascontiguousarray(buf[:, at:at + c.shape[1]])
-            out.append((part.view(np.float32) if a.dtype.kind == "f" else part).reshape(a.shape))
-            at += c.shape[1]
-        return tuple(out)
+        packed, parts = _pack(arrays, src.xp)                                             # (T, sum of widths)
+        return _unpack(self.to(packed, dev, what, pinned=True), parts, dev.xp)
+
+    def cross(self, arrays: tuple, src: Device, hop):
+        """The host's part of a layer on the GPU src (its routed experts on the CPU): arrays (x, ids, weights) down in
+        one packed crossing, y = hop(*their host copies) (T, D) on the host, y back up through the pinned buffers;
+        y on src. A decode step captured as a graph is cut here into two segments (moert/devices/graph.py hop):
+        packing and the device copy of y are device work, the crossing and hop the host's, run again each token."""
+        cr = crossing(src)
+        if cr is None:
+            return self.to(hop(*self.to_together(arrays, CPU, "hidden, expert ids, weights")), src, "expert output")
+        packed, parts = _pack(arrays, src.xp)                                             # (T, W) int32
+        cr.stage(packed)                                                                  # the static device rows
+
+        def between():
+            with self._moving(src, CPU, packed.nbytes):
+                host = cr.fetch(*packed.shape)
+            y = hop(*_unpack(host, parts, np))                                            # (T, D) on the host
+            with self._moving(CPU, src, y.nbytes):
+                cr.send(y)
+        graph_hop(src, between)
+        return cr.landed()                                                                # (T, D) on src
 
     def copy_weights(self, host: np.ndarray, dev: Device, what: str = "", kind: str = "weight"):
         """Weight bytes from the host onto dev at run time (an expert cache admitting an expert; kind="offload": a
@@ -248,3 +265,22 @@ class ModelRuntime:
         gated activation (moert.activations.ACTS); biases: names of per-expert gate/up/down bias tensors; logits:
         the router's (T, E), recorded by traces with trace="full"."""
         return run_experts(self, il, x, ids, weights, names, logits, act, biases)
+
+
+def _pack(arrays: tuple, xp) -> tuple:
+    """arrays each (T, ...) float or int -> (T, W) int32 side by side (a float32's bits as integers) and how to
+    split it again (_unpack)."""
+    T = arrays[0].shape[0]
+    cols = [a.reshape(T, -1).astype(np.float32).view(np.int32) if a.dtype.kind == "f" else
+            a.reshape(T, -1).astype(np.int32) for a in arrays]
+    return xp.concatenate(cols, axis=1), [(a.dtype.kind == "f", a.shape, c.shape[1]) for a, c in zip(arrays, cols)]
+
+
+def _unpack(buf, parts: list, xp) -> tuple:
+    """_pack's arrays back from its (T, W) int32 rows: floats float32, ints int32, each contiguous."""
+    out, at = [], 0
+    for is_float, shape, width in parts:
+        part = xp.ascontiguousarray(buf[:, at:at + width])
+        out.append((part.view(np.float32) if is_float else part).reshape(shape))
+        at += width
+    return tuple(out)

@@ -124,3 +124,46 @@ def test_cpu_experts_cross_through_pinned_memory_token_after_token(paths, arch, 
     finally:
         m.close()
         cpu.close()
+
+
+def _segmented(path, graph: bool):
+    """Logits of a prompt and decode steps with -ngl all -cmoe on the sim (graph: replayed as captured segments),
+    each step's host reads, the expert counts, and the DecodeGraph."""
+    from moert.graphs.decode import DecodeGraph
+
+    m = moert.load(path, gpu_backend="sim", gpu_layers="all", cpu_moe=True, **KW)
+    try:
+        out = [m.forward(PROMPT)]
+        if graph:
+            m.decode_graph = DecodeGraph(m)
+        dev, reads, counts = m.plan.devices[0], [], 0
+        for t in [*STEPS, [4], [13]]:
+            before = dev.host_reads
+            out.append(m.forward(t))
+            reads.append(dev.host_reads - before)
+            counts = counts + m.stats.last.expert_counts
+        return out, reads, counts, m.decode_graph
+    finally:
+        m.close()
+
+
+@pytest.mark.parametrize("arch", ["qwen3moe", "gpt-oss", "deepseek2"])
+def test_cpu_experts_decode_replays_as_graph_segments_with_the_eager_logits(paths, arch, kernels):
+    """One segment per stretch of GPU work between two crossings (n MoE layers on the CPU: n + 1 segments), captured
+    once and replayed token after token at the position in device memory; the CPU experts run between them."""
+    import warnings
+
+    from moert.devices.graph import GraphWarning
+
+    want, eager_reads, want_counts, _ = _segmented(paths[arch], graph=False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", GraphWarning)
+        got, reads, counts, g = _segmented(paths[arch], graph=True)
+    n_moe = eager_reads[0] - 1
+    assert n_moe >= 1 and g.why_eager is None and g.graph.captured
+    assert g.graph.segments == n_moe + 1 and len(g.graph.tape) > 50
+    for step, (a, b) in enumerate(zip(got, want)):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5, err_msg=f"{arch} step {step}")
+    np.testing.assert_array_equal(counts, want_counts)
+    assert eager_reads == [n_moe + 1] * len(reads)              # a wait per crossing and the logits' read
+    assert reads == [2 * n_moe + 1] + eager_reads[1:]          # the first step runs twice (warm-up, capture)

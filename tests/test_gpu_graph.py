@@ -124,7 +124,7 @@ def test_replayed_steps_give_the_eager_logits_as_positions_advance(dev):
     with warnings.catch_warnings():
         warnings.simplefilter("error", GraphWarning)
         got, g, reads = Step(dev).run(TOKENS)
-    assert g.captured and len(g._tape) > 20
+    assert g.captured and len(g.tape) > 20
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
     assert reads == 0                                  # the replays read nothing back; the logits after, one a token
 
@@ -233,7 +233,7 @@ def test_every_architectures_decode_replays_as_a_graph_with_the_eager_logits(pat
     with warnings.catch_warnings():
         warnings.simplefilter("error", GraphWarning)
         got, reads, counts, g = _decode(paths[arch], graph=False)
-    assert g.why_eager is None and g.graph.captured and len(g.graph._tape) > 50
+    assert g.why_eager is None and g.graph.captured and len(g.graph.tape) > 50
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
     np.testing.assert_array_equal(counts, want_counts)     # routing counted inside the replays
     assert reads == eager_reads == [1] * len(STEPS)         # the logits, with the step's expert counts
@@ -269,12 +269,12 @@ def test_a_position_baked_into_the_models_step_is_caught(paths, monkeypatch):
 
 
 @pytest.mark.parametrize("case, why", [("no GPU kernels", "reads a device array back"),
-                                       ("-cmoe", "not all on one GPU")])
+                                       ("-ngl 1", "not all on one GPU")])
 def test_a_model_whose_step_cannot_be_captured_decodes_eagerly_and_says_why_once(paths, case, why, monkeypatch):
-    """Without the fused MoE kernel the sim groups tokens by expert on the host; with -cmoe the experts are on the
-    CPU. Either way one GraphWarning, and the eager logits."""
+    """Without the fused MoE kernel the sim groups tokens by expert on the host; with -ngl 1 a layer is on the CPU
+    (-cmoe is captured, as segments: tests/test_gpu_crossing.py). Either way one GraphWarning, and the eager logits."""
     monkeypatch.setattr(SimDevice, "run_kernels", case != "no GPU kernels")
-    placement = dict(cpu_moe=True) if case == "-cmoe" else {}
+    placement = dict(gpu_layers=1) if case == "-ngl 1" else {}
     want, *_ = _decode(paths["qwen3moe"], **placement)
     with pytest.warns(GraphWarning, match=why) as caught:
         got, _, _, g = _decode(paths["qwen3moe"], graph=False, **placement)

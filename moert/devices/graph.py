@@ -3,6 +3,10 @@
     g = StepGraph(dev, step, "a decode step")   step() reads its inputs from static device buffers and writes its
                                                 outputs into static ones; capturing it runs it once
     g.replay()                                  the captured launches again: the next step
+    hop(dev, fn)                                inside a step: fn (no arguments) is host work between two device
+                                                segments (the CPU experts of -cmoe); a capture ends its segment
+                                                here, runs fn, and begins the next; a replay runs each segment's
+                                                launches and then its fn again (eagerly: fn() now)
 
 A graph replays the kernels it recorded with the arguments they had: a Python int baked into a launch (a position,
 a KV length, a slice bound) keeps its value of the capture, and a read of device values by the host (int(x), .get(),
@@ -16,6 +20,12 @@ one more step). On the sim device the same contract is simulated: while the step
 on the device's tape, and a host read or an upload of host data raises CaptureError; replay runs the tape again on
 the buffers' data of now, every Python value as it was at the capture (what a real graph does). A step that cannot
 be captured runs eagerly, and StepGraph says why once (a GraphWarning).
+
+A step with hops is captured as segments: the device work up to the first hop, then up to the next, ... (llama.cpp
+splits its CUDA graph the same way where a tensor's backend changes). What crosses a hop lives in static buffers (the
+crossing's, moert/devices/pinned.py), so each segment's launches address the same memory every token. On CUDA a
+segment is launched as soon as it is captured (the host work after it needs its results), so making the graph is
+still one step.
 
 The CUDA branch has never run on a GPU; tests/test_gpu_graph.py checks the contract on the sim device (no host
 reads, static buffers, positions in device memory), not CuPy's graph API. moert's model forward is not captured yet:
@@ -44,7 +54,8 @@ class StepGraph:
     def __init__(self, dev, step: Callable[[], object], what: str = "a decode step", warmup: bool = False):
         self.dev, self.step, self.what = dev, step, what
         self.why_eager: str | None = None      # why the step is not captured (None: it is)
-        self._graph = self._stream = self._tape = self._pool = None
+        self._stream = self._pool = None
+        self._segments: list = []              # (a segment's tape or graph, the host work after it or None)
         if warmup:                             # kernels compile and load outside the capture: one more step
             self._on_side(step) if dev.kind == "cuda" else step()
         try:
@@ -62,47 +73,85 @@ class StepGraph:
     def captured(self) -> bool:
         return self.why_eager is None
 
+    @property
+    def tape(self) -> list:
+        """The sim's recorded operations, every segment's in order ([] on CUDA or where the step runs eagerly)."""
+        return [op for tape, _ in self._segments if isinstance(tape, list) for op in tape]
+
+    @property
+    def segments(self) -> int:
+        """How many captured segments a replay runs (1 without hops; 0 where the step runs eagerly)."""
+        return len(self._segments) if self.captured else 0
+
     def replay(self) -> None:
         """The step once more: the graph's launches (sim: the tape), or the step itself where it runs eagerly."""
         if not self.captured:
             self.step()                        # (the fallback, said once)
         elif self.dev.kind == "sim":
-            self.dev.recording = self.what
-            try:
-                self.dev.replay(self._tape)
-            finally:
-                self.dev.recording = None
+            for tape, between in self._segments:
+                self.dev.recording = self.what
+                try:
+                    self.dev.replay(tape)
+                finally:
+                    self.dev.recording = None
+                if between is not None:
+                    between()
         else:
-            self._launch()
+            for graph, between in self._segments:
+                self._launch(graph)
+                if between is not None:
+                    between()
 
     def _capture(self) -> None:
         dev = self.dev
-        if dev.kind == "sim":
-            dev.recording, dev.tape = self.what, []
-            try:
-                self.step()
-                self._tape = dev.tape
-            finally:
-                dev.recording, dev.tape = None, None
-        elif dev.kind == "cuda":
-            def capture():
-                self._stream.begin_capture()
+        self._segments = []
+        _CAPTURING[id(dev)] = self
+        try:
+            if dev.kind == "sim":
+                dev.recording, dev.tape = self.what, []
                 try:
                     self.step()
+                    self._segments.append((dev.tape, None))
                 finally:
-                    self._graph = self._stream.end_capture()
-            self._on_side(capture)
-            self._launch()                                  # a capture runs nothing: this is the step's run
-        else:
-            raise CaptureError(f"{dev.name} has no graphs (a CUDA or sim device has)")
+                    dev.recording, dev.tape = None, None
+            elif dev.kind == "cuda":
+                def capture():
+                    self._stream.begin_capture()
+                    try:
+                        self.step()
+                    finally:
+                        self._segments.append((self._stream.end_capture(), None))
+                self._on_side(capture)
+                self._launch(self._segments[-1][0])         # a capture runs nothing: this is the last segment's run
+            else:
+                raise CaptureError(f"{dev.name} has no graphs (a CUDA or sim device has)")
+        finally:
+            _CAPTURING.pop(id(dev), None)
 
-    def _launch(self) -> None:
-        """The graph on the current stream: after the writes into its input buffers there, before the reads of its
+    def _cut(self, between: Callable[[], object]) -> None:
+        """A hop while capturing: the segment so far ends (and on CUDA runs), between() runs, the next one begins."""
+        dev = self.dev
+        if dev.kind == "sim":
+            self._segments.append((dev.tape, between))
+            dev.recording, dev.tape = None, None
+            try:
+                between()
+            finally:
+                dev.recording, dev.tape = self.what, []
+        else:
+            graph = self._stream.end_capture()
+            self._segments.append((graph, between))
+            graph.launch(self._stream)                      # between() reads what this segment computes
+            between()
+            self._stream.begin_capture()
+
+    def _launch(self, graph) -> None:
+        """A graph on the current stream: after the writes into its input buffers there, before the reads of its
         outputs (the capture stream is a side stream, which the default stream does not wait for)."""
         import cupy
 
         with cupy.cuda.Device(self.dev.index):
-            self._graph.launch(cupy.cuda.get_current_stream())
+            graph.launch(cupy.cuda.get_current_stream())
 
     def _on_side(self, fn: Callable[[], object]) -> None:
         """fn on the capture stream (a side stream: the default one cannot be captured), after the current stream's
@@ -124,3 +173,16 @@ class StepGraph:
         self.why_eager = why
         warnings.warn(f"{self.what} on {self.dev.name} runs eagerly, not as a CUDA graph: {why}", GraphWarning,
                       stacklevel=3)
+
+
+_CAPTURING: dict = {}                          # id(device) -> the StepGraph capturing a step there now
+
+
+def hop(dev, between: Callable[[], object]) -> None:
+    """Host work inside a step (between: no arguments), between two segments of device work on dev: run now, and
+    while a StepGraph captures on dev, the segment boundary (replay runs between() again after the segment)."""
+    graph = _CAPTURING.get(id(dev))
+    if graph is None:
+        between()
+    else:
+        graph._cut(between)

@@ -2,12 +2,15 @@
 host buffers, asynchronous copies on the device's stream, and an event the host waits on (not a device sync).
 
     cr = crossing(dev)                 one per GPU, its buffers reused by every layer (grown to the largest T seen)
-    host = cr.down(packed)             packed (T, W) int32 on dev -> the host: copied into the static device buffer,
-                                       a device->host copy into pinned memory enqueued, an event recorded and waited
-                                       on; returns a host copy (T, W) (the pinned buffer is reused at once)
+    host = cr.down(packed)             packed (T, W) int32 on dev -> the host: copied into the static device buffer
+                                       (stage), a device->host copy into pinned memory enqueued, an event recorded
+                                       and waited on (fetch); returns a host copy (T, W): the pinned buffer is reused
     y_dev = cr.up(y)                   y (T, D) float32 on the host -> dev: written into the pinned up buffer (after
-                                       its last copy out of it is known done), a host->device copy enqueued into
-                                       a static device buffer; returns a fresh (T, D) array on dev
+                                       its last copy out of it is known done), a host->device copy enqueued into a
+                                       static device buffer (send); a fresh (T, D) array on dev copied from it (landed)
+
+stage and landed are device operations, fetch and send the host's: a decode step captured as graph segments ends a
+segment with stage and begins the next with landed (moert/devices/graph.py's hop).
 
 On CUDA (CuPy): cupy.cuda.alloc_pinned_memory, ndarray.get(stream=, out=) / set(stream=), cupy.cuda.Event. The copies
 are asynchronous only because the host side is pinned; the host then waits on the down copy's event alone, so work
@@ -54,6 +57,7 @@ class Crossing:
         self.link = SimLink(dev) if dev.kind == "sim" else CudaLink(dev)
         self._bufs: dict = {}               # (direction, width, dtype) -> (pinned host buffer, static device buffer)
         self._up_event = None               # the last up copy's event (its pinned buffer is read until it is done)
+        self._landed = None                 # the static device rows the last up copy writes
         self._down_event = self.link.event()
 
     def _buffers(self, which: str, T: int, W: int, dtype) -> tuple:
@@ -72,10 +76,19 @@ class Crossing:
 
     def down(self, packed) -> np.ndarray:
         """packed (T, W) on the device -> a (T, W) host array: one device->host copy into pinned memory, one wait."""
+        self.stage(packed)
+        return self.fetch(*packed.shape, packed.dtype)
+
+    def stage(self, packed) -> None:
+        """packed (T, W) into the static device buffer the copy down reads: a device operation, which a captured
+        segment may end with (moert/devices/graph.py's hop)."""
         T, W = packed.shape
-        host, dbuf = self._buffers("down", T, W, packed.dtype)
+        self._buffers("down", T, W, packed.dtype)[1][:T] = packed
+
+    def fetch(self, T: int, W: int, dtype=np.int32) -> np.ndarray:
+        """The staged (T, W) rows to the host: the copy enqueued, an event recorded, the host waiting on it alone."""
+        host, dbuf = self._buffers("down", T, W, dtype)
         t0 = time.perf_counter()
-        dbuf[:T] = packed                                         # the static source a captured segment would end in
         self.link.copy_down(dbuf[:T], host, T)                    # enqueued; asynchronous on CUDA (pinned host side)
         self._down_event.record()
         self._down_event.synchronize()                            # the host waits for this copy, not the device
@@ -85,6 +98,12 @@ class Crossing:
 
     def up(self, y: np.ndarray):
         """y (T, D) on the host -> a (T, D) array on the device: written into pinned memory, one host->device copy."""
+        self.send(y)
+        return self.landed()
+
+    def send(self, y: np.ndarray) -> None:
+        """y (T, D) on the host into the pinned up buffer, and a host->device copy of it into the static device
+        buffer enqueued (landed() gives the device's copy of it)."""
         y = np.ascontiguousarray(y)
         T, D = y.shape
         host, dbuf = self._buffers("up", T, D, y.dtype)
@@ -97,8 +116,13 @@ class Crossing:
         if self._up_event is None:
             self._up_event = self.link.event()
         self._up_event.record()
+        self._landed = dbuf[:T]
         self.dev._count("h2d", y.nbytes, time.perf_counter() - t0)
-        return dbuf[:T].copy()              # the static buffer is the next layer's: the caller's array is its own
+
+    def landed(self):
+        """The last send()'s rows on the device, as an array of their own (the static buffer is the next layer's): a
+        device operation, which a captured segment may begin with."""
+        return self._landed.copy()
 
 
 # ------------------------------------------------------------------------------------------------ the sim device

@@ -12,23 +12,30 @@ unchanged, at a kvcache.DevicePos: the KV cache is written and attended at the p
 and the fused MoE kernel read nothing back (moert/experts.py). The first step is run eagerly once (kernels compile
 and load, RoPE frequencies upload), then captured at the same token and position (the same values written twice).
 
-Where a step cannot be captured (a weight on the CPU, a layer whose experts need the host, a trace or an expert
-cache asking for ids on the host), one-token steps run eagerly and a GraphWarning says why once. Prompts always run
+Routed experts on the CPU (-ngl all -cmoe) cut the step into segments at each layer's crossing (Model.cross,
+moert/devices/pinned.py): the GPU work between two crossings is one captured segment, and on replay the host runs
+the CPU experts between them. Where a step cannot be captured (another weight on the CPU, a layer whose experts need
+the host, a trace or an expert cache asking for ids on the host), one-token steps run eagerly and a GraphWarning
+says why once. Prompts always run
 eagerly. On the sim device the capture is simulated (operations recorded and replayed, host reads refused); on a
 CUDA GPU this has not run yet (see docs/running.md).
 """
 
 from __future__ import annotations
 
+import re
 import warnings
 
 import numpy as np
 
+from moert.devices import CPU
 from moert.devices.graph import CaptureError, GraphWarning, StepGraph
 from moert.graphs.static import rope_angles_at
 from moert.kvcache import DevicePos
+from moert.placement.rules import EXPERT_REGEX
 
 EMBEDDING = "token_embd.weight"
+_EXPERTS = re.compile(EXPERT_REGEX)       # a layer's routed experts: the CPU may hold them (-cmoe), the step is cut
 
 
 class DecodeGraph:
@@ -46,11 +53,14 @@ class DecodeGraph:
         self.pos = DevicePos(dev.zeros((1,), np.int32, "graph: the step's position"))
         self.logits = dev.zeros((1, c.n_vocab), np.float32, "graph: the step's logits")       # (1, V)
         self.freqs: dict = {}                  # RoPE frequencies on the device, per (head dim, base, yarn)
+        self._host_counts = None               # the call's expert counts before its first step ran (warm-up, capture)
 
     @staticmethod
     def _one_gpu(m):
-        """(the GPU holding every weight but the embedding and every layer's KV cache, None) or (None, why not)."""
-        devs = set(m.kv.devices) | {getattr(w, "device", None) for n, w in m.weights.items() if n != EMBEDDING}
+        """(the GPU holding every weight but the embedding and the CPU's routed experts, and every layer's KV cache,
+        None) or (None, why not). Routed experts on the CPU (-cmoe) cut the step into segments at their crossing."""
+        devs = set(m.kv.devices) | {d for n, w in m.weights.items() for d in [getattr(w, "device", None)]
+                                    if n != EMBEDDING and not (d is CPU and _EXPERTS.search(n))}
         if len(devs) != 1 or None in devs or not next(iter(devs)).is_gpu:
             names = sorted(getattr(d, "name", "split over devices") for d in devs)
             return None, f"the weights and KV cache are on {', '.join(names)}, not all on one GPU"
@@ -68,6 +78,7 @@ class DecodeGraph:
         self.pos.p[...] = m.position
         try:
             if self.graph is None:
+                self._host_counts = None
                 self.graph = StepGraph(self.dev, self._step, "a decode step", warmup=True)
                 if not self.graph.captured:
                     self.why_eager = self.graph.why_eager                          # it said why
@@ -89,6 +100,10 @@ class DecodeGraph:
         m = self.m
         for acc, _ in m._device_counts.values():          # this step's routing only: the warm-up's, or a failed
             acc[...] = 0                                  # capture's, is not counted twice (a forward call is a step)
+        if m._call is not None:                           # the same for counts the CPU experts' hops record (-cmoe)
+            if self._host_counts is None:
+                self._host_counts = m._call.expert_counts.copy()
+            m._call.expert_counts[...] = self._host_counts
         saved = m._position, m._n, m._rope
         m._position, m._n, m._rope, m._static = self.pos, 1, {}, self
         try:
