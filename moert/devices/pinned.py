@@ -260,7 +260,11 @@ class CudaLink:
         return None
 
     def copy_down(self, src, host: np.ndarray, T: int) -> None:
-        src.get(stream=self.cp.cuda.get_current_stream(), out=host[:T])
+        stream = self.cp.cuda.get_current_stream()
+        try:                                # CuPy 13+: a copy with a stream blocks unless blocking=False
+            src.get(stream=stream, out=host[:T], blocking=False)
+        except TypeError:                   # older CuPy: a stream given makes it asynchronous already
+            src.get(stream=stream, out=host[:T])
 
     def read(self, host: np.ndarray, T: int) -> np.ndarray:
         return host[:T]
