@@ -76,8 +76,8 @@ def test_latent_attention_weights_reproduce_what_the_layer_returned(name, tmp_pa
     m = load(write_tiny(tmp_path / f"{name}.gguf", name, seed=1))
     returned, real = {}, deepseek2.latent_attention
 
-    def keep(q_lat, q_pe, c_kv, k_pe, cache, pos0, scale, xp=np):
-        y = real(q_lat, q_pe, c_kv, k_pe, cache, pos0, scale, xp)         # (H, T, R)
+    def keep(q_lat, q_pe, c_kv, k_pe, cache, pos0, scale, xp=np, **kw):
+        y = real(q_lat, q_pe, c_kv, k_pe, cache, pos0, scale, xp, **kw)   # (H, T, R)
         returned[len(returned)] = (y[:, -1].mean(axis=0), cache, c_kv.shape[1])
         return y
 
