@@ -1,11 +1,12 @@
 """How kernels are compiled and run: `variant` (a per-type compiled copy of a template), `threads` (the
-size of Numba's pool, cheaply) and `blas_one_thread` (NumPy's BLAS kept off the cores while they run). The
-ground floor of kernels/: it imports no other kernel module."""
+size of Numba's pool, cheaply), `blas_one_thread` (NumPy's BLAS kept off the cores while they run) and
+`drop_stale_cache` (run at import). The ground floor of kernels/: it imports no other kernel module."""
 
 from __future__ import annotations
 
 import contextlib
 import hashlib
+import os
 import types as pytypes
 from collections.abc import Callable
 from pathlib import Path
@@ -14,6 +15,34 @@ import numba
 from numba import njit
 
 _SOURCE = hashlib.sha1(b"".join(p.read_bytes() for p in sorted(Path(__file__).parent.glob("*.py")))).hexdigest()[:8]
+STAMP = "moert-kernels-source.txt"      # in the cache folder: the _SOURCE its compiled kernels were built from
+
+
+def drop_stale_cache(folder: Path, source: str = _SOURCE) -> int:
+    """Delete Numba's cached kernels (*.nbi, *.nbc) in `folder` if they were compiled from other kernel sources
+    than `source`; returns how many files went. Numba checks a cached function against its own file's time stamp
+    only, so a kernel whose callee in another file changed (kernels/decode.py's fused layer inlines
+    kernels/flash_decode.py's loops) would keep running the old callee from the cache: after any change to
+    kernels/*.py, every kernel compiles afresh once. `variant`s carry _SOURCE in their names for the same reason."""
+    stamp = folder / STAMP
+    try:
+        if stamp.read_text() == source:
+            return 0
+    except OSError:
+        pass
+    gone = 0
+    for f in [*folder.glob("*.nbi"), *folder.glob("*.nbc")]:
+        with contextlib.suppress(OSError):              # another process got there first
+            f.unlink()
+            gone += 1
+    with contextlib.suppress(OSError):                  # a read-only install: Numba cannot cache there either
+        folder.mkdir(exist_ok=True)
+        stamp.write_text(source)
+    return gone
+
+
+if not os.environ.get("NUMBA_CACHE_DIR"):                # Numba's default: __pycache__ beside the sources
+    drop_stale_cache(Path(__file__).parent / "__pycache__")
 
 
 def variant(template: Callable, name: str, *, inline: bool = False, **options_and_bindings):
