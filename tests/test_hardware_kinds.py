@@ -93,7 +93,8 @@ def test_the_int8_path_of_each_isa_sets_a_cpu_prefill_rate():
 def test_cpu_decode_attention_at_depth_is_costed_by_its_flops():
     """A DeepSeek-V3 token at depth 32768 on a CPU: each layer's attention does 2 x 32768 x 128 x (576 + 512) FLOPs
     over 32768 x 576 f16 latents: at the CPU's float rate that outweighs the read, so the part is compute-bound and
-    takes FLOPs / (peak x compute_efficiency)."""
+    takes FLOPs at llama.cpp's one-query rate (attn_1q_flops_per_cycle a core-cycle, below peak x
+    compute_efficiency here; ik_llama.cpp keeps the latter)."""
     hw = cost.preset("epyc-9554")
     p = moert.plan(moert.zoo.path("deepseek-v3"), gpu_layers=0)
     r = moert.predict(p, hw, n_prompt=0, n_gen=1, depth=32768)
@@ -101,6 +102,12 @@ def test_cpu_decode_attention_at_depth_is_costed_by_its_flops():
               x.flops > 1e9]
     flops = 2 * 32768.5 * 128 * (576 + 512)
     assert att.flops == pytest.approx(flops, rel=1e-3) and att.bound == "compute"
+    rate = hw.cpu.cores * hw.cpu.ghz * hw.cpu.attn_1q_flops_per_cycle * 1e9
+    assert rate < hw.cpu.peak_gflops * hw.cpu.compute_efficiency * 1e9
+    assert att.seconds == pytest.approx(flops / rate + att.ops * hw.cpu.call_us * 1e-6, rel=1e-3)
+    r = moert.predict(p, hw, n_prompt=0, n_gen=1, depth=32768, policy="ik_llama.cpp")
+    (att,) = [x for x in r.parts if x.phase == "decode" and x.layer == 5 and x.stage == "attention" and
+              x.flops > 1e9]
     rate = hw.cpu.peak_gflops * hw.cpu.compute_efficiency * 1e9
     assert att.seconds == pytest.approx(flops / rate + att.ops * hw.cpu.call_us * 1e-6, rel=1e-3)
 
