@@ -17,10 +17,11 @@ Stages, each in its own process under a timeout, skipped (saying so) when the ti
   graph      the decode step as a CUDA graph on tiny qwen3moe and gpt-oss files all on the GPU: captured or why not,
              the largest logit difference from eager steps, ms/token of each (bench/bench_decode_graph.py's check)
   e2e        pp512 / tg128 (moert.bench, 16 threads, --act-quant int8) for -ngl 0 (no GPU), -cmoe (with op offload
-             and without) and all-GPU, whose tg runs again with the decode step as a CUDA graph (captured or why
-             not), on a Qwen3-30B-A3B-shaped Q4_K_M twin with random valid weights (moert/cost/zoo_data.py): a
-             4-layer probe first, then as many of the 48 layers as the budget holds (the table says how many; a
-             configuration short of time drops to one repetition, then tg32, then tg8)
+             and without) and all-GPU; -cmoe's and all-GPU's tg run again with the decode step as a CUDA graph
+             (-cmoe: segments between the CPU experts' crossings; captured or why not), on a Qwen3-30B-A3B-shaped
+             Q4_K_M twin with random valid weights (moert/cost/zoo_data.py): a 4-layer probe first, then as many of
+             the 48 layers as the budget holds (the table says how many; a configuration short of time drops to one
+             repetition, then tg32, then tg8)
   peer       transformers' Qwen3MoeForCausalLM, bf16, everything on the GPU, random weights of the same shapes and
              layers: pp512 and decode tokens/s
 It prints one table and writes DIR/gpu_check.json (and each stage's DIR/<stage>.json).
@@ -56,7 +57,7 @@ CONFIGS = {                                          # -ngl 0 with no GPU at all
     "-cmoe --offload-min-batch 0": dict(cpu_moe=True, offload_min_batch=0),
     "all GPU": dict(),
 }
-GRAPH = "all GPU"                                    # its tg runs again with the decode step as a CUDA graph
+GRAPH = ("-cmoe", "all GPU")                         # their tg runs again with the decode step as a CUDA graph
 
 
 def python(*args: str, timeout: float | None = None, env: dict | None = None) -> subprocess.CompletedProcess:
@@ -155,7 +156,7 @@ def _fit_run(p: dict, ratio: float, left: float, n_gen: int, reps: int) -> tuple
     """(n_gen, reps) for a config whose probe at 4 layers was p, on a file `ratio` times its bytes, in `left` s:
     as asked, else one repetition, else tg32, else tg8; None when not even that fits."""
     for r, g in ((reps, n_gen), (1, n_gen), (1, 32), (1, 8)):
-        tg_s = p["tg_s"] + p.get("graph_tg_s", 0.0)            # tg eager, and again as a graph (all GPU)
+        tg_s = p["tg_s"] + p.get("graph_tg_s", 0.0)            # tg eager, and again as a graph (GRAPH)
         if ratio * (r * (p["pp_s"] + tg_s * g / p["n_gen"]) + p.get("load_est_s", p["load_s"])) <= left:
             return g, r
     return None
@@ -174,7 +175,7 @@ def stage_e2e(dry: bool, left: float, work: Path, save=lambda r: None) -> dict:
     first = min(p["load_s"] for p in out["probe"].values())   # the first load compiled the CPU kernels: once
     for name, p in out["probe"].items():
         p["load_est_s"] = min(p["load_s"], 2 * first)         # what a load costs once compiled
-        p["graph_tg_s"] = p["tg_s"] if name == GRAPH else 0.0  # the graph's tg: no longer than eager's (a guess)
+        p["graph_tg_s"] = p["tg_s"] if name in GRAPH else 0.0  # the graph's tg: no longer than eager's (a guess)
 
     def ratio(L: int) -> float:                            # time goes with the bytes read: the files' bytes
         if dry:
@@ -204,7 +205,7 @@ def stage_e2e(dry: bool, left: float, work: Path, save=lambda r: None) -> dict:
         if fit is None:
             out["runs"][name] = f"skipped: pp{n_prompt} + tg8 would not fit its {share:.0f} s"
             continue
-        out["runs"][name] = _bench(path, CONFIGS[name], dry, n_prompt, *fit, graph=name == GRAPH)
+        out["runs"][name] = _bench(path, CONFIGS[name], dry, n_prompt, *fit, graph=name in GRAPH)
         save(out)                                          # what a timeout leaves is still in the table
     return out
 

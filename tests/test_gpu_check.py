@@ -37,15 +37,18 @@ def test_dry_runs_every_stage_and_prints_one_table(tmp_path):
     assert list(runs) == ["-ngl 0 (no GPU)", "-cmoe", "-cmoe --offload-min-batch 0", "all GPU"], res["e2e"]
     assert all(v["pp"] > 0 and v["tg"] > 0 and v["n_prompt"] == 40 for v in runs.values())
     assert runs["-cmoe"]["offload_bytes"] > 0 == runs["-cmoe --offload-min-batch 0"]["offload_bytes"]
-    graph = runs["all GPU"]["graph"]               # tg again, the decode step captured on the sim
-    assert graph["captured"] == "yes" and graph["tg"] > 0 and runs["-cmoe"]["graph"] is None, runs
+    for name in ("all GPU", "-cmoe"):              # tg again, the decode step captured on the sim (-cmoe: segments)
+        graph = runs[name]["graph"]
+        assert graph["captured"] == "yes" and graph["tg"] > 0, (name, runs)
+    assert runs["-cmoe --offload-min-batch 0"]["graph"] is None, runs
     peer = res["peer"]
     assert peer.get("status") == "skipped" and "pip install transformers" in peer["why"] or peer["pp"] > 0, peer
     lines = r.stdout.splitlines()
-    assert lines[0].startswith("gpu_check --dry: ") and sum(ln.startswith("e2e ") for ln in lines) == 7
+    assert lines[0].startswith("gpu_check --dry: ") and sum(ln.startswith("e2e ") for ln in lines) == 8
     assert sum(ln.startswith("graph ") and "captured: yes" in ln for ln in lines) == 2
     assert sum(ln.startswith("attention ") for ln in lines) == (1 if "status" in a else 5)
     assert any(ln.startswith("e2e ") and "all GPU, decode as a CUDA graph" in ln for ln in lines)
+    assert any(ln.startswith("e2e ") and "-cmoe, decode as a CUDA graph" in ln for ln in lines)
 
 
 def test_the_stages_limits_fit_the_budget():
