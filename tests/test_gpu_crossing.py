@@ -126,12 +126,12 @@ def test_cpu_experts_cross_through_pinned_memory_token_after_token(paths, arch, 
         cpu.close()
 
 
-def _segmented(path, graph: bool):
+def _segmented(path, graph: bool, **placement):
     """Logits of a prompt and decode steps with -ngl all -cmoe on the sim (graph: replayed as captured segments),
     each step's host reads, the expert counts, and the DecodeGraph."""
     from moert.graphs.decode import DecodeGraph
 
-    m = moert.load(path, gpu_backend="sim", gpu_layers="all", cpu_moe=True, **KW)
+    m = moert.load(path, gpu_backend="sim", gpu_layers="all", **(placement or {"cpu_moe": True}), **KW)
     try:
         out = [m.forward(PROMPT)]
         if graph:
@@ -147,20 +147,23 @@ def _segmented(path, graph: bool):
         m.close()
 
 
-@pytest.mark.parametrize("arch", ["qwen3moe", "gpt-oss", "deepseek2"])
-def test_cpu_experts_decode_replays_as_graph_segments_with_the_eager_logits(paths, arch, kernels):
-    """One segment per stretch of GPU work between two crossings (n MoE layers on the CPU: n + 1 segments), captured
-    once and replayed token after token at the position in device memory; the CPU experts run between them."""
+@pytest.mark.parametrize("arch, placement", [("qwen3moe", {}), ("gpt-oss", {}), ("deepseek2", {}),
+                                             ("qwen3moe", {"n_cpu_moe": 1})])
+def test_cpu_experts_decode_replays_as_graph_segments_with_the_eager_logits(paths, arch, placement, kernels):
+    """One segment per stretch of GPU work between two crossings (n MoE layers with experts on the CPU: n + 1
+    segments), captured once and replayed token after token at the position in device memory; the CPU experts run
+    between them (-ncmoe 1: one layer's experts on the CPU, the others' on the GPU in the segments)."""
     import warnings
 
     from moert.devices.graph import GraphWarning
 
-    want, eager_reads, want_counts, _ = _segmented(paths[arch], graph=False)
+    want, eager_reads, want_counts, _ = _segmented(paths[arch], graph=False, **placement)
     with warnings.catch_warnings():
         warnings.simplefilter("error", GraphWarning)
-        got, reads, counts, g = _segmented(paths[arch], graph=True)
-    n_moe = eager_reads[0] - 1
-    assert n_moe >= 1 and g.why_eager is None and g.graph.captured
+        got, reads, counts, g = _segmented(paths[arch], graph=True, **placement)
+    n_moe = eager_reads[0] - 1                                  # the crossings of a step: its reads but the logits
+    assert n_moe == (1 if placement else {"qwen3moe": 2, "gpt-oss": 3, "deepseek2": 1}[arch])   # the tiny files
+    assert g.why_eager is None and g.graph.captured
     assert g.graph.segments == n_moe + 1 and len(g.graph.tape) > 50
     for step, (a, b) in enumerate(zip(got, want)):
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5, err_msg=f"{arch} step {step}")

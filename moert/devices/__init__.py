@@ -5,6 +5,8 @@ workers (`ray:N`), behind one small interface through which every move between t
     gpus.py     get_devices(gpu_backend, gpu_memory): the GPUs a plan places on; CudaDevice (CuPy)
     cuda.py     whether CuPy sees a CUDA device, and its memory and name (no import of CuPy until asked)
     sim.py      the simulated GPU: NumPy underneath, a GPU's rules on top (no hidden host reads)
+    pinned.py   a GPU's crossing to the CPU experts and back: static pinned buffers, async copies, an event
+    graph.py    CUDA graphs: a step captured once and replayed, cut into segments at host hops
     remote.py   the `ray:N` device as plans and stats see it (moert/cluster/ implements it on Ray)
     config.py   DeviceConfig: where a model goes, as one value (LM-Kit's DeviceConfiguration)
 
