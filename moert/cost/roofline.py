@@ -76,9 +76,9 @@ def kv_gflops(cpu, threads: int, batch: int, cost) -> float:
 def cpu_time(items, ops: float, cost, batch: int) -> tuple[float, float, float, str]:
     """(memory, compute, fixed) seconds and bound of items on the CPU. A batch's weight matmuls run at the int8 dot
     rate of the engine's kernels on the CPU's ISA (cost.cpu_int8_x, cost.cpu_gemm_x; llama.cpp's AMX tiles for dense
-    ones, kinds.amx_gemm_x); attention ("KV") at the float
-    rate, in decode too: a token at depth d does 2 d H (Dk + Dv) FLOPs a layer, which for MLA's 128 heads over one
-    latent KV row (DeepSeek-V3: 2 x 128 x 1088 FLOPs a position) outweighs reading the row's 576 x 2 bytes."""
+    ones, kinds.amx_gemm_x); attention ("KV") at the float rate (kv_gflops: llama.cpp's one query below it), in
+    decode too: a token at depth d does 2 d H (Dk + Dv) FLOPs a layer, which for MLA's 128 heads over one latent KV
+    row (DeepSeek-V3: 2 x 128 x 1088 FLOPs a position) outweighs reading the row's 576 x 2 bytes."""
     cpu, n, aq = cost.hw.cpu, cost.threads, cost.act_quant
     nbytes = sum(i[1] for i in items)
     t_att = sum(i[2] / (1e9 * kv_gflops(cpu, n, batch, cost)) for i in items if i[0] == "KV")
