@@ -39,7 +39,10 @@ def test_same_logits_and_the_selected_experts_copied(path, placement, one_numba_
     t = m.stats.total.transfers["sim:0"]
     assert t.offload_bytes == int((selected * expert_bytes(path) * on_cpu).sum()) > 0
     assert t.offload_count == (3 + 3 * ("gpt-oss" in str(path))) * on_cpu.sum()   # gate, up, down (+ biases)
-    assert m.plan.devices[0].used == off.plan.devices[0].used          # the copies are freed after each call
+    held = [sum(n for what, n in d.allocations() if what.startswith("crossing")) for d in (m.plan.devices[0],
+                                                                                         off.plan.devices[0])]
+    assert m.plan.devices[0].used - held[0] == off.plan.devices[0].used - held[1]   # the copies are freed after each
+    # call (off's prompt crossed to its CPU experts: the crossing's static buffers stay, moert/devices/pinned.py)
     m.close()
     off.close()
 
