@@ -62,12 +62,12 @@ class Crossing:
 
     def _buffers(self, which: str, T: int, W: int, dtype) -> tuple:
         """The pinned and device buffers (rows >= T, W) of dtype for one direction and width (the experts' packed
-        rows, the logits with the expert counts: each its own, none reallocated per call), grown (rows doubled) when
-        too small."""
+        rows, the logits with the expert counts: each its own, none reallocated per call), made again for more rows
+        when too small."""
         key = (which, W, np.dtype(dtype).str)
         got = self._bufs.get(key)
         if got is None or got[0].shape[0] < T:
-            rows = max(T, 2 * got[0].shape[0] if got is not None else 1)
+            rows = T                                             # a chunk is at most n_batch rows: few sizes
             if got is not None and which == "up" and self._up_event is not None:
                 self._up_event.synchronize()                     # the old pinned buffer is read until then
             got = self._bufs[key] = (self.link.pinned((rows, W), dtype),
