@@ -28,8 +28,8 @@ segment is launched as soon as it is captured (the host work after it needs its 
 still one step.
 
 The CUDA branch has never run on a GPU; tests/test_gpu_graph.py checks the contract on the sim device (no host
-reads, static buffers, positions in device memory), not CuPy's graph API. moert's model forward is not captured yet:
-docs/running.md says what is left.
+reads, static buffers, positions in device memory), not CuPy's graph API. A model's decode step is captured by
+moert/graphs/decode.py (docs/running.md).
 """
 
 from __future__ import annotations
