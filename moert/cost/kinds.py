@@ -99,17 +99,17 @@ def amx_gemm_x(cpu, engine: str, type_name: str) -> float:
 
 # One query's flash attention on the CPU (decode: llama.cpp's ggml_compute_forward_flash_attn_ext_f16, per head and
 # cached position a ggml_vec_dot_f16 of the key row, an online-softmax step and a ggml_vec_mad of the value row) runs
-# far below the batched GEMM rate: measured, not read from any entry of bench/published.json. bench/RESULTS.md,
-# "e2e.py -d against llama.cpp: depth to 32768" (2026-11-28; EPYC Zen 5 VM, 2 cores, AVX-512; llama-cpp-python
-# 0.3.36, a 6-layer Qwen3-30B-A3B-shaped Q4_K_M file, 32 query / 4 KV heads of 128, f16 KV, flash attention, 2
-# threads): tg32 159.0 t/s at depth 0, 24.2 at 16384, so 16384 keys cost (1/24.2 - 1/159.0) / 6 = 5.84 ms a layer
-# for 2 x 16384 x 32 x 256 = 268 MFLOP: 46 GFLOP/s, i.e. 8.85 FLOPs a core-cycle at the 2.596 GHz /proc/cpuinfo
+# far below the batched GEMM rate: measured, not read from any entry of bench/published.json. bench/RESULTS.md, "e2e.py
+# -d against llama.cpp: depth to 32768", its run at c225e20 (2026-11-28; EPYC Zen 5 VM, 2 cores, AVX-512;
+# llama-cpp-python 0.3.36, a 6-layer Qwen3-30B-A3B-shaped Q4_K_M file, 32 query / 4 KV heads of 128, f16 KV, flash
+# attention, 2 threads): tg32 159.0 t/s at depth 0, 24.2 at 16384, so 16384 keys cost (1/24.2 - 1/159.0) / 6 = 5.84 ms a
+# layer for 2 x 16384 x 32 x 256 = 268 MFLOP: 46 GFLOP/s, i.e. 8.85 FLOPs a core-cycle at the 2.596 GHz /proc/cpuinfo
 # gives the VM (its clock under load is not visible there; at 3 GHz it would be 7.7). At 4096 and 32768 keys the same
 # reading gives 7.5 and 9.7. The prompt's attention at depth (pp512, same section) runs at 154-167 GFLOP/s, 30-32 a
-# core-cycle: the GEMM rate's 0.4 x 64 = 25.6 within the clock's uncertainty, so a batch keeps that rate. One box,
-# one ISA (AVX-512 with 512-bit datapaths), so one figure for every part, in FLOPs a cycle (the kernel's per-position
-# softmax step does not widen with the vectors); ik_llama.cpp's own CPU flash attention (iqk) is not this kernel:
-# it keeps the GEMM rate (no reading of it).
+# core-cycle: the GEMM rate's 0.4 x 64 = 25.6 within the clock's uncertainty, so a batch keeps that rate. One box, one
+# ISA (AVX-512 with 512-bit datapaths), so one figure for every part, in FLOPs a cycle (the kernel's per-position
+# softmax step does not widen with the vectors); ik_llama.cpp's own CPU flash attention (iqk) is not this kernel: it
+# keeps the GEMM rate (no reading of it).
 LLAMA_CPU_ATTN_1Q_FPC = 2 * 16384 * 32 * 256 / ((1 / 24.2 - 1 / 159.0) / 6) / (2 * 2.596e9)
 
 
