@@ -17,35 +17,15 @@ from __future__ import annotations
 import argparse
 import functools
 import sys
-import time
 
 import numpy as np
+from common import device_seconds
 
 from moert.kernels import gpu
 from moert.kernels.gpu import attn
 
 _STORED = {"f32": (np.float32,), "f16": (np.float16,), "bf16": (np.uint16,), "q8_0": (np.int8, np.float16)}
 _ROW_BYTES = {"f32": 4.0, "f16": 2.0, "bf16": 2.0, "q8_0": 34 / 32}       # bytes per cached value
-
-
-def _time(xp, fn, reps: int) -> float:
-    """Median seconds of fn over reps calls after 5 warm-ups: CUDA events on a GPU, the host clock on NumPy."""
-    for _ in range(min(5, reps)):
-        fn()
-    times = []
-    for _ in range(reps):
-        if xp is np:
-            t0 = time.perf_counter()
-            fn()
-            times.append(time.perf_counter() - t0)
-            continue
-        a, b = xp.cuda.Event(), xp.cuda.Event()
-        a.record()
-        fn()
-        b.record()
-        b.synchronize()
-        times.append(xp.cuda.get_elapsed_time(a, b) / 1e3)
-    return float(np.median(times))
 
 
 def cache(kind: str, x: np.ndarray) -> tuple:
@@ -101,7 +81,7 @@ def main(argv=None) -> int:
 def copy_gbs(xp, nbytes: int = 1 << 30) -> float:
     """GB/s of a device-to-device copy of nbytes, read + write (what a kernel reading the cache once can reach)."""
     big = xp.empty(nbytes, dtype=np.uint8)
-    return 2 * nbytes / _time(xp, lambda: big.copy(), 10) / 1e9
+    return 2 * nbytes / device_seconds(xp, lambda: big.copy(), 10) / 1e9
 
 
 def measure(xp, kinds: list[str], depths: list[int], h: int, hk: int, d: int, t: int = 1, prompt: int = 512,
@@ -120,8 +100,8 @@ def measure(xp, kinds: list[str], depths: list[int], h: int, hk: int, d: int, t:
             n_split = attn.splits(depth + t, hk)
             out = xp.empty((t, h * d), dtype=np.float32)
             work = xp.empty(attn.work_size(t, h, d, n_split), dtype=np.float32)
-            s = _time(xp, functools.partial(gpu.attention, q, kc, vc, pos, n_split=n_split, out=out, work=work,
-                                            backend=backend), reps)
+            s = device_seconds(xp, functools.partial(gpu.attention, q, kc, vc, pos, n_split=n_split, out=out,
+                                                     work=work, backend=backend), reps)
             err = _err(out, gpu.attention_ref(qh, kh, vh, depth)) if i == 0 else None
             gbs = (depth + t) * hk * 2 * d * _ROW_BYTES[kind] / s / 1e9
             yield dict(kv=kind, what=f"T={t} @{depth}", us=s * 1e6, gbs=gbs, tflops=None, rel_err=err)
@@ -129,7 +109,8 @@ def measure(xp, kinds: list[str], depths: list[int], h: int, hk: int, d: int, t:
             qh = rng.standard_normal((prompt, h, d), dtype=np.float32)
             q = xp.asarray(qh)
             out = xp.empty((prompt, h * d), dtype=np.float32)
-            s = _time(xp, functools.partial(gpu.attention, q, kc, vc, 0, out=out, backend=backend), max(1, reps // 5))
+            s = device_seconds(xp, functools.partial(gpu.attention, q, kc, vc, 0, out=out, backend=backend),
+                               max(1, reps // 5))
             tflops = 4 * h * d * prompt * (prompt + 1) / 2 / s / 1e12
             yield dict(kv=kind, what=f"prompt {prompt}", us=s * 1e6, gbs=None, tflops=tflops,
                        rel_err=_err(out, gpu.attention_ref(qh, kh, vh, 0)))

@@ -18,24 +18,10 @@ import dataclasses
 import sys
 
 import numpy as np
+from common import device_seconds
 
 from moert.kernels import gpu
 from moert.quants import quantize
-
-
-def _time(cp, fn, reps: int = 50) -> float:
-    """Median seconds of fn over reps calls, CUDA events around each."""
-    for _ in range(5):
-        fn()
-    times = []
-    for _ in range(reps):
-        a, b = cp.cuda.Event(), cp.cuda.Event()
-        a.record()
-        fn()
-        b.record()
-        b.synchronize()
-        times.append(cp.cuda.get_elapsed_time(a, b) / 1e3)
-    return float(np.median(times))
 
 
 def main(argv=None) -> int:
@@ -55,7 +41,7 @@ def main(argv=None) -> int:
         return 2
     n, k = (int(s) for s in a.shape.split("x"))
     big = cp.empty(1 << 30, dtype=cp.uint8)
-    copy_s = _time(cp, lambda: big.copy(), reps=10)
+    copy_s = device_seconds(cp, lambda: big.copy(), reps=10)
     copy_bw = 2 * big.nbytes / copy_s                                     # read + write
     dev = cp.cuda.runtime.getDeviceProperties(cp.cuda.Device().id)["name"].decode()
     print(f"# {dev}, {n} x {k}, T = {a.tokens}; device-to-device copy {copy_bw / 1e9:.0f} GB/s")
@@ -72,7 +58,7 @@ def main(argv=None) -> int:
         chunks = [base.chunks] + [int(v) for v in a.chunks.split(",") if v and int(v) != base.chunks]
         for r, c in [(r, c) for r in rows for c in chunks]:
             cfg = dataclasses.replace(base, rows=r, chunks=c)
-            s = _time(cp, lambda cfg=cfg, w=w, xd=xd, out=out: gpu.matvec(w, cfg, (n, k), xd, out=out))
+            s = device_seconds(cp, lambda cfg=cfg, w=w, xd=xd, out=out: gpu.matvec(w, cfg, (n, k), xd, out=out))
             err = float(np.max(np.abs(cp.asnumpy(out) - want)) / np.max(np.abs(want)))
             bw = raw.nbytes / s
             print(f"{name:6} {r:>3} {c:>3} {s * 1e6:>9.1f} {bw / 1e9:>7.0f} {100 * bw / copy_bw:>6.0f}% {err:>9.1e}")

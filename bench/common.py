@@ -88,3 +88,26 @@ def table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
 def command() -> str:
     """The command line that ran this script, for the table footer."""
     return "python " + " ".join([os.path.relpath(sys.argv[0])] + sys.argv[1:])
+
+
+def device_seconds(xp, fn: Callable[[], object], reps: int = 50) -> float:
+    """Median seconds of fn over reps calls after up to 5 warm-ups: CUDA events around each call on a GPU (xp is
+    CuPy), the host clock on NumPy (the simulated GPU, --dry runs)."""
+    import numpy as np
+
+    for _ in range(min(5, reps)):
+        fn()
+    times = []
+    for _ in range(reps):
+        if xp is np:
+            t0 = time.perf_counter()
+            fn()
+            times.append(time.perf_counter() - t0)
+            continue
+        a, b = xp.cuda.Event(), xp.cuda.Event()
+        a.record()
+        fn()
+        b.record()
+        b.synchronize()
+        times.append(xp.cuda.get_elapsed_time(a, b) / 1e3)
+    return float(np.median(times))
