@@ -51,13 +51,14 @@ class ModelRuntime:
             return x
         cr = None if not pinned or x.ndim != 2 else crossing(src) if dev is CPU else crossing(dev) if src is CPU \
             else None
-        with self._moving(src, dev, x.nbytes):
+        with self._moving(src, dev, x.nbytes, what):
             if cr is not None:
                 return cr.down(x) if dev is CPU else cr.up(x)
             return _devices.transfer(x, src, dev, what)
 
-    def _moving(self, src: Device, dev: Device, nbytes: int) -> Phase:
-        """The timer of a transfer from src to dev (on a virtual clock: the link's time for nbytes)."""
+    def _moving(self, src: Device, dev: Device, nbytes: int, what: str = "") -> Phase:
+        """The timer of a transfer of nbytes (`what`) from src to dev (on a virtual clock: the link's time for
+        nbytes); every transfer of a forward pass, plain or through a pinned crossing, is timed here."""
         clock = self.clock
         predicted = (clock.transfer_seconds(nbytes) if clock is not None and (clock.covers(src) or clock.covers(dev))
                      else None)
@@ -86,10 +87,10 @@ class ModelRuntime:
         cr.stage(packed)                                                                  # the static device rows
 
         def between():
-            with self._moving(src, CPU, packed.nbytes):
+            with self._moving(src, CPU, packed.nbytes, "hidden, expert ids, weights"):
                 host = cr.fetch(*packed.shape)
             y = hop(*_unpack(host, parts, np))                                            # (T, D) on the host
-            with self._moving(CPU, src, y.nbytes):
+            with self._moving(CPU, src, y.nbytes, "expert output"):
                 cr.send(y)
         graph_hop(src, between)
         return cr.landed()                                                                # (T, D) on src

@@ -61,8 +61,8 @@ def _recording_attention(m, out: dict):
         out[layer["il"]] = p.reshape(K.shape[1], G, S).mean(axis=1)       # (Hk, S): each KV head's query group
         return y
 
-    def rec_latent(q_lat, q_pe, c_kv, k_pe, cache, pos0, scale, xp=np):
-        y = latent(q_lat, q_pe, c_kv, k_pe, cache, pos0, scale, xp)         # (H, T, R)
+    def rec_latent(q_lat, q_pe, c_kv, k_pe, cache, pos0, scale, xp=np, **kw):
+        y = latent(q_lat, q_pe, c_kv, k_pe, cache, pos0, scale, xp, **kw)   # (H, T, R)
         S = pos0 + c_kv.shape[0]
         kv = host_array(m, load(cache, 0, S))[:, 0]                          # (S, R + P), now holding this step
         q = np.concatenate([host_array(m, q_lat)[:, -1], host_array(m, q_pe)[:, -1]], axis=-1)   # (H, R + P)

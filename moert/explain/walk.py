@@ -76,8 +76,8 @@ class Recorder:
     def __enter__(self) -> Recorder:
         m, cls = self.m, type(self.m)
         self._orig = {name: getattr(cls, name).__get__(m) for name in
-                      ("attention_device", "to", "experts", "output", "_add_time", "_add_predicted")}
-        m.attention_device, m.to, m.experts = self._attention_device, self._to, self._experts
+                      ("attention_device", "to", "_moving", "experts", "output", "_add_time", "_add_predicted")}
+        m.attention_device, m.to, m._moving, m.experts = self._attention_device, self._to, self._moving, self._experts
         m.output, m._add_time, m._add_predicted = self._output, self._add_time, self._add_predicted
         self._fused, m.fused_decode = m.fused_decode, False    # the block, whose calls it watches (moert/fused.py)
         return self
@@ -97,16 +97,19 @@ class Recorder:
         self.layers.append(self._cur)
         return dev
 
-    def _to(self, x, dev, what: str = ""):
+    def _to(self, x, dev, what: str = "", **kw):
         cur = self._cur
-        src = _devices.device_of(x, self.m.plan.devices)
         if cur is not None and what == "hidden" and cur["x"] is None:
             cur["x"] = x.copy()                                # (T, D) the residual entering the layer
         if cur is not None and what == "ffn output":
             cur["y"] = x.copy()                                # (T, D) a dense FFN's addition (gemma3)
-        if cur is not None and src is not dev:
-            cur["moves"].append((what, src.name, dev.name, int(x.nbytes)))
-        return self._orig["to"](x, dev, what)
+        return self._orig["to"](x, dev, what, **kw)
+
+    def _moving(self, src, dev, nbytes: int, what: str = ""):
+        """Every transfer of the step (ModelRuntime.to's and a pinned crossing's), with what it carries."""
+        if self._cur is not None:
+            self._cur["moves"].append((what, src.name, dev.name, int(nbytes)))
+        return self._orig["_moving"](src, dev, nbytes, what)
 
     def _experts(self, il: int, x, ids, weights, names, **semantics):
         y = self._orig["experts"](il, x, ids, weights, names, **semantics)    # logits, act, biases
