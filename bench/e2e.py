@@ -329,15 +329,17 @@ def main(argv: list[str] | None = None) -> dict:
             ap.error(f"--act-quant: {aq!r} is not one of none, int16, int8, int8r")
     engines = [] if args.no_moert else [Moert(path, args.threads, n_ctx, args.experts, aq) for aq in args.act_quant]
     moerts = [e.name for e in engines]
-    n_vocab = engines[0].m.n_vocab if engines else 4096       # the built and full-size files have more
-    n_ids = max(min(4000, n_vocab - 10), 1)                    # --model: a smaller vocabulary than the built one
-    prompt = (np.arange(args.prompt) * 7919 % n_ids + 10).tolist()
     llama_note = ""
     if not args.no_llama:
         try:
             engines.append(LlamaCpp(path, args.threads, n_ctx, n_batch=max(args.prompt, 1)))
         except ImportError:
             llama_note = "llama-cpp-python is not installed: moert only"
+    if not engines:
+        ap.error("no engine to run: --no-moert needs llama-cpp-python (and no --no-llama)")
+    n_vocab = engines[0].m.n_vocab if moerts else engines[0].llm.n_vocab()
+    n_ids = max(min(4000, n_vocab - 10), 1)                    # --model: a smaller vocabulary than the built one
+    prompt = (np.arange(args.prompt) * 7919 % n_ids + 10).tolist()
     if args.depth:                                               # the sweep, its table and plot: e2e_depth.py
         import e2e_depth
         return e2e_depth.sweep(args, path, engines, len(moerts), lambda: Moert(path, args.threads, n_ctx, args.experts,

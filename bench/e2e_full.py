@@ -60,12 +60,12 @@ def main(argv: list[str] | None = None) -> dict:
     path = args.model or e2e.full_twin_path()
     mach = common.machine(args.threads)
     runs: dict[str, list[tuple[float, float]]] = {}
-    both = importlib.util.find_spec("llama_cpp") is not None
-    if not both:
+    engines = ["moert", "llama.cpp"] if importlib.util.find_spec("llama_cpp") is not None else ["moert"]
+    if len(engines) == 1:
         print("# llama-cpp-python is not installed: moert only", flush=True)
     with tempfile.TemporaryDirectory() as tmp:
         for r in range(args.rounds):
-            for engine in (["moert", "llama.cpp"][:1 + both] if r % 2 == 0 else ["llama.cpp", "moert"][1 - both:]):
+            for engine in (engines if r % 2 == 0 else engines[::-1]):
                 got = one_process(engine, args, Path(tmp) / f"{engine}-{r}.json")
                 for name, (pp, tg) in got.items():
                     runs.setdefault(name, []).append((pp, tg))
