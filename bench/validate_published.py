@@ -49,6 +49,7 @@ from published_cv import (  # noqa: E402
     placement_pairs,
     quantile_abs,
     ratio_pairs,
+    recommendations,
     source,
 )
 
@@ -118,7 +119,8 @@ def _predict(entry: str, factors: tuple, _graphs: str) -> dict:
     r = moert.predict(plan, hw, n_prompt=t.get("n_prompt") or 0, n_gen=t.get("n_gen") or 1, depth=t.get("depth", 0),
                       n_ubatch=t.get("n_ubatch", 512), threads=t.get("threads"), kv_bytes=t.get("kv_bytes", 2),
                       policy="ik_llama.cpp" if e["engine"] == "ik_llama.cpp" else "llama.cpp", graphs=graphs(e),
-                      mmap=mmap(e), numa=numa(e), repack=repack(e), build=build(e))
+                      mmap=mmap(e), numa=numa(e), repack=repack(e), build=build(e),
+                      flash_attn=not re.search(r"(-fa|--flash-attn)\s+(0|off)\b", e.get("flags") or ""))
     wanted = e.get("predict", ["prompt", "gen"])
     return {"prompt": r.prefill_tok_s if e.get("prompt_tok_s") and "prompt" in wanted else None,
             "gen": r.decode_tok_s if e.get("gen_tok_s") and "gen" in wanted else None,
@@ -214,6 +216,7 @@ def run(entries: list[dict], show_held_out: bool = False) -> dict:
     classes = cv["classes"]
     ratios = [x for x in ratio_pairs(rows) if show_held_out or not x["held_out"]]
     by_class = class_table(rows, show_held_out)
+    recommend = [x for x in recommendations(rows, NOISE) if show_held_out or not x["held_out"]]
     if not show_held_out:                          # frozen figures: no error of theirs is shown while shaping terms
         for r in rows:
             if r["held_out"]:
@@ -221,9 +224,8 @@ def run(entries: list[dict], show_held_out: bool = False) -> dict:
                     r[m] = {"measured": r[m]["measured"], "hidden": True}
         classes = [{k: v for k, v in c.items() if not k.startswith("held_out")} for c in classes]
     ranking = placement_pairs([r for r in rows if not r["held_out"] or show_held_out], NOISE)
-    return {"census": census(entries), "factors": cv["factors"], "sources": cv["sources"], "rows": rows,
-            "classes": classes,
-            "ranking": ranking, "worst": worst(rows), "by_class": by_class,
+    return {"recommend": recommend, "census": census(entries), "factors": cv["factors"], "sources": cv["sources"],
+            "rows": rows, "classes": classes, "ranking": ranking, "worst": worst(rows), "by_class": by_class,
             "coverage": {a: {v["value"]: v["n"] for v in vs} for a, vs in by_class.items()},
             "ratios": {"pairs": ratios, **ratio_summary([x for x in ratios if not x["held_out"]]),
                        "held_out": ratio_summary([x for x in ratios if x["held_out"]])}}
@@ -353,6 +355,11 @@ def table(res: dict) -> str:
     lines.append(f"placements on the same box (pairs that change the placement, > {NOISE:.0%} apart): "
                  f"{sum(x['right'] for x in rk)} of {len(rk)} in the measured order; gain within x1.5 where the "
                  f"measured gain is above x1.5: {sum(x['gain_ok'] for x in big)} of {len(big)}")
+    rc = res["recommend"]
+    lines.append(f"compare's recommendation on each box and test (decode; right: the measured fastest or within "
+                 f"{NOISE:.0%}): {sum(x['right'] for x in rc)} of {len(rc)}" + "".join(
+                     f"\n  {'right' if x['right'] else 'WRONG'}: {x['recommended']} ({x['measured_share']:.0%} of the "
+                     f"fastest, {x['fastest']}){' [held out]' if x['held_out'] else ''}" for x in rc))
     for x in rk:
         lines.append(f"  {'right' if x['right'] else 'WRONG'}: {x['a']} vs {x['b']} ({x['metric']}): measured "
                      f"{x['measured'][0]:g} vs {x['measured'][1]:g} (x{x['gain']:.2f}), predicted "

@@ -93,11 +93,15 @@ def test_a_trace_changes_what_a_batch_reads():
 
 
 def test_decode_time_grows_linearly_with_depth():
+    """Linear where every kernel keeps its rate (ggml's mul_mat attention: -fa off); llama.cpp's CPU flash-attention
+    kernel slows as each head's positions outgrow the caches (moert/cost/kinds.py, read at two depths): faster."""
     hw = cost.preset("rtx3060+ryzen-7600")
     p = _plan(hw=hw, gpu_layers=20)
-    t = [moert.predict(p, hw, depth=d, n_prompt=0).decode_s for d in (0, 8192, 16384)]
+    t = [moert.predict(p, hw, depth=d, n_prompt=0, flash_attn=False).decode_s for d in (0, 8192, 16384)]
     assert t[0] < t[1] < t[2]
     assert t[2] - t[1] == pytest.approx(t[1] - t[0], rel=1e-9)
+    t = [moert.predict(p, hw, depth=d, n_prompt=0).decode_s for d in (0, 8192, 16384)]
+    assert t[2] - t[1] > 1.2 * (t[1] - t[0])
 
 
 def test_cpu_decode_scales_with_threads_until_memory_saturates():

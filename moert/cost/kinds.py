@@ -12,6 +12,9 @@ spec sheet or a JSON file (moert/cost/machines.py) exactly as it reaches a prese
 
 from __future__ import annotations
 
+import math
+from dataclasses import dataclass
+
 GPU_APIS = ("cuda", "rocm", "vulkan", "metal", "sycl")
 GPU_ARCHS = ("turing", "ampere", "ada", "hopper", "blackwell", "gcn5", "rdna2", "rdna3", "rdna3.5", "cdna2", "cdna3",
              "apple-m2", "intel-xe")
@@ -97,12 +100,12 @@ def amx_gemm_x(cpu, engine: str, type_name: str) -> float:
     return AMX_GEMM_X if cpu.isa == "amx" and engine == "llama.cpp" and type_name in AMX_TYPES else 1.0
 
 
-# One query's flash attention on the CPU (decode: llama.cpp's ggml_compute_forward_flash_attn_ext_f16, per head and
-# cached position a ggml_vec_dot_f16 of the key row, an online-softmax step and a ggml_vec_mad of the value row) runs
-# far below the batched GEMM rate: measured, not read from any entry of bench/published.json. bench/RESULTS.md, "e2e.py
-# -d against llama.cpp: depth to 32768", its run at c225e20 (2026-11-28; EPYC Zen 5 VM, 2 cores, AVX-512;
-# llama-cpp-python 0.3.36, a 6-layer Qwen3-30B-A3B-shaped Q4_K_M file, 32 query / 4 KV heads of 128, f16 KV, flash
-# attention, 2 threads): tg32 159.0 t/s at depth 0, 24.2 at 16384, so 16384 keys cost (1/24.2 - 1/159.0) / 6 = 5.84 ms a
+# One query's attention on the CPU without flash attention (decode: llama.cpp's KQ = mul_mat(K, q), softmax, KQV =
+# mul_mat(V, KQ) over the f16 cache) runs far below the batched GEMM rate: measured, not read from any entry of
+# bench/published.json. bench/RESULTS.md, "e2e.py -d against llama.cpp: depth to 32768", its run at c225e20
+# (2026-11-28; EPYC Zen 5 VM, 2 cores, AVX-512; llama-cpp-python 0.3.36, a 6-layer Qwen3-30B-A3B-shaped Q4_K_M file,
+# 32 query / 4 KV heads of 128, f16 KV, flash attention off: llama-cpp-python's Llama() default, which e2e.py kept;
+# 2 threads): tg32 159.0 t/s at depth 0, 24.2 at 16384, so 16384 keys cost (1/24.2 - 1/159.0) / 6 = 5.84 ms a
 # layer for 2 x 16384 x 32 x 256 = 268 MFLOP: 46 GFLOP/s, i.e. 8.85 FLOPs a core-cycle at the 2.596 GHz /proc/cpuinfo
 # gives the VM (its clock under load is not visible there; at 3 GHz it would be 7.7). At 4096 and 32768 keys the same
 # reading gives 7.5 and 9.7. The prompt's attention at depth (pp512, same section) runs at 154-167 GFLOP/s, 30-32 a
@@ -112,6 +115,101 @@ def amx_gemm_x(cpu, engine: str, type_name: str) -> float:
 # keeps the GEMM rate (no reading of it).
 LLAMA_CPU_ATTN_1Q_FPC = 2 * 16384 * 32 * 256 / ((1 / 24.2 - 1 / 159.0) / 6) / (2 * 2.596e9)
 
+# Which of ggml's CPU flash-attention kernels runs (ggml-cpu/ops.cpp, ggml_compute_forward_flash_attn_ext_f16) changed
+# with llama.cpp's build and depends on the KV cache's type:
+#   * a prompt's query rows (GGML_FA_TILE_Q = 64 or more) run flash_attn_ext_tiled since llama.cpp PR 19012
+#     ("ggml-cpu: Use tiled FA for prompt-processing", 2026-01-22: "the FA performance is gimped on CPU for long
+#     contexts because it essentially uses a vector kernel"; gpt-oss 20B pp512@d16384 25.12 -> 97.29 t/s on a 64-core
+#     EPYC), its tiles SIMD GEMMs (the GEMM rate, above) since PR 19422 (below), and only with K and V both F16 or F32
+#     ("use_tiled = ... kv_is_f32_or_f16 && k->type == v->type && neq1 >= Q_TILE_SZ": a q8_0 K or V, or one of each,
+#     does not; llama.cpp PR 26948, quantized K/V in the tiled kernel, is still open). Otherwise every query row runs
+#     the one-query kernel (LLAMA_CPU_ATTN_VEC);
+#   * one query's positions are split over the threads (partial softmax sums, then a reduction) since PR 19209
+#     ("ggml-cpu: FA split across kv for faster TG", 2026-01-30: "we only parallelize the query heads which can be <
+#     n_threads"), for F16/F32 K and V of 512+ positions ("use_split_kv_path"). Before it, or over a q8_0 cache, a
+#     token's attention keeps at most one thread a query head busy.
+# The one-query kernel's rate falls with the positions each query head streams (its rows of K and V outgrow the caches:
+# the kernel re-reads them for every query and head), so it is read at two depths, per cache type and build, with
+# bench/llama_cpu_attention.py on this box (bench/RESULTS.md, "llama_cpu_attention.py: llama.cpp's CPU flash attention
+# by build"; 2 threads, 32 query / 4 KV heads of 128): "old" llama-cpp-python 0.3.16 (llama.cpp 4227c9b, August
+# 2025), "today" 0.3.36. (mean positions, FLOPs a core-cycle) at depth 4096 and 16384; between them log-log, flat
+# below the first, continued beyond the second (an extrapolation: PR 19012's own table shows its speed-up still
+# growing at 16384). A split decode runs the same rate a thread on every thread (on 2 threads and 32 heads the split
+# changes nothing, so "today" is read there too). Without flash attention (-fa off, llama-cpp-python's default) ggml
+# runs KQ and KQV as mul_mat, a GQA group's queries over one read of its K and V: decode at attn_1q_flops_per_cycle
+# (above; 5.38 and 1.90 a core-cycle with flash attention at 4096 and 16384 positions against its 7.5 and 8.85, one
+# query head at a time re-reading its group's rows), a batch at the GEMM rate.
+LLAMA_CPU_TILED_FA = "2026-01-22"
+LLAMA_CPU_SPLIT_KV_FA = "2026-01-30"
+LLAMA_FA_Q_TILE = 64
+# The first tiled kernel summed its tiles with ggml_vec_dot_f16 / ggml_vec_mad_f32; llama.cpp PR 19422 ("ggml-cpu: FA
+# add GEMM microkernel", 2026-02-07) made them SIMD GEMMs, the kernel this box's 0.3.36 runs at the GEMM rate. PR
+# 19422's table (64-core EPYC, gpt-oss 20B): pp512@d16384 88.44 -> 130.36 t/s, @d32768 56.46 -> 91.62, over pp512's
+# 234.75 -> 237.96: the attention's time (what depth adds) x2.03 and x2.00 before it. So between the two PRs a prompt's
+# attention runs at the GEMM rate / LLAMA_CPU_TILED_PRE_GEMM_X.
+LLAMA_CPU_FA_GEMM = "2026-02-07"
+LLAMA_CPU_TILED_PRE_GEMM_X = 2.0
+LLAMA_CPU_ATTN_VEC = {
+    ("prompt", "f16", "old"): ((4351.5, 8.669), (16639.5, 2.064)),
+    ("prompt", "q8_0", "old"): ((4351.5, 3.799), (16639.5, 2.623)),
+    ("prompt", "q8_0", "today"): ((4351.5, 4.94), (16639.5, 4.05)),
+    ("decode", "f16", "old"): ((4103.5, 2.679), (16391.5, 1.895)),
+    ("decode", "f16", "today"): ((4103.5, 5.38), (16391.5, 1.90)),
+    ("decode", "q8_0", "old"): ((4103.5, 3.634), (16391.5, 3.193)),
+    ("decode", "q8_0", "today"): ((4103.5, 4.20), (16391.5, 3.86)),
+}
+
+
+def vec_fpc(key: tuple[str, str, str], n_kv: float) -> float:
+    """FLOPs a core-cycle of llama.cpp's one-query kernel (LLAMA_CPU_ATTN_VEC[key]) at `n_kv` positions."""
+    (n0, r0), (n1, r1) = LLAMA_CPU_ATTN_VEC[key]
+    if n_kv <= n0:
+        return r0
+    return r0 * math.exp(math.log(r1 / r0) * math.log(n_kv / n0) / math.log(n1 / n0))
+
+
+@dataclass(frozen=True)
+class LlamaCpuAttention:
+    """Which CPU attention kernels a llama.cpp build runs over its KV cache: `cache` "f16" (F16 or F32 K and V) or
+    "q8_0" (any quantized cache), `tiled` and `split` the build's (PR 19012's, PR 19209's), `decode_fpc` the CPU
+    part's one-query rate without flash attention (attn_1q_flops_per_cycle; 0: no term, the GEMM rate throughout)."""
+
+    cache: str
+    tiled: bool
+    split: bool
+    decode_fpc: float
+    old: bool                          # a build before the kernel the cache's one-query rate was read on (today's)
+    tiled_x: float = 1.0               # the tiled kernel's time over the GEMM rate's (before PR 19422: x2)
+    flash: bool = True                 # -fa on; off: ggml's mul_mat attention (decode at decode_fpc, batches GEMM)
+
+    def gflops(self, rate: float, cpu, threads: int, batch: int, heads: int, n_kv: float) -> float:
+        """GFLOP/s of the attention of `batch` queries of `heads` heads over `n_kv` positions: `rate` (the GEMM's)
+        or the kernel's that runs."""
+        if not self.decode_fpc:
+            return rate
+        workers, era = min(threads, cpu.cores), "old" if self.old else "today"
+        if not self.flash:                 # KQ and KQV as mul_mat: one query at the CPU part's rate, a batch the GEMM's
+            return min(rate, workers * cpu.ghz * self.decode_fpc) if batch == 1 else rate
+        if batch == 1:
+            workers = workers if self.split else min(workers, heads)
+            return min(rate, workers * cpu.ghz * vec_fpc(("decode", self.cache, era), n_kv))
+        if self.tiled and batch >= LLAMA_FA_Q_TILE:
+            return rate / self.tiled_x
+        era = "old" if self.cache == "f16" else era      # F16 rows off the tiles: 64 rows short (no other reading)
+        return min(rate, workers * cpu.ghz * vec_fpc(("prompt", self.cache, era), n_kv))
+
+
+def llama_cpu_attention(cpu, build: str = "", kv_bytes: float = 2, flash: bool = True) -> LlamaCpuAttention:
+    """llama.cpp's CPU attention for a build of that date ("": today's) over K and V of `kv_bytes` a value (2: F16, 4:
+    F32; anything else, e.g. q8_0's 34/32, takes the one-query kernel), with flash attention (-fa) on or off."""
+    f16 = kv_bytes in (2, 4)
+
+    def before(date: str) -> bool:
+        return bool(build) and build < date
+    return LlamaCpuAttention("f16" if f16 else "q8_0", f16 and not before(LLAMA_CPU_TILED_FA),
+                             f16 and not before(LLAMA_CPU_SPLIT_KV_FA), cpu.attn_1q_flops_per_cycle,
+                             before(LLAMA_CPU_TILED_FA),
+                             LLAMA_CPU_TILED_PRE_GEMM_X if before(LLAMA_CPU_FA_GEMM) else 1.0, flash)
 
 # The share of the data sheet's DRAM bandwidth a many-core server part's cores read, by generation, where a measurement
 # of that platform was read (else MANY_CHANNEL_BW_SHARE below, 0.45: an Intel mlc figure of a dual EPYC 9965, 256 GiB/s
@@ -182,7 +280,9 @@ def check(part, allowed: dict[str, tuple[str, ...]], error) -> None:
 
 
 __all__ = ["AMX_GEMM_X", "AMX_TYPES", "CPU_BW_SHARE", "CPU_FIELDS", "CPU_GENERATIONS", "CPU_ISAS", "CPU_TIERS",
-           "CPU_VENDORS", "GMI_LINKS", "GPU_APIS", "GPU_ARCHS", "GPU_BW_SHARE", "GPU_FIELDS", "GPU_MEMORY", "GPU_TIERS",
-           "LLAMA_CPU_ATTN_1Q_FPC", "MANY_CHANNEL_BW_SHARE", "RDNA3_DGPU_BW", "REMOTE_READ_SHARE", "SERVER_READ_SHARE",
-           "SOCKET_LINK_GBS", "amx_gemm_x", "check", "cpu_bw_share", "cpu_int8_x", "gmi_links_per_ccd", "gpu_bw_share",
-           "int8_macs_per_cycle", "remote_read_gbs"]
+           "CPU_VENDORS", "GMI_LINKS", "GPU_APIS", "GPU_ARCHS", "GPU_BW_SHARE", "GPU_FIELDS", "GPU_MEMORY",
+           "GPU_TIERS", "LLAMA_CPU_ATTN_1Q_FPC", "LLAMA_CPU_ATTN_VEC", "LLAMA_CPU_FA_GEMM", "LLAMA_CPU_SPLIT_KV_FA",
+           "LLAMA_CPU_TILED_FA", "LLAMA_CPU_TILED_PRE_GEMM_X", "LLAMA_FA_Q_TILE", "LlamaCpuAttention",
+           "MANY_CHANNEL_BW_SHARE", "RDNA3_DGPU_BW", "REMOTE_READ_SHARE", "SERVER_READ_SHARE", "SOCKET_LINK_GBS",
+           "amx_gemm_x", "check", "cpu_bw_share", "cpu_int8_x", "gmi_links_per_ccd", "gpu_bw_share",
+           "int8_macs_per_cycle", "llama_cpu_attention", "remote_read_gbs", "vec_fpc"]

@@ -104,7 +104,8 @@ def predict(plan, hardware: Hardware, n_prompt: int = 512, n_gen: int = 128, dep
             threads: int | None = None, *, policy: str = "llama.cpp", n_ubatch: int = 512, kv_bytes: float = 2,
             act_quant: str | None = None, experts: dict | None = None, n_ctx: int | None = None,
             graphs: str = "per-split", cache=None, ram_gib: float | None = None, disk: str | None = None,
-            mmap: bool = True, numa: str = "none", repack: bool = False, build: str = "") -> Prediction:
+            mmap: bool = True, numa: str = "none", repack: bool = False, build: str = "",
+            flash_attn: bool = True) -> Prediction:
     """Predict llama-bench's pp{n_prompt} and tg{n_gen} at KV position `depth` for `plan` on `hardware`.
 
     `experts`: {expert tensor name: {device: range of experts}} overriding the plan's (whole-tensor) sets,
@@ -119,7 +120,7 @@ def predict(plan, hardware: Hardware, n_prompt: int = 512, n_gen: int = 128, dep
     --numa on a CPU of several NUMA nodes ("none": not given; hardware.numa_view says what each sees). `repack`:
     ik_llama.cpp's -rtr (moert/cost/repack.py): mmap off, and weights in RAM whose repacked type its CUDA backend does
     not run are never offloaded. `build`: the engine build's date, YYYY-MM-DD ("": today's), where it changes a term
-    (ik_cpu_gemm_x)."""
+    (ik_cpu_gemm_x; llama.cpp's CPU attention kernels, kinds.llama_cpu_attention, with `flash_attn`: -fa)."""
     repack = repack and policy == "ik_llama.cpp"   # an ik_llama.cpp flag: mainline has none
     mmap = mmap and not repack                   # -rtr turns mmap off (ik_llama.cpp common.cpp)
     hardware = replace(hardware, cpu=numa_view(hardware.cpu, numa))
@@ -150,12 +151,12 @@ def predict(plan, hardware: Hardware, n_prompt: int = 512, n_gen: int = 128, dep
     if not hardware.cpu.kernel_gflops:                # the int8 dot path the engine's kernels take on this ISA
         cost.cpu_int8_x = kinds.cpu_int8_x(hardware.cpu, policy)
         cost.amx_engine = policy                      # llama.cpp's AMX tiles for dense matmuls (kinds.amx_gemm_x)
-    if policy == "llama.cpp" and not hardware.cpu.kernel_gflops:   # its one-query flash attention (ik's: not it)
-        cost.attn_1q_fpc = hardware.cpu.attn_1q_flops_per_cycle
+    if policy == "llama.cpp" and not hardware.cpu.kernel_gflops:   # its CPU flash attention kernels (ik's: not it)
+        cost.attn = kinds.llama_cpu_attention(hardware.cpu, build, kv_bytes, flash_attn)
     m = cost.shape
     q = selection(plan.metadata, trace, m.n_layer)
     parts: list[Part] = []
-    mean_kv = depth + n_gen / 2                          # decode cost is linear in n_kv: the mean is exact
+    mean_kv = depth + n_gen / 2          # linear in n_kv (llama.cpp's CPU FA kernel nearly): the mean stands for all
     parts += launch.apply(_forward(cost, q, 1, mean_kv, "decode", policy), hardware, graphs)
     # the prompt's u-batches: the full ones differ only in their KV position, and every term is linear in it (the
     # attention's bytes and FLOPs, a max of two quantities proportional to it, plus fixed costs), so one forward at
@@ -225,7 +226,7 @@ class CostModel:
         self.cpu_int8_x = 1.0                   # the ISA's int8 dot rate relative to the fitted one (kinds.cpu_int8_x)
         self.repack = False                     # ik_llama.cpp's -rtr: repack.offloadable decides what op offload takes
         self.amx_engine = ""                    # the engine whose AMX tiles apply (kinds.amx_gemm_x); "": none
-        self.attn_1q_fpc = 0.0                  # one query's CPU attention, FLOPs a core-cycle (roofline.kv_gflops)
+        self.attn = None                        # llama.cpp's CPU attention kernels (kinds.LlamaCpuAttention)
         self.shape = Shape(plan, kv_bytes, experts)
         arch = plan.metadata.get("general.architecture")
         self.swa_period = SWA_PERIOD.get(arch, 0)

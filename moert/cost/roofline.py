@@ -63,14 +63,21 @@ def _amx(item, cost) -> float:
     return 1.0 if len(item) > 3 or not cost.amx_engine else kinds.amx_gemm_x(cost.hw.cpu, cost.amx_engine, item[0])
 
 
-def kv_gflops(cpu, threads: int, batch: int, cost) -> float:
+def kv_gflops(cpu, threads: int, batch: int, cost, n_kv: float = 0.0) -> float:
     """GFLOP/s of attention over the KV cache on `threads` threads in a forward of `batch` tokens: the GEMM's float
-    rate, or for one query under llama.cpp (cost.attn_1q_fpc, from cpu.attn_1q_flops_per_cycle: its decode flash
-    attention, measured in kinds.LLAMA_CPU_ATTN_1Q_FPC) that many FLOPs a core-cycle where it is lower."""
+    rate, or under llama.cpp (cost.attn: kinds.LlamaCpuAttention, its build's and cache type's flash-attention
+    kernels) the one-query kernel's FLOPs a core-cycle where it runs and is lower: decode (on as many threads as
+    query heads before PR 19209), and prompts before PR 19012 or over a q8_0 cache; `n_kv` the positions attended."""
     rate = cpu.matmul_gflops("KV", threads, None, batch)
-    if batch == 1 and cost.attn_1q_fpc:
-        rate = min(rate, min(threads, cpu.cores) * cpu.ghz * cost.attn_1q_fpc)
+    if cost.attn is not None:
+        rate = cost.attn.gflops(rate, cpu, threads, batch, cost.shape.H, n_kv)
     return rate
+
+
+def _positions(item, batch: int, cost) -> float:
+    """The positions a KV item's queries attend (its FLOPs are 2 x batch x n_kv x H x (Dk + Dv): CostModel.kv)."""
+    m = getattr(cost, "shape", None)
+    return item[2] / (2.0 * batch * m.H * (m.Dk + m.Dv)) if m is not None and m.H else 0.0
 
 
 def cpu_time(items, ops: float, cost, batch: int) -> tuple[float, float, float, str]:
@@ -81,7 +88,8 @@ def cpu_time(items, ops: float, cost, batch: int) -> tuple[float, float, float, 
     row (DeepSeek-V3: 2 x 128 x 1088 FLOPs a position) outweighs reading the row's 576 x 2 bytes."""
     cpu, n, aq = cost.hw.cpu, cost.threads, cost.act_quant
     nbytes = sum(i[1] for i in items)
-    t_att = sum(i[2] / (1e9 * kv_gflops(cpu, n, batch, cost)) for i in items if i[0] == "KV")
+    t_att = sum(i[2] / (1e9 * kv_gflops(cpu, n, batch, cost, _positions(i, batch, cost))) for i in items
+                if i[0] == "KV")
     if batch == 1:                       # a kernel's streaming rate per type (or DRAM when not measured)
         t_mem = sum(i[1] / (1e9 * cpu.matvec_gbs(i[0], n, aq)) for i in items)
         t_cmp = t_att
