@@ -194,6 +194,55 @@ def placement_pairs(rows: list[dict], noise: float) -> list[dict]:
     return out
 
 
+
+def recommendations(rows: list[dict], noise: float = 0.05) -> list[dict]:
+    """Per box and test ('pair' group, figures whose test agrees), the placement `moert compare` would recommend
+    from the predictions (moert/cost/range.choose: the fastest unless others tie with it by the same-box ratio
+    error, then the simplest flags) against the measurement: right when its measured figure is the fastest or within
+    `noise` of it. On decode (compare's key, "tg"); a group needs two placements measured."""
+    from moert.cost.range import choose
+
+    groups: dict[tuple, list[dict]] = {}
+    for r in rows:
+        if r["pair"] and r["use"] != "excluded" and r["gen"]["measured"] and r["gen"].get("predicted"):
+            t = tuple(r["test"].get(k) for k in DEPENDS["gen"])
+            groups.setdefault((r["pair"], t), []).append(r)
+    out = []
+    for (g, _), rs in groups.items():
+        if len({json_key(r["placement"]) for r in rs}) < 2:
+            continue
+        cand = [{"id": r["id"], "tg": r["gen"]["predicted"], "fits": r["fits"] is not False, "strategy": r["id"],
+                 "flags": placement_flags(r["placement"])} for r in rs]
+        pick = choose(cand, "tg")
+        if pick is None:
+            continue
+        measured = {r["id"]: r["gen"]["measured"] for r in rs}
+        best = max(measured, key=measured.get)
+        out.append({"pair": g, "recommended": pick["id"], "fastest": best, "tied": pick.get("tied", False),
+                    "measured_share": measured[pick["id"]] / measured[best],
+                    "right": measured[pick["id"]] >= (1 - noise) * measured[best],
+                    "held_out": any(r["held_out"] for r in rs)})
+    return out
+
+
+def placement_flags(p: dict) -> list[str]:
+    """An entry's placement as the flags moert compare's rows carry (range.simplicity counts them)."""
+    if p.get("cpu_only"):
+        return ["-ngl", "0"]
+    if p.get("all_gpu"):
+        return []
+    if p.get("cpu_moe"):
+        return ["--cpu-moe"]
+    if "n_cpu_moe" in p:
+        return ["--n-cpu-moe", str(p["n_cpu_moe"])]
+    return ["-ot", p.get("overrides", "")]
+
+
+def json_key(x) -> str:
+    import json
+
+    return json.dumps(x, sort_keys=True)
+
 # What each metric of a figure depends on in its test: two placements on one box compare on a metric only when these
 # agree (decode does not see the u-batch, so a u-batch sweep's placements still compare at decode).
 DEPENDS = {"prompt": ("n_prompt", "n_ubatch", "depth", "threads"), "gen": ("depth", "threads", "kv_bytes")}
@@ -224,5 +273,5 @@ def ratio_pairs(rows: list[dict]) -> list[dict]:
     return out
 
 
-__all__ = ["DEPENDS", "GRID", "KEYS", "CrossValidation", "geomean_abs", "held_out", "key_for", "kind", "log_err",
-           "placement_pairs", "quantile_abs", "ratio_pairs", "source"]
+__all__ = ["DEPENDS", "GRID", "KEYS", "CrossValidation", "geomean_abs", "held_out", "json_key", "key_for", "kind",
+           "log_err", "placement_flags", "placement_pairs", "quantile_abs", "ratio_pairs", "recommendations", "source"]

@@ -175,3 +175,20 @@ def test_an_entrys_build_date_reaches_predict_unless_its_file_is_row_interleaved
     assert validate_published.build({"quant": "Q8_0 (unsloth)", "build": "2025-05-20"}) == "2025-05-20"
     assert validate_published.build({"quant": "IQ4_K_R4 (ubergarm)", "build": "2025-05-20"}) == ""   # _R4 in the file
     assert validate_published.build({"quant": "Q4_K_M"}) == ""                                       # undated: today's
+
+
+def test_the_recommendation_check_scores_compares_pick_against_the_measured_fastest():
+    cv = bench_module("published_cv")
+
+    def row(i, placement, measured, predicted, pair="box", held=False):
+        return {"id": i, "pair": pair, "use": "error", "placement": placement, "fits": True, "held_out": held,
+                "test": {"depth": 0, "threads": 8}, "gen": {"measured": measured, "predicted": predicted}}
+    # predicted far apart (beyond any tie): the faster prediction is picked; measured it is 10% slower: wrong
+    rows = [row("a", {"cpu_moe": True}, 50.0, 40.0), row("b", {"n_cpu_moe": 20}, 45.0, 80.0)]
+    (r,) = cv.recommendations(rows)
+    assert (r["recommended"], r["fastest"], r["right"]) == ("b", "a", False) and abs(r["measured_share"] - 0.9) < 1e-9
+    # within 5% of the measured fastest counts as right; one placement alone is no choice
+    rows[1]["gen"]["measured"] = 48.0
+    assert cv.recommendations(rows)[0]["right"]
+    assert cv.recommendations([row("c", {"cpu_moe": True}, 50.0, 40.0, pair="other")]) == []
+    assert cv.placement_flags({"n_cpu_moe": 3}) == ["--n-cpu-moe", "3"] and cv.placement_flags({"all_gpu": True}) == []
