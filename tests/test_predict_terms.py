@@ -55,7 +55,7 @@ def test_ik_llama_cpp_cpu_prefill_uses_its_faster_gemm_and_decode_is_unchanged()
     hw = cost.preset("ryzen-7950x")
     p = _plan(hw)
     main, ik = (moert.predict(p, hw, n_prompt=512, policy=pol) for pol in ("llama.cpp", "ik_llama.cpp"))
-    assert main.decode_tok_s == ik.decode_tok_s
+    assert main.decode_tok_s == pytest.approx(ik.decode_tok_s, rel=1e-3)   # llama.cpp: its FA decode kernel
     assert 1.5 < ik.prefill_tok_s / main.prefill_tok_s <= cost_predict.IK_CPU_GEMM_X + 1e-9
 
 
@@ -75,8 +75,8 @@ def test_an_ik_llama_cpp_build_before_its_on_the_fly_repacking_runs_cpu_prompts_
                    if x.phase == "prefill" and x.device == "cpu" and x.bound == "compute" and x.stage == "experts")
     assert cpu_compute(may) == pytest.approx(cpu_compute(today) * 300.9 / 155.6, rel=1e-6)
     assert cost_predict.ik_cpu_gemm_x("2025-05-20") == pytest.approx(721.49 / 282.49 * 155.6 / 300.9)
-    main = moert.predict(p, hw, n_prompt=512, build="2025-05-20")                  # mainline: no such term
-    assert main.prefill_tok_s == moert.predict(p, hw, n_prompt=512).prefill_tok_s
+    main = moert.predict(p, hw, n_prompt=512, build="2025-05-20", flash_attn=False)   # mainline: no such term (its
+    assert main.prefill_tok_s == moert.predict(p, hw, n_prompt=512, flash_attn=False).prefill_tok_s   # FA's aside)
     with pytest.raises(moert.errors.ArgumentError, match="YYYY-MM-DD"):
         run(build="May 2025")
 
