@@ -87,3 +87,14 @@ def test_ik_llama_cpp_keeps_its_kernels_at_any_date():
     b, _ = _run(policy="ik_llama.cpp", build="2026-01-01")
     assert _attention_s(a, "prefill") == pytest.approx(_attention_s(b, "prefill"))
     assert _attention_s(a, "decode") == pytest.approx(_attention_s(b, "decode"))
+
+
+def test_compare_passes_fa_to_the_prediction():
+    from moert.cli.compare import compare
+
+    hw = moert.cost.preset("epyc-9554")
+    opts = dict(depth=16384, n_gen=16)
+    on, off = (compare(str(zoo.path("qwen3-30b-a3b")), hw, 32768, opts={**opts, "fa": fa}) for fa in ("on", "off"))
+    cpu_on = next(r for r in on if r["strategy"].startswith("everything on the CPU"))
+    cpu_off = next(r for r in off if r["strategy"].startswith("everything on the CPU"))
+    assert cpu_off["tg"] > 1.5 * cpu_on["tg"]       # ggml's mul_mat attention against FA's kernel at 16k positions

@@ -83,7 +83,8 @@ def compare(model: str, hw, context: int, policy: str = "llama.cpp", trace=None,
             continue
         p = strategies.hardware_plan(model, rules, hw) if rules is not None else commandline.plan_on(model, hw, **kw)
         args = dict(n_prompt=o["n_prompt"], n_gen=o["n_gen"], depth=o["depth"], n_ctx=context, policy=policy,
-                    trace=trace, threads=o["threads"], n_ubatch=o["n_ubatch"], kv_bytes=kvb, numa=o["numa"])
+                    trace=trace, threads=o["threads"], n_ubatch=o["n_ubatch"], kv_bytes=kvb, numa=o["numa"],
+                    flash_attn=o["fa"] != "off")
         r = predict(p, hw, **args)
         if o["threads_batch"] and o["threads_batch"] != o["threads"]:        # -tb: the prompt's threads
             r.prefill_tok_s = predict(p, hw, **{**args, "threads": o["threads_batch"]}).prefill_tok_s
@@ -312,7 +313,8 @@ def add_commands(sub) -> None:
                    "nodes ('2x epyc-9374f'): distribute, isolate or numactl (one node); not given: every core reads "
                    "one node's memory (moert/cost/hardware.py numa_view)")
     y.add_argument("-ctk", "--cache-type-k", choices=sorted(KV_BYTES), default="f16", help="KV cache type (f16)")
-    y.add_argument("-fa", "--flash-attn", type=_on_off, default="on", help="flash attention (on, as assumed)")
+    y.add_argument("-fa", "--flash-attn", type=_on_off, default="on",
+                   help="flash attention (on; llama.cpp's CPU attention kernels depend on it)")
     y.add_argument("--depth", type=int, default=0, help="KV position the tests start at (llama-bench -d)")
     y.add_argument("-n", "--n-predict", type=int, default=128, help="tokens decoded (tg, default 128)")
     y.add_argument("-p", "--n-prompt", type=int, default=512, help="prompt tokens (pp, default 512)")
