@@ -3,6 +3,7 @@ are read from (moert/cost/kinds.py, LLAMA_CPU_ATTN_*).
 
     python bench/llama_cpu_attention.py [--kv f16,q8_0] [-d 0,4096,16384] [--prompt 512] [--decode 16] [--json OUT]
     PYTHONPATH=/path/to/an/older/llama_cpp python bench/llama_cpu_attention.py ...   # another build, same table
+    python bench/llama_cpu_attention.py --sweep-bench PATH/llama-sweep-bench ...      # ik_llama.cpp's (or any) binary
 
 llama.cpp's file of the e2e benchmark's Qwen3-30B-A3B-shaped layers (`bench/e2e.py --llama-quantized` writes it:
 6 layers, 32 query / 4 KV heads of 128), every tensor on the CPU, flash attention on, one KV cache type per engine
@@ -16,7 +17,9 @@ ggml's CPU kernel behind it (ggml-cpu/ops.cpp, ggml_compute_forward_flash_attn_e
 before llama.cpp PR 19012 ("ggml-cpu: Use tiled FA for prompt-processing", 2026-01-22) every query row ran the
 one-query kernel (a vec_dot of each key, an online-softmax step, a vec_mad of each value); after it a prompt of 64+
 rows runs `flash_attn_ext_tiled` (Q x K and P x V as SIMD GEMM tiles), but only with K and V both F16 or F32: a
-q8_0 cache still takes the one-query kernel. The table says which llama_cpp (its version) ran.
+q8_0 cache still takes the one-query kernel. The table says which llama_cpp (its version) ran. With --sweep-bench,
+a llama-sweep-bench binary (ik_llama.cpp's, whose CPU flash attention is its own iqk kernel) runs the same file with
+-fa, `--sweep-stride` rows at each depth and `--output-format jsonl`, once per cache type; the same columns follow.
 """
 
 from __future__ import annotations
@@ -76,21 +79,42 @@ def _tg(llm, depth: int, n: int, n_vocab: int) -> float:
     return time.perf_counter() - t0
 
 
+def sweep(args) -> dict:
+    """{kv: {depth: {"pp": seconds, "tg": seconds}}} from a llama-sweep-bench binary's jsonl rows (-fa on)."""
+    import subprocess
+
+    from llama_quantized import llama_quantized_path
+
+    path = args.model or llama_quantized_path(6, args.threads)
+    step = args.prompt
+    if any(d % step for d in args.depth):
+        raise SystemExit(f"--sweep-bench measures every u-batch ({step} tokens): depths must be multiples of it")
+    stride = max(1, min(d // step for d in args.depth if d) if any(args.depth) else 1)
+    out: dict = {}
+    for kv in args.kv:
+        cmd = [args.sweep_bench, "-m", str(path), "-c", str(max(args.depth) + step), "-b", str(step), "-ub",
+               str(step), "-n", str(args.decode), "-t", str(args.threads), "-fa", "-ctk", kv, "-ctv", kv,
+               "--sweep-stride", str(stride), "--output-format", "jsonl"]
+        text = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
+        rows = [json.loads(line) for line in text.splitlines() if line.startswith("{")]
+        out[kv] = {r["n_kv"]: {"pp": [r["t_pp"]], "tg": [r["t_tg"]]} for r in rows if r["n_kv"] in args.depth}
+    return {"results": out, "path": path, "engine": f"llama-sweep-bench ({args.sweep_bench})"}
+
+
 def measure(args) -> dict:
     import llama_cpp
     from llama_quantized import llama_quantized_path
 
     path = args.model or llama_quantized_path(6, args.threads)
     depths = sorted(set(args.depth))
+    if args.sweep_bench:
+        got = sweep(args)
+        return _table(args, got["results"], depths, _shape(path), got["engine"], path)
     n_ctx = max(depths) + max(args.prompt, args.decode) + 64
     engines = {kv: _engine(path, kv, n_ctx, args.threads, args.prompt) for kv in args.kv}
     first = next(iter(engines.values()))
     n_vocab = first.n_vocab()
-    md = first.metadata
-    arch = md["general.architecture"]
-    shape = {"layers": int(md[f"{arch}.block_count"]), "H": int(md[f"{arch}.attention.head_count"]),
-             "Hkv": int(md[f"{arch}.attention.head_count_kv"]), "Dk": int(md[f"{arch}.attention.key_length"]),
-             "Dv": int(md[f"{arch}.attention.value_length"])}
+    shape = _shape(path)
     for _ in range(2):                                # warm-up, untimed: twice the timed work at depth 0
         for llm in engines.values():
             _pp(llm, 0, args.prompt, n_vocab)
@@ -106,8 +130,24 @@ def measure(args) -> dict:
                 cell = res[kv].setdefault(d, {"pp": [], "tg": []})
                 cell["pp"].append(_pp(llm, d, args.prompt, n_vocab))
                 cell["tg"].append(_tg(llm, d, args.decode, n_vocab))
+    return _table(args, res, depths, shape, f"llama_cpp {llama_cpp.__version__}", path)
+
+
+def _shape(path) -> dict:
+    """Layers and attention heads of the GGUF at `path` (moert's reader: no engine needed)."""
+    from moert import gguf
+
+    md = gguf.open(str(path)).metadata
+    arch = md["general.architecture"]
+    return {"layers": int(md[f"{arch}.block_count"]), "H": int(md[f"{arch}.attention.head_count"]),
+            "Hkv": int(md[f"{arch}.attention.head_count_kv"]), "Dk": int(md[f"{arch}.attention.key_length"]),
+            "Dv": int(md[f"{arch}.attention.value_length"])}
+
+
+def _table(args, res: dict, depths: list[int], shape: dict, engine: str, path) -> dict:
+    """The attention's FLOPs a core-cycle per cache type and depth from {kv: {depth: {"pp": [s], "tg": [s]}}}."""
     ghz = _clock_ghz()
-    rows, out = [], {"llama_cpp": llama_cpp.__version__, "model": str(path), "shape": shape, "threads": args.threads,
+    rows, out = [], {"llama_cpp": engine, "model": str(path), "shape": shape, "threads": args.threads,
                      "ghz_stated": ghz, "prompt": args.prompt, "decode": args.decode, "kv": {}}
     for kv, by_depth in res.items():
         out["kv"][kv] = {}
@@ -143,6 +183,7 @@ def main(argv=None) -> int:
     p.add_argument("--rounds", type=int, default=2)
     p.add_argument("-t", "--threads", type=int, default=2)
     p.add_argument("--json", help="write the results here")
+    p.add_argument("--sweep-bench", help="a llama-sweep-bench binary to run instead of llama-cpp-python")
     args = p.parse_args(argv)
     bad = [k for k in args.kv if k not in KV_TYPES]
     if bad or 0 not in args.depth:
@@ -150,7 +191,7 @@ def main(argv=None) -> int:
     out = measure(args)
     out["machine"] = common.machine(args.threads, with_bandwidth=False)
     print(common.machine_line(out["machine"]))
-    print(f"# llama_cpp {out['llama_cpp']}, {out['threads']} threads, clock as /proc/cpuinfo states: "
+    print(f"# {out['llama_cpp']}, {out['threads']} threads, clock as /proc/cpuinfo states: "
           f"{out['ghz_stated']:.3f} GHz; command: {common.command()}")
     print(out.pop("table"))
     if args.json:
