@@ -202,3 +202,36 @@ def test_seed_minus_one_means_random_in_the_api_too():
     assert SamplingParams(seed=-1).seed is None and SamplingParams(seed=7).seed == 7
     with pytest.raises(SamplingError, match="use a non-negative integer, or -1 / None for a random seed"):
         SamplingParams(seed=-2)
+
+
+def test_a_ctrl_c_a_finalizer_swallowed_still_stops_the_stream(capsys):
+    """Python raises KeyboardInterrupt wherever the main thread is; inside a finalizer it is printed as "Exception
+    ignored" and lost. The streaming loop keeps it and raises it at the next token."""
+    from types import SimpleNamespace
+
+    from moert.cli import generate
+
+    class Stream:
+        stats = None
+
+        def __iter__(self):
+            yield "a"
+            try:                                         # as a weakref.finalize callback running when SIGINT lands
+                signal.raise_signal(signal.SIGINT)
+            except KeyboardInterrupt:
+                pass                                     # the interpreter's "Exception ignored in ..."
+            yield "b"
+            yield "c"
+
+        def close(self):
+            pass
+
+    model = SimpleNamespace(stream=lambda *a, **k: Stream())
+    args = SimpleNamespace(n_predict=3, json=False, temp=0.0, top_k=40, top_p=0.95, min_p=0.05, seed=-1,
+                           repeat_penalty=1.0, repeat_last_n=64, presence_penalty=0.0, frequency_penalty=0.0,
+                           stop=None)
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    with pytest.raises(KeyboardInterrupt):
+        generate._stream_to_stdout(model, "p", args)
+    assert capsys.readouterr().out == "a"                # stopped before "b"
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler   # the handler put back

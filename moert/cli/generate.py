@@ -73,6 +73,38 @@ def load_from_args(model: str, args: argparse.Namespace, announce: bool = False,
         raise
 
 
+class _Interrupts:
+    """Ctrl-C while streaming, kept: Python raises KeyboardInterrupt wherever the main thread is, and when that is a
+    finalizer (a device buffer's weakref.finalize, run by the garbage collector) it prints "Exception ignored in" and
+    the interrupt is lost. This handler raises it as Python's does and also records it, so the streaming loop raises it
+    again at its next token. Installed only over Python's default handler, in the main thread (a job started in the
+    background inherits SIGINT ignored, and keeps ignoring it)."""
+
+    def __enter__(self):
+        import signal
+        import threading
+
+        self.seen, self.old = False, None
+        if threading.current_thread() is threading.main_thread() and \
+                signal.getsignal(signal.SIGINT) is signal.default_int_handler:
+            self.old = signal.signal(signal.SIGINT, self._on_sigint)
+        return self
+
+    def _on_sigint(self, signum, frame):
+        self.seen = True
+        raise KeyboardInterrupt
+
+    def check(self) -> None:
+        if self.seen:
+            raise KeyboardInterrupt
+
+    def __exit__(self, *exc):
+        if self.old is not None:
+            import signal
+
+            signal.signal(signal.SIGINT, self.old)
+
+
 def _stream_to_stdout(model, prompt, args, *, add_bos=None, echo: str = "") -> tuple[str, object]:
     """Stream a completion to stdout; Ctrl-C stops cleanly and keeps what was printed."""
     s = model.stream(prompt, args.n_predict, add_bos=add_bos, **sampling(args))
@@ -80,11 +112,14 @@ def _stream_to_stdout(model, prompt, args, *, add_bos=None, echo: str = "") -> t
     sys.stdout.write(echo)
     sys.stdout.flush()
     try:
-        for piece in s:
-            out.append(piece)
-            if not args.json:
-                sys.stdout.write(piece)
-                sys.stdout.flush()
+        with _Interrupts() as ctrl_c:
+            for piece in s:
+                ctrl_c.check()            # one a finalizer swallowed
+                out.append(piece)
+                if not args.json:
+                    sys.stdout.write(piece)
+                    sys.stdout.flush()
+            ctrl_c.check()
     except KeyboardInterrupt:
         iter(s).close()                   # TextStream iterates one generator: closing it resets the model
         print("\n[interrupted]", file=sys.stderr)
