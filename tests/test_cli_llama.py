@@ -230,8 +230,11 @@ def test_a_ctrl_c_a_finalizer_swallowed_still_stops_the_stream(capsys):
     args = SimpleNamespace(n_predict=3, json=False, temp=0.0, top_k=40, top_p=0.95, min_p=0.05, seed=-1,
                            repeat_penalty=1.0, repeat_last_n=64, presence_penalty=0.0, frequency_penalty=0.0,
                            stop=None)
-    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
-    with pytest.raises(KeyboardInterrupt):
-        generate._stream_to_stdout(model, "p", args)
-    assert capsys.readouterr().out == "a"                # stopped before "b"
-    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler   # the handler put back
+    before = signal.signal(signal.SIGINT, signal.default_int_handler)   # as in a terminal (a job run with `&`
+    try:                                                                  # inherits SIGINT ignored)
+        with pytest.raises(KeyboardInterrupt):
+            generate._stream_to_stdout(model, "p", args)
+        assert capsys.readouterr().out == "a"            # stopped before "b"
+        assert signal.getsignal(signal.SIGINT) is signal.default_int_handler   # the handler put back
+    finally:
+        signal.signal(signal.SIGINT, before)
