@@ -22,6 +22,7 @@ Three ways to count the error of a figure:
 
 from __future__ import annotations
 
+import json
 import math
 from functools import cache
 
@@ -194,7 +195,6 @@ def placement_pairs(rows: list[dict], noise: float) -> list[dict]:
     return out
 
 
-
 def recommendations(rows: list[dict], noise: float = 0.05) -> list[dict]:
     """Per box and test ('pair' group, figures whose test agrees), the placement `moert compare` would recommend
     from the predictions (moert/cost/range.choose: the fastest unless others tie with it by the same-box ratio
@@ -239,9 +239,8 @@ def placement_flags(p: dict) -> list[str]:
 
 
 def json_key(x) -> str:
-    import json
-
     return json.dumps(x, sort_keys=True)
+
 
 # What each metric of a figure depends on in its test: two placements on one box compare on a metric only when these
 # agree (decode does not see the u-batch, so a u-batch sweep's placements still compare at decode).

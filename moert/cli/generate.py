@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import signal
 import sys
+import threading
 import time
 
 from moert.cli import llama_flags
@@ -81,9 +83,6 @@ class _Interrupts:
     background inherits SIGINT ignored, and keeps ignoring it)."""
 
     def __enter__(self):
-        import signal
-        import threading
-
         self.seen, self.old = False, None
         if threading.current_thread() is threading.main_thread() and \
                 signal.getsignal(signal.SIGINT) is signal.default_int_handler:
@@ -100,8 +99,6 @@ class _Interrupts:
 
     def __exit__(self, *exc):
         if self.old is not None:
-            import signal
-
             signal.signal(signal.SIGINT, self.old)
 
 

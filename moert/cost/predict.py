@@ -258,7 +258,7 @@ class CostModel:
         if self.slides(layer):        # its own cache of window + u-batch positions (llama_kv_cache_iswa)
             n_kv = min(n_kv, self.swa_window + B / 2)
         return self.part(phase, dev, layer, "attention", [("KV", n_kv * m.Hkv * m.kv_width * m.kv_bytes,
-                                                           2.0 * B * n_kv * m.H * (m.Dk + m.Dv))], 2, B)
+                                                           2.0 * B * n_kv * m.H * (m.Dk + m.Dv), B, n_kv)], 2, B)
 
     def output(self, phase: str, dev: str, ents, rows: int, B: int) -> Part:
         """The final norm and output projection of `rows` positions on dev."""

@@ -3,7 +3,8 @@ over its compute rate, plus fixed costs per op (moert/cost/predict.py's CostMode
 
     seconds, bound = part_time("cpu", [("Q4_K", bytes, flops, tokens), ("KV", kv_bytes, kv_flops)], ops, cost, B)
 
-Items are (GGML type, bytes read, FLOPs[, tokens per matmul]); the type "KV" is attention over the KV cache, which
+Items are (GGML type, bytes read, FLOPs[, tokens per matmul]); the type "KV" is attention over the KV cache (its
+item also carries the positions attended: CostModel.kv's ("KV", bytes, FLOPs, tokens, positions)), which
 runs as float math (ggml's flash attention converts f16 K and V rows and accumulates in f32: ggml-cpu's
 ggml_compute_forward_flash_attn_ext_f16 over ggml_vec_dot_f16), not as an int8 dot product like a quantized weight.
 """
@@ -74,12 +75,6 @@ def kv_gflops(cpu, threads: int, batch: int, cost, n_kv: float = 0.0) -> float:
     return rate
 
 
-def _positions(item, batch: int, cost) -> float:
-    """The positions a KV item's queries attend (its FLOPs are 2 x batch x n_kv x H x (Dk + Dv): CostModel.kv)."""
-    m = getattr(cost, "shape", None)
-    return item[2] / (2.0 * batch * m.H * (m.Dk + m.Dv)) if m is not None and m.H else 0.0
-
-
 def cpu_time(items, ops: float, cost, batch: int) -> tuple[float, float, float, str]:
     """(memory, compute, fixed) seconds and bound of items on the CPU. A batch's weight matmuls run at the int8 dot
     rate of the engine's kernels on the CPU's ISA (cost.cpu_int8_x, cost.cpu_gemm_x; llama.cpp's AMX tiles for dense
@@ -88,7 +83,7 @@ def cpu_time(items, ops: float, cost, batch: int) -> tuple[float, float, float, 
     row (DeepSeek-V3: 2 x 128 x 1088 FLOPs a position) outweighs reading the row's 576 x 2 bytes."""
     cpu, n, aq = cost.hw.cpu, cost.threads, cost.act_quant
     nbytes = sum(i[1] for i in items)
-    t_att = sum(i[2] / (1e9 * kv_gflops(cpu, n, batch, cost, _positions(i, batch, cost))) for i in items
+    t_att = sum(i[2] / (1e9 * kv_gflops(cpu, n, batch, cost, i[4] if len(i) > 4 else 0.0)) for i in items
                 if i[0] == "KV")
     if batch == 1:                       # a kernel's streaming rate per type (or DRAM when not measured)
         t_mem = sum(i[1] / (1e9 * cpu.matvec_gbs(i[0], n, aq)) for i in items)
