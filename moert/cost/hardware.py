@@ -74,7 +74,7 @@ class CPU:
     # and (("Q4_K", GFLOP/s of one thread's batched matmul), ...). Empty: kernels keep up with memory.
     kernel_gbs: tuple[tuple[str, float], ...] = ()
     kernel_gflops: tuple[tuple[str, float], ...] = ()
-    bw_1thread_gbs: float = 0.0         # measured read bandwidth of one thread (0: not measured)
+    bw_1thread_gbs: float = 0.0         # one thread's DRAM read rate: measured, else its kind's (kinds.core_read_gbs)
     source: str = ""                    # where the figures come from
     # What kind of part it is (moert/cost/kinds.py; "" = not stated): terms of a kind apply to any CPU of it, and
     # moert's coverage classes (moert/cost/coverage.py) say how many published figures a kind has.
@@ -91,6 +91,8 @@ class CPU:
                       "ccds", "fclk_ghz", "numa_read_gbs", "barrier_us_per_thread", "attn_1q_flops_per_cycle")
         if self.bw_efficiency == 0:                          # not given: the share of the part's kind
             object.__setattr__(self, "bw_efficiency", kinds.cpu_bw_share(self))
+        if self.bw_1thread_gbs == 0:                         # not measured: a core's rate on the part's kind, if read
+            object.__setattr__(self, "bw_1thread_gbs", kinds.core_read_gbs(self))
         _share(self, "bw_efficiency", "compute_efficiency")
         if (self.ccds > 0) != (self.fclk_ghz > 0):
             raise HardwareError(f"CPU {self.name!r}: ccds and fclk_ghz go together (both > 0, or both 0 for no "
@@ -112,8 +114,7 @@ class CPU:
         return self.cores * self.ghz * self.flops_per_cycle
 
     def read_gbs(self, threads: int | None = None) -> float:
-        """Bytes per ns `threads` threads can stream from DRAM: the effective bandwidth (the DRAM's share, at most
-        the CCD links' peak), or per-thread x n."""
+        """GB/s `threads` threads stream from DRAM: the DRAM's share (at most the CCD links'), or a thread's x n."""
         n = self._threads(threads)
         whole = self.mem_bw_gbs * self.bw_efficiency
         if self.fabric_gbs:
@@ -153,10 +154,9 @@ class CPU:
         return n * rate if rate else self.peak_gflops * self.compute_efficiency * n / self.cores
 
     def _threads(self, threads: int | None) -> int:
-        """Threads that add work: at most the physical cores. An SMT sibling shares its core's FMA units and load
-        ports, so threads beyond the cores add nothing here; llama.cpp's own default is the physical cores
-        (common.cpp cpu_get_num_math), and users find more threads no faster (llama.cpp issue 6434: a 96-core
-        EPYC 9654 peaks at about 60 threads, memory-bound)."""
+        """Threads that add work: at most the physical cores (an SMT sibling shares its core's FMA units and load
+        ports; llama.cpp's default is the physical cores, common.cpp cpu_get_num_math; users find more threads no
+        faster: llama.cpp issue 6434, a 96-core EPYC 9654 peaks at about 60 threads, memory-bound)."""
         n = self.cores if threads is None else int(threads)
         if n < 1:
             raise HardwareError(f"{self.name}: threads must be >= 1, got {threads}")

@@ -237,6 +237,25 @@ def cpu_bw_share(cpu) -> float:
         return SERVER_READ_SHARE[cpu.generation]
     many = cpu.tier in ("server", "workstation") and cpu.mem_channels >= 8 * max(cpu.sockets, 1)
     return MANY_CHANNEL_BW_SHARE if many else CPU_BW_SHARE
+
+
+# One core's DRAM read rate is its misses in flight over the latency (Little's law: John McCalpin, "Single-core memory
+# bandwidth: latency, bandwidth and concurrency", 2025), not a share of the socket's channels: fewer threads than cores
+# read min(threads x a core's rate, the socket's share), saturating at a few threads where a linear share would lose
+# three quarters of the bandwidth at a quarter of the cores. Read on Intel's mesh server parts: one core of a Xeon Gold
+# 5512U (Emerald Rapids, 28 cores, 8 x DDR5-4800 = 307 GB/s, 2.1 GHz with turbo off) streams 18.5 GB/s of sequential
+# reads ("read_thp", DRAM) at 99 ns of latency (2 MiB pages): ~29 lines in flight (github.com/joshliu14/cpu-inference,
+# results/2026-10-05_microbench/processed/machine_model.json). Sapphire Rapids (Golden Cove, the same core, L2 and
+# mesh) and Granite Rapids (Redwood Cove) take the same reading: an extrapolation (a many-tile part's higher latency
+# would lower it; it binds only below the socket's share over 18.5 GB/s, 12 threads on a Xeon 6980P). Chosen after the
+# held-out Xeon 6980P and QYFS figures showed decode at 32-64 threads as fast as at all cores (bench/published.json:
+# they are in sample for this term); other kinds keep the linear share (AMD's: by CCD link, hardware.CPU.read_gbs).
+CORE_READ_GBS = {"sapphire-rapids": 18.5, "emerald-rapids": 18.5, "granite-rapids": 18.5}
+
+
+def core_read_gbs(cpu) -> float:
+    """GB/s one core of `cpu` reads from DRAM by its kind (0: no reading for its kind)."""
+    return CORE_READ_GBS.get(cpu.generation, 0.0) if cpu.vendor == "intel" and cpu.tier == "server" else 0.0
 # Zen 5's server IO die has 16 GMI links, and a part of at most 8 CCDs joins each CCD by two ("GMI-Wide": "giving
 # each CCD 64B/cycle of bandwidth to the rest of the system in both the read and write directions", chipsandcheese.com,
 # "AMD's EPYC 9355P: Inside a 32 Core Zen 5 Server Chip"): a CCD then reads twice the 32 B a fabric clock of one link.
@@ -278,10 +297,10 @@ def check(part, allowed: dict[str, tuple[str, ...]], error) -> None:
                         f"{', '.join(values)} (or leave it empty: not stated)")
 
 
-__all__ = ["AMX_GEMM_X", "AMX_TYPES", "CPU_BW_SHARE", "CPU_FIELDS", "CPU_GENERATIONS", "CPU_ISAS", "CPU_TIERS",
-           "CPU_VENDORS", "GMI_LINKS", "GPU_APIS", "GPU_ARCHS", "GPU_BW_SHARE", "GPU_FIELDS", "GPU_MEMORY",
+__all__ = ["AMX_GEMM_X", "AMX_TYPES", "CORE_READ_GBS", "CPU_BW_SHARE", "CPU_FIELDS", "CPU_GENERATIONS", "CPU_ISAS",
+           "CPU_TIERS", "CPU_VENDORS", "GMI_LINKS", "GPU_APIS", "GPU_ARCHS", "GPU_BW_SHARE", "GPU_FIELDS", "GPU_MEMORY",
            "GPU_TIERS", "LLAMA_CPU_ATTN_1Q_FPC", "LLAMA_CPU_ATTN_VEC", "LLAMA_CPU_FA_GEMM", "LLAMA_CPU_SPLIT_KV_FA",
            "LLAMA_CPU_TILED_FA", "LLAMA_CPU_TILED_PRE_GEMM_X", "LLAMA_FA_Q_TILE", "LlamaCpuAttention",
            "MANY_CHANNEL_BW_SHARE", "RDNA3_DGPU_BW", "REMOTE_READ_SHARE", "SERVER_READ_SHARE", "SOCKET_LINK_GBS",
-           "amx_gemm_x", "check", "cpu_bw_share", "cpu_int8_x", "gmi_links_per_ccd", "gpu_bw_share",
+           "amx_gemm_x", "check", "core_read_gbs", "cpu_bw_share", "cpu_int8_x", "gmi_links_per_ccd", "gpu_bw_share",
            "int8_macs_per_cycle", "llama_cpu_attention", "remote_read_gbs", "vec_fpc"]
