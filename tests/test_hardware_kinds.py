@@ -10,7 +10,7 @@ import pytest
 
 import moert
 from moert import cost
-from moert.cost import kinds, presets
+from moert.cost import kinds, presets, roofline
 
 
 def _plan(hw, model="gpt-oss-20b"):
@@ -84,10 +84,11 @@ def test_the_int8_path_of_each_isa_sets_a_cpu_prefill_rate():
     assert kinds.cpu_int8_x(replace(skx, isa=""), "llama.cpp") == 1.0    # not stated: the fp32-based rate
     hw = cost.preset("xeon-gold-6138")
     p = moert.plan(moert.zoo.path("qwen3-30b-a3b"), gpu_layers=0)
-    experts = lambda h: sum(x.seconds for x in moert.predict(p, h, n_prompt=512).parts  # noqa: E731
-                            if x.phase == "prefill" and x.stage == "experts")
+    def experts(h):                      # the experts' MAC time: their seconds less reads (they add) and fixed costs
+        return sum(x.seconds - x.bytes / (1e9 * h.cpu.read_gbs()) - x.ops * roofline.op_us(h.cpu) * 1e-6
+                   for x in moert.predict(p, h, n_prompt=512).parts if x.phase == "prefill" and x.stage == "experts")
     vnni = moert.Hardware(cpu=replace(hw.cpu, isa="avx512-vnni"))
-    assert experts(hw) == pytest.approx(2 * experts(vnni), rel=0.02)    # compute-bound: half the MACs, twice the time
+    assert experts(hw) == pytest.approx(2 * experts(vnni), rel=1e-6)    # half the MACs a cycle, twice the time
 
 
 def test_cpu_decode_attention_at_depth_is_costed_by_its_flops():
@@ -173,3 +174,30 @@ def test_a_server_cpu_described_by_its_spec_sheet_reads_its_kinds_dram_share():
     assert genoa.bw_efficiency == cost.CPUS["epyc-9374f"].bw_efficiency == kinds.MANY_CHANNEL_BW_SHARE
     assert moert.CPU("desk", 8, 76.8, 2, 4800).bw_efficiency == kinds.CPU_BW_SHARE
     assert moert.CPU("mine", 8, 76.8, bw_efficiency=0.5, tier="server").bw_efficiency == 0.5
+
+
+def test_an_intel_mesh_server_core_reads_at_its_own_rate_so_a_few_threads_fill_the_socket():
+    """A core's DRAM read rate is its misses in flight over the latency (kinds.CORE_READ_GBS: 18.5 GB/s, one Emerald
+    Rapids core), so n threads of a Xeon 6980P read min(n x 18.5, the socket's share), not n / 128 of it; a part
+    described by its spec sheet gets the same, a measured rate wins, and a kind without a reading keeps the linear
+    share (Skylake-SP) or its CCD links (AMD)."""
+    gnr = cost.CPUS["xeon-6980p"]
+    whole = gnr.mem_bw_gbs * gnr.bw_efficiency                                    # 276 GB/s
+    assert gnr.bw_1thread_gbs == 18.5
+    assert gnr.read_gbs(4) == pytest.approx(4 * 18.5)                             # below the socket's share: per core
+    assert gnr.read_gbs(32) == gnr.read_gbs(128) == pytest.approx(whole)          # 32 x 18.5 > 276: saturated
+    mine = moert.CPU("my 6980p", 128, cost.ddr_gbs(12, 6400), 12, 6400, vendor="intel",
+                     generation="granite-rapids", tier="server")
+    assert mine.read_gbs(32) == mine.read_gbs(128)
+    assert moert.CPU("measured", 128, 600.0, vendor="intel", generation="granite-rapids", tier="server",
+                     bw_1thread_gbs=2.0).read_gbs(32) == pytest.approx(64.0)
+    sky = cost.CPUS["xeon-gold-6138"]
+    assert sky.bw_1thread_gbs == 0 and sky.read_gbs(10) == pytest.approx(sky.read_gbs() / 2)
+    assert kinds.core_read_gbs(cost.CPUS["epyc-9355"]) == 0
+    # so a 6980P decodes as fast on 32 threads as on all 128 (its figures in bench/published.json: 7.8 and 7.9 t/s)
+    p = moert.plan(moert.zoo.path("deepseek-v3"), gpu_layers=0)
+    hw = moert.Hardware(cpu=gnr)
+    t32, t128 = (moert.predict(p, hw, n_prompt=0, n_gen=16, threads=t).decode_tok_s for t in (32, 128))
+    assert t32 == pytest.approx(t128, rel=0.05)
+    linear = moert.Hardware(cpu=replace(gnr, generation="", bw_1thread_gbs=0.0))        # the old linear share
+    assert moert.predict(p, linear, n_prompt=0, n_gen=16, threads=32).decode_tok_s < 0.5 * t32

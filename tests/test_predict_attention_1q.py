@@ -27,7 +27,7 @@ class _Cost:
 
 
 def test_one_query_runs_at_its_flops_a_cycle_a_batch_at_the_gemm_rate():
-    cpu = moert.CPU("box", 2, 50.0, ghz=2.5, flops_per_cycle=64)
+    cpu = moert.CPU("box", 2, 50.0, ghz=2.5, flops_per_cycle=64, compute_efficiency=0.4)
     assert kv_gflops(cpu, 2, 1, _Cost()) == pytest.approx(2 * 2.5 * 8)           # 40 GFLOP/s
     assert kv_gflops(cpu, 1, 1, _Cost()) == pytest.approx(2.5 * 8)               # one thread: one core's
     assert kv_gflops(cpu, 2, 512, _Cost()) == pytest.approx(2 * 2.5 * 64 * 0.4)  # a prompt: 128, the GEMM rate

@@ -37,6 +37,30 @@ def test_tile_fill_is_half_at_16_tokens_per_expert_and_absent_for_mat_vec():
     assert roofline.tile_fill(16, 512) / roofline.tile_fill(4, 512) == pytest.approx(2.5, abs=0.05)
 
 
+def test_a_cpu_parts_reads_and_macs_add_where_a_gpus_overlap(monkeypatch):
+    """roofline.CPU_ADDS: on a CPU a batch's weight reads and its MACs take turns (ik_llama.cpp converts a block of
+    rows, then multiplies it), so their times add; the attention kernel's measured rate has its reads inside (the
+    larger counts); on a GPU the larger counts."""
+    from moert.cost.predict import CostModel
+
+    hw = cost.preset("rtx4090+ryzen-7950x")
+    c = CostModel(_plan(hw), hw)
+    cpu, w = hw.cpu, ("Q4_K", 4e8, 1e10, 32)                 # 400 MB of weights, 10 GFLOP at 32 tokens a matmul
+    t_mem = w[1] / (1e9 * cpu.read_gbs())
+    t_cmp = w[2] / (1e9 * cpu.matmul_gflops("Q4_K", tokens=32))
+    fixed = 3 * roofline.op_us(cpu) * 1e-6
+    assert 0.1 < t_mem / t_cmp < 10                           # both count
+    assert roofline.part_time("cpu", [w], 3, c, 512)[0] == pytest.approx(t_mem + t_cmp + fixed)
+    kv = ("KV", 1e6, 5e11, 512, 4096.0)                       # compute-bound attention: its reads do not add
+    t_kv = kv[2] / (1e9 * roofline.kv_gflops(cpu, c.threads, 512, c, 4096.0))
+    assert roofline.part_time("cpu", [w, kv], 3, c, 512)[0] == pytest.approx(t_mem + t_cmp + t_kv + fixed)
+    g = hw.gpus[0]
+    t_gpu = max(w[1] / (1e9 * g.read_gbs()), w[2] / (1e12 * g.matmul_tflops() * roofline.tile_fill(32, 512)))
+    assert roofline.part_time("gpu:0", [w], 3, c, 512)[0] == pytest.approx(t_gpu + 3 * g.launch_us * 1e-6)
+    monkeypatch.setattr(roofline, "CPU_ADDS", False)         # the roofline's max
+    assert roofline.part_time("cpu", [w], 3, c, 512)[0] == pytest.approx(max(t_mem, t_cmp) + fixed)
+
+
 def test_all_gpu_prefill_pays_the_tile_fill_where_its_experts_are_compute_bound(monkeypatch):
     hw = cost.preset("rtx4090+ryzen-7950x")
     p = _plan(hw)
@@ -70,8 +94,9 @@ def test_an_ik_llama_cpp_build_before_its_on_the_fly_repacking_runs_cpu_prompts_
     assert today.prefill_tok_s == june.prefill_tok_s == may_rtr.prefill_tok_s   # -rtr: interleaved kernels, no change
     assert may.decode_tok_s == today.decode_tok_s                                  # decode is not a GEMM
     # the CPU experts' compute time of the prompt grows by PR 534's Q4_0 factor, x1.93, where nothing else changed
-    def cpu_compute(r):                                  # a part's seconds less its fixed cost per op
-        return sum(x.seconds - x.ops * roofline.op_us(hw.cpu) * 1e-6 for x in r.parts
+    def cpu_compute(r):                  # seconds less the fixed cost per op and the reads (which add on a CPU)
+        return sum(x.seconds - x.ops * roofline.op_us(hw.cpu) * 1e-6 - x.bytes / (1e9 * hw.cpu.read_gbs())
+                   for x in r.parts
                    if x.phase == "prefill" and x.device == "cpu" and x.bound == "compute" and x.stage == "experts")
     assert cpu_compute(may) == pytest.approx(cpu_compute(today) * 300.9 / 155.6, rel=1e-6)
     assert cost_predict.ik_cpu_gemm_x("2025-05-20") == pytest.approx(721.49 / 282.49 * 155.6 / 300.9)

@@ -61,10 +61,10 @@ class CPU:
     # The figures are the machine's; `sockets(cpu, n)` makes such a CPU, `numa_view` what llama.cpp's --numa sees.
     numa_nodes: int = 1
     numa_read_gbs: float = 0.0          # the most a run reads with its pages on one node (numa_view "none"); 0: none
-    # The share of peak fp32 FLOPs a quantized batched matmul gets: 0.4, fitted by bench/validate_published.py (its
-    # cpu_compute factor, 0.79 x the earlier assumed 0.5) on the CPU-only prefill figures of bench/published.json (5
-    # figures, 3 sources; out of sample, leaving each source out, 21%; ik_llama.cpp's: predict.py IK_CPU_GEMM_X).
-    compute_efficiency: float = 0.4
+    # The share of peak fp32 FLOPs a quantized batched matmul gets: 0.47, fitted by bench/validate_published.py (its
+    # cpu_compute factor, x1.18 on 0.4 once a CPU part's reads and MACs add: roofline.CPU_ADDS) on the CPU-only prefill
+    # figures of bench/published.json (5 figures, 3 sources; ik_llama.cpp's: predict.py IK_CPU_GEMM_X).
+    compute_efficiency: float = 0.47
     call_us: float = 2.0                # fixed cost of one op (its call and ggml's per-node barrier: a few us), and
     barrier_us_per_thread: float = 0.0  # per thread: the barrier growing with them (roofline.op_us; 0: not modelled)
     attn_1q_flops_per_cycle: float = kinds.LLAMA_CPU_ATTN_1Q_FPC  # llama.cpp's decode attention (0: GEMM rate)

