@@ -93,9 +93,10 @@ def sweep(args) -> dict:
     out: dict = {}
     for kv in args.kv:
         cmd = [args.sweep_bench, "-m", str(path), "-c", str(max(args.depth) + step), "-b", str(step), "-ub",
-               str(step), "-n", str(args.decode), "-t", str(args.threads), "-fa", "-ctk", kv, "-ctv", kv,
+               str(step), "-n", str(args.decode), "-t", str(args.threads), "-fa", "on", "-ctk", kv, "-ctv", kv,
                "--sweep-stride", str(stride), "--output-format", "jsonl"]
-        text = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
+        done = subprocess.run(cmd, check=True, capture_output=True, text=True)
+        text = done.stdout + "\n" + done.stderr          # ik_llama.cpp's build prints its jsonl rows to stderr
         rows = [json.loads(line) for line in text.splitlines() if line.startswith("{")]
         out[kv] = {r["n_kv"]: {"pp": [r["t_pp"]], "tg": [r["t_tg"]]} for r in rows if r["n_kv"] in args.depth}
     return {"results": out, "path": path, "engine": f"llama-sweep-bench ({args.sweep_bench})"}

@@ -111,7 +111,9 @@ def amx_gemm_x(cpu, engine: str, type_name: str) -> float:
 # reading gives 7.5 and 9.7. The prompt's attention at depth (pp512, same section) runs at 154-167 GFLOP/s, 30-32 a
 # core-cycle: the GEMM rate's 0.4 x 64 = 25.6 within the clock's uncertainty, so a batch keeps that rate. One box, one
 # ISA (AVX-512 with 512-bit datapaths), so one figure for every part, in FLOPs a cycle (its per-position softmax does
-# not widen with the vectors); ik_llama.cpp's own CPU flash attention (iqk) keeps the GEMM rate (no reading of it).
+# not widen with the vectors); ik_llama.cpp's own CPU flash attention (iqk) keeps the GEMM rate: read on this box too
+# (bench/RESULTS.md, "llama_cpu_attention.py"), its 2-core rates made the deep published prompts x1.2-2.6 faster and
+# further off, so they are not taken for many-core parts.
 LLAMA_CPU_ATTN_1Q_FPC = 2 * 16384 * 32 * 256 / ((1 / 24.2 - 1 / 159.0) / 6) / (2 * 2.596e9)
 
 # Which of ggml's CPU flash-attention kernels runs (ggml-cpu/ops.cpp, ggml_compute_forward_flash_attn_ext_f16) changed
