@@ -109,7 +109,7 @@ def amx_gemm_x(cpu, engine: str, type_name: str) -> float:
 # layer for 2 x 16384 x 32 x 256 = 268 MFLOP: 46 GFLOP/s, i.e. 8.85 FLOPs a core-cycle at the 2.596 GHz /proc/cpuinfo
 # gives the VM (its clock under load is not visible there; at 3 GHz it would be 7.7). At 4096 and 32768 keys the same
 # reading gives 7.5 and 9.7. The prompt's attention at depth (pp512, same section) runs at 154-167 GFLOP/s, 30-32 a
-# core-cycle: the GEMM rate's 0.4 x 64 = 25.6 within the clock's uncertainty, so a batch keeps that rate. One box, one
+# core-cycle: the GEMM rate (0.47 x 64 = 30) within the clock's uncertainty, so a batch keeps that rate. One box, one
 # ISA (AVX-512 with 512-bit datapaths), so one figure for every part, in FLOPs a cycle (its per-position softmax does
 # not widen with the vectors); ik_llama.cpp's own CPU flash attention (iqk) keeps the GEMM rate: read on this box too
 # (bench/RESULTS.md, "llama_cpu_attention.py"), its 2-core rates made the deep published prompts x1.2-2.6 faster and
