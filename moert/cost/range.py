@@ -99,7 +99,11 @@ def choose(rows: list[dict], key: str = "tg") -> dict | None:
     one box, so what is wrong with one prediction is mostly wrong with the others too (the box's bandwidth, the
     build's kernels): two rows tie when the faster is ahead by less than the 68% spread of same-box placement
     ratios on published figures (VALIDATION's ratio_spread68), not by each prediction's own likely range. Then the
-    one with the simplest flags among those tied is recommended ("why" says which). Rows need `key` and `fits`."""
+    one with the simplest flags among those tied is recommended ("why" says which). Rows need `key` and `fits`.
+    The spread is the training pairs' (x1.013), not the held-out pairs' (|ln| 68% 0.36): a tie guards against naming
+    the slower of two rows, and the held-out pairs miss in size, never in order (10 of 10 ordered right, the pick the
+    measured fastest on 5 of 5 boxes: bench/published_cv.py recommendations); at x1.43 an 8 GB card's x1.18 from
+    filling it (rtx4060+ryzen-7600, Qwen3-30B-A3B) would be called a tie and --cpu-moe recommended."""
     ok = sorted((r for r in rows if r.get("fits") and r.get(key)), key=lambda r: -r[key])
     for r in rows:
         r["best"], r["tied"] = False, False
