@@ -258,6 +258,8 @@ CORE_READ_GBS = {"sapphire-rapids": 18.5, "emerald-rapids": 18.5, "granite-rapid
 def core_read_gbs(cpu) -> float:
     """GB/s one core of `cpu` reads from DRAM by its kind (0: no reading for its kind)."""
     return CORE_READ_GBS.get(cpu.generation, 0.0) if cpu.vendor == "intel" and cpu.tier == "server" else 0.0
+
+
 # Zen 5's server IO die has 16 GMI links, and a part of at most 8 CCDs joins each CCD by two ("GMI-Wide": "giving
 # each CCD 64B/cycle of bandwidth to the rest of the system in both the read and write directions", chipsandcheese.com,
 # "AMD's EPYC 9355P: Inside a 32 Core Zen 5 Server Chip"): a CCD then reads twice the 32 B a fabric clock of one link.
